@@ -1,0 +1,70 @@
+"""cudabook: the helper package of the executable book "CUDA for Deep Learning".
+
+Import it first in every notebook: it decides between GPU mode and the Numba CUDA simulator
+before ``numba.cuda`` is imported.
+
+    import cudabook as cb
+    cb.report()                               # device, versions, problems and their fixes
+    mod = cb.load_cuda("vector_add")          # kernels/vector_add.cu through CuPy/NVRTC
+    nb = cb.load_numba("vector_add")          # its Numba twin, kernels/vector_add.py
+    cb.check(out, ref64)                      # float64 reference, NaN-prefilled outputs
+    cb.bench({"v1": f1}, baseline={"cupy": f0}, bytes=...)   # same-run ratio to the vendor
+"""
+
+from __future__ import annotations
+
+# ruff: noqa: I001  (env must be imported first: it decides the mode before numba.cuda loads)
+from . import env
+from .env import HAS_GPU, SIM, cc, pick, report, require_cc, require_gpu
+from .check import CheckError, check, empty_nan, to_numpy
+from .compile import (KERNELS_DIR, compile_source, cuda_include_dir, kernel_source, load_cuda,
+                      load_numba, show_source)
+from .bench import BenchError, bench, record, sweep
+from . import plot
+
+__version__ = "0.1.0"
+
+__all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "require_cc",
+           "check", "empty_nan", "to_numpy", "CheckError", "KERNELS_DIR", "load_cuda",
+           "compile_source", "load_numba", "show_source", "kernel_source", "cuda_include_dir",
+           "bench", "sweep", "record", "BenchError", "plot", "ceil_div"]
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Blocks needed to cover ``a`` items with ``b`` per block."""
+    return (a + b - 1) // b
+
+
+def _gpu_cell(line: str, cell: str):
+    """%%gpu: run the cell on a GPU; in simulator mode, say why it is skipped."""
+    if not env.HAS_GPU:
+        what = line.strip() or "this cell (CuPy / CUDA C++ or timing)"
+        print(f"skipped: {what} needs a CUDA GPU; this is simulator mode.")
+        return None
+    import ast
+
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    tree = ip.compile.ast_parse(ip.transform_cell(cell))
+    tree = ip.transform_ast(tree)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, "<%%gpu cell>", "exec"), ip.user_ns)  # noqa: S102
+    if last is not None:
+        return eval(compile(last, "<%%gpu cell>", "eval"), ip.user_ns)  # noqa: S307
+    return None
+
+
+def _register_magic() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None:
+        ip.register_magic_function(_gpu_cell, magic_kind="cell", magic_name="gpu")
+
+
+_register_magic()

@@ -1,0 +1,288 @@
+"""Timing kernels against the vendor baseline, in the same run.
+
+How a repeat is timed (``cupyx.profiler.benchmark`` with one repeat, so CUDA events bracket
+exactly one call):
+
+1. L2 is flushed by writing a buffer twice its size, so every repeat reads from HBM/DRAM;
+2. a spin kernel keeps the GPU busy for longer than the host needs to launch the call
+   (Numba launches cost ~150 us of Python time; CuPy ~15 us). The start event therefore fires
+   when the GPU, not the host, is ready, and launch overhead is not counted as kernel time;
+3. the call runs between two events; the median over repeats is reported.
+
+Every function is validated before it is timed (a wrong kernel is refused) and again after.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from . import env
+
+__all__ = ["BenchError", "Row", "BenchTable", "Sweep", "bench", "sweep", "record",
+           "RESULTS_ENV"]
+
+#: When this environment variable names a file, ``BenchTable.record`` writes results there.
+RESULTS_ENV = "CUDABOOK_RESULTS"
+
+
+class BenchError(RuntimeError):
+    """Refused to time: no GPU, or the output was wrong."""
+
+
+_FLUSH = None
+_SPIN = None
+
+
+def _flush_l2() -> None:
+    global _FLUSH
+    import cupy
+
+    if _FLUSH is None:
+        nbytes = max(int(env.info().l2_mb * 2**20) * 2, 64 * 2**20)
+        _FLUSH = cupy.empty(nbytes // 4, dtype=cupy.int32)
+    _FLUSH.fill(0)
+
+
+def _spin(us: float) -> None:
+    """Keep the GPU busy for about ``us`` microseconds (one thread reading clock64)."""
+    global _SPIN
+    import cupy
+
+    if _SPIN is None:
+        _SPIN = cupy.RawKernel(r'''
+extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}''', "spin")
+    mhz = env.info().clock_mhz or 1500.0
+    _SPIN((1,), (1,), (cupy.int64(int(us * mhz)),))
+
+
+@dataclass
+class Row:
+    name: str
+    time_us: float
+    value: float | None          # throughput in `unit`
+    unit: str
+    baseline: str | None = None
+    baseline_value: float | None = None
+    is_baseline: bool = False
+
+    @property
+    def ratio(self) -> float | None:
+        if self.value is None or not self.baseline_value:
+            return None
+        return self.value / self.baseline_value
+
+
+@dataclass
+class BenchTable:
+    rows: list[Row]
+    size: Any = None
+    extra: dict = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Row:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def __str__(self) -> str:
+        w = max(len(r.name) for r in self.rows)
+        out = []
+        for r in self.rows:
+            s = f"{r.name:<{w}}  {r.time_us:10.1f} us"
+            if r.value is not None:
+                s += f"  {r.value:8.1f} {r.unit}"
+            if r.is_baseline:
+                s += "  (baseline)"
+            elif r.ratio is not None:
+                s += f"  = {100 * r.ratio:.0f}% of {r.baseline} ({r.baseline_value:.1f})"
+            out.append(s)
+        return "\n".join(out)
+
+    def _repr_pretty_(self, p, cycle):  # IPython
+        p.text(str(self))
+
+    def best(self) -> Row:
+        cands = [r for r in self.rows if not r.is_baseline]
+        return min(cands, key=lambda r: r.time_us)
+
+    def record(self, chapter: str, kernels: list[str] | None = None,
+               path: str | os.PathLike | None = None) -> list[dict]:
+        """Append these rows (all but the baseline, or ``kernels``) to the results file.
+
+        The file is ``path``, else ``$CUDABOOK_RESULTS``; with neither, nothing is written.
+        """
+        entries = []
+        for r in self.rows:
+            if r.is_baseline or (kernels is not None and r.name not in kernels):
+                continue
+            entries.append({"chapter": chapter, "kernel": r.name, "metric": r.unit,
+                            "value": _round(r.value), "baseline": r.baseline,
+                            "baseline_value": _round(r.baseline_value),
+                            "ratio": _round(r.ratio, 3), "size": _jsonable(self.size),
+                            "time_us": _round(self.rows[self.rows.index(r)].time_us)})
+        record(entries, path)
+        return entries
+
+
+def _round(x, nd=2):
+    return None if x is None else round(float(x), nd)
+
+
+def _jsonable(x):
+    if x is None or isinstance(x, (int, float, str)):
+        return x
+    if isinstance(x, (tuple, list)):
+        return [_jsonable(v) for v in x]
+    return str(x)
+
+
+def record(entries: list[dict], path: str | os.PathLike | None = None) -> Path | None:
+    """Merge ``entries`` into the results JSON (same chapter+kernel+metric+size replaced)."""
+    path = path or os.environ.get(RESULTS_ENV)
+    if not path:
+        return None
+    p = Path(path)
+    data = json.loads(p.read_text()) if p.is_file() else {"gpu": None, "date": None,
+                                                          "results": []}
+    key = lambda e: (e["chapter"], e["kernel"], e["metric"], json.dumps(e.get("size")))
+    new = {key(e) for e in entries}
+    data["results"] = [e for e in data["results"] if key(e) not in new] + entries
+    data["results"].sort(key=lambda e: (e["chapter"], e["kernel"], json.dumps(e.get("size"))))
+    data["gpu"] = env.info().name
+    data["date"] = _dt.date.today().isoformat()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(data, indent=1) + "\n")
+    return p
+
+
+def _time(fn: Callable[[], Any], repeat: int, warmup: int, flush_l2: bool) -> float:
+    """Median GPU time of one call to ``fn`` in microseconds."""
+    import cupy
+    from cupyx.profiler import benchmark
+
+    host = []
+    for _ in range(max(warmup, 1)):
+        t0 = time.perf_counter()
+        fn()
+        host.append(time.perf_counter() - t0)
+        cupy.cuda.get_current_stream().synchronize()
+    # spin for longer than the host needs to enqueue the call, so its overhead is hidden
+    spin_us = min(20.0 + 2e6 * statistics.median(host), 20000.0)
+    times = []
+    for _ in range(repeat):
+        if flush_l2:
+            _flush_l2()
+        _spin(spin_us)
+        r = benchmark(fn, (), n_repeat=1, n_warmup=0)
+        times.append(float(r.gpu_times[0][0]))
+    return 1e6 * statistics.median(times)
+
+
+def bench(fns: Mapping[str, Callable[[], Any]], *,
+          baseline: Mapping[str, Callable[[], Any]] | None = None,
+          bytes: float | None = None, flops: float | None = None,
+          check: Callable[[str], Any] | None = None, repeat: int = 20, warmup: int = 2,
+          flush_l2: bool = True, size: Any = None, quiet: bool = False) -> BenchTable:
+    """Time each function in ``fns`` and the ``baseline`` (one entry) in the same call.
+
+    ``bytes`` (moved through memory) gives GB/s; ``flops`` gives TFLOP/s. ``check(name)`` must
+    raise if the output of the function called ``name`` is wrong; it runs before timing (a
+    wrong kernel is refused) and after it.
+    """
+    if not env.HAS_GPU:
+        raise BenchError("timing needs a CUDA GPU; this is simulator mode (cells marked %%gpu "
+                         "are skipped)")
+    unit, work = ("TFLOP/s", flops / 1e12) if flops else (("GB/s", bytes / 1e9) if bytes
+                                                           else ("", None))
+    base_items = list((baseline or {}).items())
+    if len(base_items) > 1:
+        raise ValueError("give one baseline")
+    rows: list[Row] = []
+    bname = base_items[0][0] if base_items else None
+    for name, fn in base_items + list(fns.items()):
+        is_base = name == bname and fn is base_items[0][1]
+        if check is not None:
+            try:
+                fn()
+                check(name)
+            except Exception as e:  # noqa: BLE001
+                raise BenchError(f"refusing to time {name}: its output is wrong:\n{e}") from None
+        t = _time(fn, repeat, warmup, flush_l2)
+        if check is not None:
+            try:
+                check(name)
+            except Exception as e:  # noqa: BLE001
+                raise BenchError(f"{name} was right before timing and wrong after it:\n{e}") \
+                    from None
+        val = work / (t * 1e-6) if work is not None else None
+        rows.append(Row(name, t, val, unit, is_baseline=is_base))
+    if bname:
+        bval = rows[0].value
+        for r in rows[1:]:
+            r.baseline, r.baseline_value = bname, bval
+    table = BenchTable(rows, size=size)
+    if not quiet:
+        print(table)
+    return table
+
+
+@dataclass
+class Sweep:
+    """Bench tables over a range of sizes, for ``cudabook.plot.perf``."""
+    sizes: list
+    tables: list[BenchTable]
+    xlabel: str = "size"
+
+    def series(self) -> dict[str, list[float | None]]:
+        names: list[str] = []
+        for t in self.tables:
+            for r in t.rows:
+                if r.name not in names:
+                    names.append(r.name)
+        out = {}
+        for n in names:
+            vals = []
+            for t in self.tables:
+                try:
+                    vals.append(t[n].value)
+                except KeyError:
+                    vals.append(None)
+            out[n] = vals
+        return out
+
+    def baseline(self) -> str | None:
+        for r in self.tables[0].rows:
+            if r.is_baseline:
+                return r.name
+        return None
+
+    @property
+    def unit(self) -> str:
+        return self.tables[0].rows[0].unit
+
+    def record(self, chapter: str, kernels: list[str] | None = None) -> None:
+        for t in self.tables:
+            t.record(chapter, kernels)
+
+
+def sweep(sizes, setup: Callable[[Any], Mapping[str, Any]], *, xlabel: str = "size",
+          desc: str = "sweep", **bench_kw) -> Sweep:
+    """For each size, ``setup(size)`` returns ``bench`` keyword arguments; show progress."""
+    from tqdm import tqdm  # text bar (stderr): no widget state in stored outputs
+
+    tables = []
+    for n in tqdm(list(sizes), desc=desc, leave=False):
+        kw = dict(bench_kw)
+        kw.update(setup(n))
+        tables.append(bench(quiet=True, size=n, **kw))
+    return Sweep(list(sizes), tables, xlabel)

@@ -1,0 +1,177 @@
+"""Graders of Chapter 1, "Your first kernel".
+
+ex01_1  Numba: SAXPY kernel and its launcher (launch configuration, bounds guard)   simulator
+ex01_2  CUDA C++ via CuPy: ReLU forward                                              GPU
+ex01_3  Numba: add a bias to every row of a matrix (2D grid, row/column strides)     simulator
+ex01_4  CUDA C++ via CuPy: SGD update with a grid-stride loop                        GPU
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .. import env
+from ..check import to_numpy
+from ._core import (
+    GradeError,
+    call,
+    diagnose_1d,
+    fresh_rng,
+    guarded,
+    passed,
+    ragged_sizes,
+    to_device,
+)
+
+__all__ = ["ex01_1", "ex01_2", "ex01_3", "ex01_4"]
+
+
+def ex01_1(launch_saxpy: Callable) -> None:
+    """``launch_saxpy(a, x, y, out)`` computes out = a*x + y for float32 vectors of any length.
+
+    Checked on ragged lengths (1, 255, 256, 257, 775, 1000 and, on a GPU, 1<<20 + 3) with a
+    fresh seed, NaN-prefilled outputs followed by a NaN canary, and called twice per length with
+    different data (an answer cached from the first call fails).
+    """
+    ex = "ex01.1"
+    rng, seed = fresh_rng()
+    for n in ragged_sizes(256, big=(1 << 20) + 3):
+        for rep in range(2):
+            a = np.float32(rng.uniform(-2, 2))
+            x = rng.standard_normal(n, dtype=np.float32)
+            y = rng.standard_normal(n, dtype=np.float32)
+            out, buf = guarded(n)
+            case = f"n={n} (seed {seed}, call {rep + 1})"
+            call(ex, case, lambda: launch_saxpy(a, to_device(x), to_device(y), out))
+            ref = np.float64(a) * x.astype(np.float64) + y
+            diagnose_1d(ex, case, out, ref, buf, hint="is it a*x[i] + y[i]?")
+    passed(ex)
+
+
+def _compile(ex: str, src: str, name: str):
+    from ..compile import compile_source
+
+    try:
+        return compile_source(src, name=f"{ex} source").get(name)
+    except AttributeError as e:
+        raise GradeError(f"{ex}: {e}") from None
+    except RuntimeError as e:
+        raise GradeError(f"{ex}: does not compile:\n{e}") from None
+
+
+def ex01_2(src: str) -> None:
+    """``src`` defines ``extern "C" __global__ void relu_forward(const float* x, float* y, int n)``.
+
+    Launched with 256 threads per block and ceil(n / 256) blocks on ragged lengths; the output
+    is NaN-prefilled and followed by a canary, so a missing bounds guard is caught.
+    """
+    ex = "ex01.2"
+    if not env.HAS_GPU:
+        raise GradeError(f"{ex}: needs a CUDA GPU (CUDA C++ runs through CuPy)")
+    import cupy
+
+    k = _compile(ex, src, "relu_forward")
+    rng, seed = fresh_rng()
+    for n in ragged_sizes(256, big=(1 << 22) + 1):
+        x = rng.standard_normal(n, dtype=np.float32)
+        x[rng.random(n) < 0.05] = 0.0
+        out, buf = guarded(n)
+        case = f"n={n} (seed {seed})"
+        call(ex, case, lambda: k(((n + 255) // 256,), (256,), (cupy.asarray(x), out,
+                                                                cupy.int32(n))))
+        diagnose_1d(ex, case, out, np.maximum(x, 0), buf, atol=0, rtol=0,
+                    hint="ReLU keeps x where x > 0 and writes 0 elsewhere")
+    passed(ex)
+
+
+def ex01_3(add_row_bias) -> None:
+    """``add_row_bias`` is a @cuda.jit kernel: out[r, c] = x[r, c] + b[c] for x of shape (M, N).
+
+    The grader launches it with 16x16 blocks and grid (ceil(N/16), ceil(M/16)): the x index of
+    the grid walks columns (``col, row = cuda.grid(2)``), so neighbouring threads touch
+    neighbouring addresses. Shapes are ragged and never square.
+    """
+    ex = "ex01.3"
+    rng, seed = fresh_rng()
+    shapes = [(1, 1), (3, 17), (17, 3), (33, 65)] + ([(1000, 777), (129, 4099)]
+                                                     if not env.SIM else [])
+    for m, n in shapes:
+        x = rng.standard_normal((m, n), dtype=np.float32)
+        b = rng.standard_normal(n, dtype=np.float32)
+        out, buf = guarded((m, n))
+        case = f"M={m}, N={n} (seed {seed})"
+        grid, block = ((n + 15) // 16, (m + 15) // 16), (16, 16)
+        call(ex, case, lambda: add_row_bias[grid, block](to_device(x), to_device(b), out))
+        o = to_numpy(out).astype(np.float64)
+        ref = x.astype(np.float64) + b[None, :]
+        if not np.isnan(to_numpy(buf[m * n:])).all():
+            raise GradeError(f"{ex}: {case}: wrote past the end of the output: missing bounds "
+                             "guard on row or column?")
+        if np.isnan(o).any():
+            rows, cols = np.nonzero(np.isnan(o))
+            hint = ("are row and col swapped? The grid's x index walks columns: "
+                    "col, row = cuda.grid(2)" if m != n else "wrong index?")
+            raise GradeError(f"{ex}: {case}: {rows.size} elements never written, first at "
+                             f"({rows[0]}, {cols[0]}): {hint}")
+        bad = np.abs(o - ref) > 1e-5 + 1e-5 * np.abs(ref)
+        if bad.any():
+            r, c = (int(v[0]) for v in np.nonzero(bad))
+            hint = ""
+            if r < n and abs(o[r, c] - (np.float64(x[r, c]) + b[r])) < 1e-5:
+                hint = ": the bias is indexed by row; it belongs to the column (b[col])"
+            raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
+                             f"{ref[r, c]:.6g}{hint}")
+    passed(ex)
+
+
+def ex01_4(src: str) -> None:
+    """``src`` defines ``sgd_update(float* w, const float* g, float lr, int n)``: w -= lr * g.
+
+    It must use a grid-stride loop: the grader launches it with a grid far smaller than n (every
+    element must still be updated exactly once) and with a grid far larger (the extra threads
+    must do nothing). The update is in place, so an element updated twice is also caught.
+    """
+    ex = "ex01.4"
+    if not env.HAS_GPU:
+        raise GradeError(f"{ex}: needs a CUDA GPU (CUDA C++ runs through CuPy)")
+    import cupy
+
+    k = _compile(ex, src, "sgd_update")
+    rng, seed = fresh_rng()
+    sentinel = np.float32(12345.0)
+    for n in [1, 127, 128, 129, 5000, (1 << 20) + 7]:
+        for grid, block in [(3, 128), (max(1, n // 128 + 64), 128)]:
+            w0 = rng.standard_normal(n, dtype=np.float32)
+            g = rng.standard_normal(n, dtype=np.float32)
+            lr = np.float32(rng.uniform(0.01, 0.5))
+            wbuf = cupy.full(n + 4096, sentinel, dtype=cupy.float32)
+            gbuf = cupy.full(n + 4096, 1.0, dtype=cupy.float32)
+            wbuf[:n] = cupy.asarray(w0)
+            gbuf[:n] = cupy.asarray(g)
+            case = f"n={n}, grid={grid}x{block} (seed {seed})"
+            call(ex, case, lambda: k((grid,), (block,), (wbuf, gbuf, lr, cupy.int32(n))))
+            w = to_numpy(wbuf[:n]).astype(np.float64)
+            if not (to_numpy(wbuf[n:]) == sentinel).all():
+                raise GradeError(f"{ex}: {case}: wrote past the end of w: the loop must stop "
+                                 "at i < n")
+            ref = w0.astype(np.float64) - np.float64(lr) * g
+            once = np.abs(w - ref) <= 1e-5 + 1e-5 * np.abs(ref)
+            if once.all():
+                continue
+            untouched = w == w0
+            twice = np.abs(w - (ref - np.float64(lr) * g)) <= 1e-4 + 1e-4 * np.abs(ref)
+            first = int(np.argmax(~once))
+            if untouched[~once].all():
+                raise GradeError(f"{ex}: {case}: elements from {first} on never updated: with "
+                                 "a small grid each thread must loop, i += blockDim.x * "
+                                 "gridDim.x (a grid-stride loop)")
+            if (twice | once).all():
+                raise GradeError(f"{ex}: {case}: some elements updated more than once, first at "
+                                 f"{first}: the stride must be blockDim.x * gridDim.x, the "
+                                 "threads of the whole grid")
+            raise GradeError(f"{ex}: {case}: wrong at {first}: got {w[first]:.6g}, expected "
+                             f"{ref[first]:.6g} (w[i] -= lr * g[i])")
+    passed(ex)
+

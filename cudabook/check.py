@@ -77,8 +77,10 @@ def check(out: Any, ref: Any, *, atol: float | None = None, rtol: float | None =
     o64 = o.astype(np.float64)
     same_inf = np.isinf(r) & (o64 == r)
     both_nan = np.isnan(r) & np.isnan(o64)
-    err = np.abs(o64 - r)
-    bad = ~((err <= atol + rtol * np.abs(r)) | same_inf | both_nan)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(o64 - r)
+        close = (err <= atol + rtol * np.abs(r)) & np.isfinite(r)
+    bad = ~(close | same_inf | both_nan)
     if bad.any():
         idx = np.argwhere(bad)
         n_bad, n_nan = int(bad.sum()), int((np.isnan(o64) & ~np.isnan(r)).sum())
@@ -89,7 +91,7 @@ def check(out: Any, ref: Any, *, atol: float | None = None, rtol: float | None =
         for k in idx[:show]:
             t = tuple(int(v) for v in k)
             at = t if len(t) > 1 else t[0]
-            lines.append(f"  at {at}: got {o64[t]!r}, expected {r[t]!r}")
+            lines.append(f"  at {at}: got {o64[t]:.7g}, expected {r[t]:.7g}")
         raise CheckError("\n".join(lines))
     finite = np.isfinite(r)
     rel = float((err[finite] / (np.abs(r[finite]) + atol + 1e-300)).max()) if finite.any() else 0.0

@@ -47,8 +47,8 @@ METADATA = {
 }
 
 SETUP_CELL = '''\
-# Setup. On Colab (or with CUDABOOK_SRC set) this installs the book's helper package,
-# cudabook, from the repository; elsewhere, where it is already installed, it does nothing.
+# Setup. Where the book's helper package cudabook is missing (a fresh Colab runtime), install
+# it from the repository, or from $CUDABOOK_SRC if set. Where it is installed: nothing to do.
 import importlib.util, os, subprocess, sys
 if importlib.util.find_spec("cudabook") is None:
     src = os.environ.get("CUDABOOK_SRC", "git+https://github.com/cuda-dl-book/cuda-dl-book")
@@ -72,6 +72,8 @@ def canonical(nb) -> str:
             del nb.metadata[k]
     for i, c in enumerate(nb.cells):
         c.id = c.get("id") or f"cell-{i:03d}"
+        if c.cell_type == "code" and SETUP_MARK in c.source and i <= 1:
+            c.source = SETUP_CELL  # one text for every notebook, written once here
         c.metadata = {k: v for k, v in c.metadata.items() if k in ("tags",)}
         if c.cell_type == "code":
             for o in c.outputs:
@@ -172,7 +174,8 @@ def make_exercise(sol):
         c.source = strip_solutions(c.source, where=f"cell {c.get('id')}")
         if c.cell_type != "code":
             continue
-        c.execution_count = None
+        if not is_grader(c):
+            c.execution_count = None  # nbval compares only cells that were run: graders keep it
         if is_grader(c):
             c.outputs = [o for o in c.outputs if o.output_type == "stream"
                          and o.get("name") == "stdout" and o.text.startswith("PASS ")]
@@ -225,8 +228,7 @@ def policy_errors(path: Path) -> list[str]:
         if nb.metadata.get(k) != v:
             errs.append(f"{rel}: metadata.{k} should be {v}")
     code = [c for c in nb.cells if c.cell_type == "code"]
-    if not code or SETUP_MARK not in code[0].source or nb.cells[0] is not code[0] and \
-            nb.cells.index(code[0]) > 1:
+    if not code or code[0].source != SETUP_CELL or nb.cells.index(code[0]) > 1:
         errs.append(f"{rel}: must start with the setup cell (the one that reads {SETUP_MARK})")
     kind = rel.parts[0]
     graders = [c for c in code if is_grader(c)]
@@ -245,8 +247,9 @@ def policy_errors(path: Path) -> list[str]:
         for i, c in enumerate(nb.cells):
             if c.cell_type == "code" and c.outputs and not is_grader(c):
                 errs.append(f"{rel}: cell {i} has outputs (only grader cells keep theirs)")
-            if c.cell_type == "code" and c.execution_count is not None:
-                errs.append(f"{rel}: cell {i} has an execution count")
+            if c.cell_type == "code" and (c.execution_count is None) == is_grader(c):
+                errs.append(f"{rel}: cell {i}: only grader cells keep an execution count (nbval "
+                            "compares only cells that were run)")
     if kind in ("exercises", "solutions"):
         if not graders:
             errs.append(f"{rel}: has no grader cell ({GRADER_MARK})")

@@ -1,0 +1,448 @@
+"""Graders of Chapter 2, "Memory".
+
+ex02_1  CUDA C++ via CuPy: coalesced, bank-conflict-free tiled transpose            GPU
+ex02_2  CUDA C++ via CuPy: vectorised (float4) a*x + y with head, tail, grid-stride  GPU
+ex02_3  CuPy streams: chunked copy-in / compute / copy-out pipeline                  GPU
+ex02_4  Numba: moving average (radius 2) through a shared-memory tile with halo      simulator
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Callable
+
+import numpy as np
+
+from .. import env
+from ..check import to_numpy
+from ._core import GradeError, call, canary_ok, fresh_rng, guarded, passed, ragged_sizes, to_device
+
+__all__ = ["ex02_1", "ex02_2", "ex02_3", "ex02_4"]
+
+#: ex02.1 fails when the student's transpose takes longer than this times the book's padded
+#: tiled transpose (kernels/transpose.cu, transpose_v3) on a 4096 x 4096 matrix.
+TRANSPOSE_SLOWDOWN = 1.3
+
+
+def _need_gpu(ex: str) -> None:
+    if not env.HAS_GPU:
+        raise GradeError(f"{ex}: needs a CUDA GPU (CUDA C++ and streams run through CuPy)")
+
+
+def _compile(ex: str, src: str, name: str):
+    from ..compile import compile_source
+
+    try:
+        return compile_source(src, name=f"{ex} source").get(name)
+    except AttributeError as e:
+        raise GradeError(f"{ex}: {e}") from None
+    except RuntimeError as e:
+        raise GradeError(f"{ex}: does not compile:\n{e}") from None
+
+
+def _code_only(src: str) -> str:
+    """The C++ source without comments (for the rubric's static checks)."""
+    src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
+    return re.sub(r"//[^\n]*", "", src)
+
+
+# ----------------------------------------------------------------------------- ex02.1
+def _gpu_time_us(fn: Callable[[], None], repeat: int = 15) -> float:
+    import cupy
+
+    fn()
+    times = []
+    for _ in range(repeat):
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(a, b) * 1e3)
+    return float(np.median(times))
+
+
+def _transpose_diagnose(ex: str, case: str, out, buf, x: np.ndarray) -> str | None:
+    """None if right, else the message."""
+    rows, cols = x.shape
+    n = rows * cols
+    o = to_numpy(out).astype(np.float64).ravel()
+    ref = x.T.astype(np.float64).ravel()
+    if np.array_equal(o, ref):
+        return None if canary_ok(buf, n) else (
+            f"{ex}: {case}: wrote past the end of the output: missing bounds guard (a tile at "
+            "the edge of the matrix is only partly inside it)?")
+    # the transposed element (c, r) written at c * cols + r instead of c * rows + r
+    if rows != cols:
+        r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+        wrong = (c * cols + r).ravel()
+        inside = wrong < n
+        if inside.sum() and np.mean(o[wrong[inside]] == x.ravel()[inside]) > 0.9:
+            return (f"{ex}: {case}: the output is written with the wrong stride: out has shape "
+                    f"(cols, rows) = ({cols}, {rows}), so element (c, r) lives at "
+                    "out[c * rows + r], not out[c * cols + r]")
+        if np.mean(o == x.ravel()) > 0.9:
+            return (f"{ex}: {case}: the output equals the input in memory: copied without "
+                    "transposing (swap the roles of row and column when writing)?")
+    if not canary_ok(buf, n):
+        return (f"{ex}: {case}: wrote past the end of the output: missing bounds guard, or a "
+                "wrong stride (out has shape (cols, rows) and row stride rows)?")
+    nan = np.isnan(o)
+    if nan.all():
+        return (f"{ex}: {case}: output never written (all NaN): is the kernel body still the "
+                "stub?")
+    if nan.any():
+        k = int(np.argmax(nan))
+        return (f"{ex}: {case}: {int(nan.sum())} elements never written, first at out"
+                f"[{k // rows}, {k % rows}]: a tile at the right or bottom edge skipped, or a "
+                "wrong guard (guard the write with the swapped indices)?")
+    bad = o != ref
+    k = int(np.argmax(bad))
+    return (f"{ex}: {case}: {int(bad.sum())} of {n} elements wrong, first at out[{k // rows}, "
+            f"{k % rows}]: got {o[k]:.6g}, expected {ref[k]:.6g}")
+
+
+def ex02_1(src: str) -> None:
+    """``src`` defines ``extern "C" __global__ void transpose_tiled(const float* in, float* out,
+    int rows, int cols)``: out (cols x rows) = in (rows x cols) transposed, row-major.
+
+    Launched with block (32, 8) and grid (ceil(cols / 32), ceil(rows / 32)) on ragged, non-square
+    shapes; large shapes run several times with fresh data (a race on the shared tile shows up
+    as results that change between runs); then timed against the book's padded tiled transpose
+    (an uncoalesced or bank-conflicted version is too slow).
+    """
+    ex = "ex02.1"
+    _need_gpu(ex)
+    import cupy
+
+    k = _compile(ex, src, "transpose_tiled")
+    code = _code_only(src)
+    rng, seed = fresh_rng()
+    shapes = [(1, 1), (1, 33), (33, 1), (31, 33), (32, 32), (33, 31), (100, 37), (64, 96),
+              (1000, 777), (2049, 4099)]
+    for rows, cols in shapes:
+        reps = 4 if rows * cols > 100_000 else 1
+        for rep in range(reps):
+            x = rng.standard_normal((rows, cols), dtype=np.float32)
+            out, buf = guarded((cols, rows))
+            case = f"rows={rows}, cols={cols} (seed {seed}, run {rep + 1})"
+            grid = ((cols + 31) // 32, (rows + 31) // 32)
+            xd = cupy.asarray(x)
+            call(ex, case, lambda: k(grid, (32, 8), (xd, out, cupy.int32(rows),
+                                                     cupy.int32(cols))))
+            msg = _transpose_diagnose(ex, case, out, buf, x)
+            if msg is None:
+                continue
+            if "elements wrong" in msg and (rep > 0 or ("__shared__" in code
+                                                        and "__syncthreads" not in code)):
+                msg += ("; the same shape passed before with other data" if rep > 0 else "")
+                msg += (": a race on the shared tile? Results that change from run to run "
+                        "mean a warp read the tile before the others wrote it: put "
+                        "__syncthreads() between writing the tile and reading it")
+            raise GradeError(msg)
+    if "__shared__" in code and "__syncthreads" not in code:
+        raise GradeError(f"{ex}: the kernel fills a __shared__ tile and reads it back without "
+                         "__syncthreads(): a race (a warp may read elements another warp has "
+                         "not written yet), even if it happened to pass this time")
+    # rubric: coalesced both ways and conflict-free -> as fast as the book's padded version
+    from ..compile import load_cuda
+
+    refk = load_cuda("transpose").get("transpose_v3")
+    m = 4096
+    xd = cupy.asarray(rng.standard_normal((m, m), dtype=np.float32))
+    od = cupy.empty_like(xd)
+    args = (xd, od, cupy.int32(m), cupy.int32(m))
+    g = (m // 32, m // 32)
+    t_ref = _gpu_time_us(lambda: refk(g, (32, 8), args))
+    t_you = _gpu_time_us(lambda: k(g, (32, 8), args))
+    if t_you > TRANSPOSE_SLOWDOWN * t_ref:
+        raise GradeError(f"{ex}: correct, but {t_you:.0f} us for 4096 x 4096 against "
+                         f"{t_ref:.0f} us for the padded tiled transpose ({t_you / t_ref:.2f}x, "
+                         f"limit {TRANSPOSE_SLOWDOWN}x): uncoalesced writes (go through a "
+                         "shared tile) or bank conflicts (pad the tile to [32][33])?")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex02.2
+def _axpy_cases(ex: str, k, cases, seed: int) -> str | None:
+    """Run ``k`` on (n, offset, grid) cases; return the first error message, or None."""
+    import cupy
+
+    rng = np.random.default_rng(seed)
+    for n, off, grid in cases:
+        a = np.float32(rng.uniform(-2, 2))
+        x = rng.standard_normal(n, dtype=np.float32)
+        y = rng.standard_normal(n, dtype=np.float32)
+        # x, y and out all start `off` floats after a 256-byte aligned allocation
+        xb = cupy.full(off + n + 8, np.nan, dtype=cupy.float32)
+        yb = cupy.full(off + n + 8, np.nan, dtype=cupy.float32)
+        xb[off:off + n] = cupy.asarray(x)
+        yb[off:off + n] = cupy.asarray(y)
+        ob = cupy.full(off + n + 4096, np.nan, dtype=cupy.float32)
+        xd, yd, od = xb[off:off + n], yb[off:off + n], ob[off:off + n]
+        case = f"n={n}, offset={off} floats ({4 * off} bytes past a 16-byte boundary), " \
+               f"grid={grid}x256 (seed {seed})"
+        try:
+            k((grid,), (256,), (xd, yd, od, a, cupy.int32(n)))
+            cupy.cuda.get_current_stream().synchronize()
+        except Exception as e:  # noqa: BLE001
+            s = str(e)
+            if "misaligned" in s.lower():
+                return (f"{ex}: {case}: misaligned address: a float4 access needs a 16-byte "
+                        "aligned address; do the first (16 - address % 16) / 4 elements one at a "
+                        "time (the head), then float4 from there")
+            return f"{ex}: {case}: raised {type(e).__name__}: {s.splitlines()[0] if s else ''}"
+        o = to_numpy(od).astype(np.float64)
+        ref = np.float64(a) * x + y
+        head = off and (4 - off % 4) % 4
+        pre = to_numpy(ob[:off])
+        if off and not np.isnan(pre).all():
+            return (f"{ex}: {case}: wrote before the start of out: the head must start at "
+                    "element 0 of the view, not at the aligned address below it")
+        if not np.isnan(to_numpy(ob[off + n:])).all():
+            return (f"{ex}: {case}: wrote past the end of out: the tail (the last elements after "
+                    "the last whole float4) must be done one element at a time, with i < n")
+        nan = np.isnan(o)
+        if nan.all():
+            return f"{ex}: {case}: output never written (all NaN): still the stub?"
+        if nan.any():
+            idx = np.flatnonzero(nan)
+            if off and idx[-1] < min(head, n):
+                return (f"{ex}: {case}: the first {len(idx)} elements (the head, before the "
+                        "first 16-byte boundary) never written: handle the head one element "
+                        "at a time")
+            body = n - min(head, n)
+            if idx[0] >= n - (body % 4) and len(idx) <= 3:
+                return (f"{ex}: {case}: the last {len(idx)} elements never written: missing "
+                        "tail (n - head is not a multiple of 4; do the remainder one element "
+                        "at a time)")
+            return (f"{ex}: {case}: {len(idx)} elements never written, first at {idx[0]}: with "
+                    f"a small grid every thread must loop (a grid-stride loop, i += blockDim.x "
+                    "* gridDim.x)")
+        bad = np.abs(o - ref) > 1e-5 + 1e-5 * np.abs(ref)
+        if bad.any():
+            i = int(np.argmax(bad))
+            return (f"{ex}: {case}: wrong at {i}: got {o[i]:.6g}, expected {ref[i]:.6g} "
+                    f"({int(bad.sum())} of {n} wrong): out = a * x + y, elementwise")
+    return None
+
+
+def _axpy_worker(src_path: str, seed: int) -> None:
+    """Subprocess entry: the misaligned cases (a misaligned float4 access kills the CUDA
+    context of the process that makes it, so it must not be the notebook's)."""
+    src = open(src_path).read()
+    k = _compile("ex02.2", src, "axpy_vec")
+    cases = [(n, off, g) for off in (1, 2, 3) for n, g in
+             [(1, 1), (3, 1), (6, 1), (1023, 2), (1025, 300), ((1 << 20) + 1, 1024)]]
+    msg = _axpy_cases("ex02.2", k, cases, seed)
+    print(json.dumps({"error": msg}))
+
+
+def ex02_2(src: str) -> None:
+    """``src`` defines ``extern "C" __global__ void axpy_vec(const float* x, const float* y,
+    float* out, float a, int n)``: out = a * x + y with float4 loads and stores.
+
+    Launched with 256 threads per block and grids both small (threads must loop) and large, on
+    lengths that are not multiples of 4, then on views that start 4, 8 or 12 bytes past a
+    16-byte boundary (x, y and out share the offset). The misaligned cases run in a separate
+    process, because a misaligned float4 access ends the CUDA context that makes it.
+    """
+    ex = "ex02.2"
+    _need_gpu(ex)
+    code = _code_only(src)
+    if "float4" not in code:
+        raise GradeError(f"{ex}: the kernel must move data as float4 (16-byte) vectors; no "
+                         "float4 in the source")
+    k = _compile(ex, src, "axpy_vec")
+    rng, seed = fresh_rng()
+    for rep in range(2):   # twice, with different data: an answer cached from a warm-up fails
+        cases = [(n, 0, g) for n, g in [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (7, 1), (255, 1),
+                                        (1023, 1), (1025, 2), (4099, 5), (4099, 64),
+                                        ((1 << 20) + 3, 1024), ((1 << 22) + 2, 8)]]
+        msg = _axpy_cases(ex, k, cases, seed + rep)
+        if msg:
+            raise GradeError(msg)
+    with tempfile.NamedTemporaryFile("w", suffix=".cu", delete=False) as f:
+        f.write(src)
+        path = f.name
+    try:
+        pyexe = sys.executable
+        r = subprocess.run([pyexe, "-c", "import sys; from cudabook.graders.ch02 import "
+                            "_axpy_worker; _axpy_worker(sys.argv[1], int(sys.argv[2]))",
+                            path, str(seed)], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                               [p for p in sys.path if p])})
+    finally:
+        os.unlink(path)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        if "misaligned" in r.stderr.lower():
+            tail = ("misaligned address: a float4 access needs a 16-byte aligned address; do "
+                    "the first elements one at a time up to the boundary")
+        raise GradeError(f"{ex}: misaligned views (offset 1..3 floats): {tail}")
+    msg = json.loads(lines[-1])["error"]
+    if msg:
+        raise GradeError(msg)
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex02.3
+def ex02_3(run_pipeline: Callable) -> None:
+    """``run_pipeline(x_host, y_host, n_chunks, compute)`` fills the pinned host array y_host
+    with compute(x) in n_chunks chunks, each copied in, computed and copied out on a stream.
+
+    ``compute(x_dev, y_dev)`` is given by the grader (a kernel on the current CuPy stream,
+    with fresh coefficients per call). Checked: the result, read as soon as run_pipeline
+    returns (so it must synchronise); chunk sizes that cover all n elements when n_chunks
+    does not divide n; that the chunks' kernels ran on at least two non-default streams.
+    """
+    ex = "ex02.3"
+    _need_gpu(ex)
+    import cupy
+    import cupyx
+
+    kern = cupy.RawKernel(r'''
+extern "C" __global__ void affine(const float* x, float* y, int n, float a, float b) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        y[i] = a * x[i] + b;
+}''', "affine")
+    rng, seed = fresh_rng()
+    for n, chunks in [(1, 1), (10, 3), (1000, 1), (1000, 7), (4096, 4), ((1 << 20) + 3, 4),
+                      ((1 << 22) + 5, 6), ((1 << 24) + 1, 8)]:
+        for rep in range(2):
+            a, b = (np.float32(v) for v in rng.uniform(-2, 2, 2))
+            seen: list[tuple[int, int]] = []
+
+            def compute(xd, yd, a=a, b=b, seen=seen):
+                if xd.shape != yd.shape or xd.dtype != np.float32:
+                    raise GradeError(f"{ex}: compute(x_dev, y_dev) needs two float32 device "
+                                     "arrays of the same length")
+                m = xd.size
+                if m:
+                    kern((min((m + 255) // 256, 1024),), (256,),
+                         (xd, yd, np.int32(m), a, b))
+                seen.append((cupy.cuda.get_current_stream().ptr, m))
+
+            x_host = cupyx.empty_pinned(n, dtype=np.float32)
+            x_host[:] = rng.standard_normal(n, dtype=np.float32)
+            y_host = cupyx.empty_pinned(n, dtype=np.float32)
+            y_host.fill(np.nan)
+            case = f"n={n}, n_chunks={chunks} (seed {seed}, call {rep + 1})"
+            try:
+                run_pipeline(x_host, y_host, chunks, compute)
+                last = float(y_host[-1])     # read at once: the grader does not synchronize
+            except NotImplementedError:
+                raise GradeError(f"{ex}: not implemented yet (the stub still raises "
+                                 "NotImplementedError)") from None
+            except GradeError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                msg = str(e).splitlines()[0] if str(e) else ""
+                raise GradeError(f"{ex}: {case}: raised {type(e).__name__}: {msg}") from None
+            got = np.array(y_host, dtype=np.float64)
+            got[-1] = last
+            cupy.cuda.Device().synchronize()
+            late = np.array(y_host, dtype=np.float64)
+            ref = np.float64(a) * x_host + np.float64(b)
+            sizes = [m for _, m in seen]
+            if len(seen) != chunks or sum(sizes) != n:
+                hint = ""
+                if sum(sizes) < n:
+                    hint = (f": {n - sum(sizes)} elements in no chunk; when n_chunks does not "
+                            "divide n the chunks must still cover all of it (e.g. bounds "
+                            "n * k // n_chunks)")
+                raise GradeError(f"{ex}: {case}: compute ran {len(seen)} times on chunks of "
+                                 f"sizes {sizes[:8]}{'...' if len(sizes) > 8 else ''}; expected "
+                                 f"{chunks} chunks covering {n} elements{hint}")
+            ok = np.abs(got - ref) <= 1e-5 + 1e-5 * np.abs(ref)
+            if not ok.all():
+                ok_late = np.abs(late - ref) <= 1e-5 + 1e-5 * np.abs(ref)
+                i = int(np.argmax(~ok))
+                if ok_late.all():
+                    raise GradeError(f"{ex}: {case}: y_host was not ready when run_pipeline "
+                                     "returned (it was right a moment later): synchronize the "
+                                     "streams before returning")
+                if np.isnan(late[i]):
+                    raise GradeError(f"{ex}: {case}: y_host[{i}] never written: is every chunk "
+                                     "copied back (device to host) into its own slice?")
+                raise GradeError(f"{ex}: {case}: wrong at {i}: got {got[i]:.6g}, expected "
+                                 f"{ref[i]:.6g}: is the chunk copied in before compute runs "
+                                 "on it, on the same stream?")
+            streams = {p for p, _ in seen}
+            if chunks >= 2 and (len(streams - {0}) < 2):
+                raise GradeError(f"{ex}: {case}: every chunk's kernel ran on "
+                                 f"{'the default stream' if streams == {0} else 'one stream'}:"
+                                 " nothing can overlap. Issue each chunk on its own stream "
+                                 "(with stream: ...), cycling over two or more streams")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex02.4
+BLOCK4, R4 = 64, 2
+
+
+def ex02_4(moving_average) -> None:
+    """``moving_average`` is a @cuda.jit kernel: out[i] = mean of x[i-2 .. i+2], zero outside
+    the array, that stages x through a shared-memory tile of BLOCK + 2 R = 68 floats.
+
+    Launched with 64 threads per block and ceil(n / 64) blocks on ragged lengths, twice with
+    different data. In the simulator a missing cuda.syncthreads() shows up as values read from
+    the tile before they were written.
+    """
+    ex = "ex02.4"
+    rng, seed = fresh_rng()
+    try:
+        import inspect
+
+        pysrc = inspect.getsource(moving_average.py_func)
+    except Exception:  # noqa: BLE001
+        pysrc = None
+    if pysrc is not None and "shared.array" not in pysrc:
+        raise GradeError(f"{ex}: the kernel must stage x through cuda.shared.array (the rubric "
+                         "of this exercise); no shared array in its source")
+    sizes = ragged_sizes(BLOCK4, big=(1 << 20) + 5)
+    for n in sizes:
+        for rep in range(2):
+            x = rng.standard_normal(n, dtype=np.float32)
+            out, buf = guarded(n)
+            case = f"n={n} (seed {seed}, call {rep + 1})"
+            grid = (n + BLOCK4 - 1) // BLOCK4
+            call(ex, case, lambda: moving_average[grid, BLOCK4](to_device(x), out))
+            xp = np.pad(x.astype(np.float64), R4)
+            ref = sum(xp[k:k + n] for k in range(2 * R4 + 1)) / (2 * R4 + 1)
+            if not canary_ok(buf, n):
+                raise GradeError(f"{ex}: {case}: wrote past the end of out: missing bounds "
+                                 "guard (if i < n) on the write?")
+            o = to_numpy(out).astype(np.float64)
+            bad = ~(np.abs(o - ref) <= 1e-5 + 1e-5 * np.abs(ref))
+            if not bad.any():
+                continue
+            idx = np.flatnonzero(bad)
+            nan = np.isnan(o)
+            if nan.all():
+                raise GradeError(f"{ex}: {case}: output never written (all NaN): still the "
+                                 "stub?")
+            if nan.any():
+                raise GradeError(f"{ex}: {case}: {int(nan.sum())} outputs never written, first "
+                                 f"at {int(np.argmax(nan))}: grid or guard wrong?")
+            t = idx % BLOCK4
+            at_edge_of_array = (idx < R4) | (idx >= n - R4)
+            if at_edge_of_array.all():
+                raise GradeError(f"{ex}: {case}: wrong only at the ends of the array (first at "
+                                 f"{idx[0]}): outside the array x counts as 0 (load 0.0 into "
+                                 "the halo there)")
+            if ((t < R4) | (t >= BLOCK4 - R4) | at_edge_of_array).all() and n > BLOCK4:
+                raise GradeError(f"{ex}: {case}: wrong only within {R4} of a block's edge "
+                                 f"(first at {idx[0]}): the halo. Load the {R4} elements left "
+                                 f"and right of the block into the tile too")
+            raise GradeError(f"{ex}: {case}: {idx.size} of {n} wrong, first at {idx[0]}: got "
+                             f"{o[idx[0]]:.6g}, expected {ref[idx[0]]:.6g}. Values read from "
+                             "the tile before another thread wrote them: missing "
+                             "cuda.syncthreads() between loading the tile and reading it?")
+    passed(ex)

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Exercise notebooks grade as a reader would see them.
+
+    python tools/check_exercises.py exercises/*.ipynb
+
+For each exercise notebook, ``pytest --nbval-lax`` (the reader's command) is run twice:
+
+* as committed, with the stubs: every grader cell (``# NBVAL_CHECK_OUTPUT``) must FAIL;
+* with the solution's code put back into the exercise notebook: every grader cell must PASS.
+
+Without a GPU, ``%%gpu`` grader cells are skipped and reported as such.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import nbformat
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nbtools import ROOT, canonical, is_grader  # noqa: E402
+
+
+def run_nbval(nb, tmp: Path, name: str) -> dict[int, str]:
+    """Per code-cell status ('passed', 'failed', 'skipped') from pytest --nbval-lax."""
+    path = tmp / name
+    path.write_text(canonical(nb))
+    xml = tmp / (name + ".xml")
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", str(path),
+                    "-p", "no:cacheprovider", f"--rootdir={ROOT}", f"--confcutdir={ROOT}",
+                    f"--junitxml={xml}"], capture_output=True, text=True, cwd=ROOT)
+    status = {}
+    for tc in ET.parse(xml).getroot().iter("testcase"):
+        try:
+            idx = int(tc.get("name", "").split()[-1])  # "Cell 7": the 8th code cell
+        except ValueError:
+            continue
+        if tc.find("failure") is not None or tc.find("error") is not None:
+            status[idx] = "failed"
+        elif tc.find("skipped") is not None:
+            status[idx] = "skipped"
+        else:
+            status[idx] = "passed"
+    return status
+
+
+def main(paths: list[str]) -> int:
+    bad = 0
+    counts = {"unsolved fail": 0, "solved pass": 0, "skipped": 0}
+    for p in paths:
+        ex = nbformat.read(p, as_version=4)
+        sol = nbformat.read(str(ROOT / "solutions" / Path(p).name), as_version=4)
+        solved = nbformat.from_dict(ex)
+        for c_ex, c_sol in zip(solved.cells, sol.cells, strict=True):
+            c_ex.source = c_sol.source
+        code = [c for c in ex.cells if c.cell_type == "code"]  # nbval numbers code cells only
+        graders = {i: c for i, c in enumerate(code) if is_grader(c)}
+        with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+            st_unsolved = run_nbval(ex, Path(tmp), "unsolved_" + Path(p).name)
+            st_solved = run_nbval(solved, Path(tmp), "solved_" + Path(p).name)
+        for i, c in graders.items():
+            name = next((w.split("(")[0] for w in c.source.split() if w.startswith("ex")), "?")
+            u, s = st_unsolved.get(i, "not run"), st_solved.get(i, "not run")
+            if u == "skipped" and s == "skipped":
+                counts["skipped"] += 1
+                continue
+            if u != "failed":
+                bad += 1
+                print(f"WRONG: {p} {name}: the unsolved stub {u} its grader (must fail)")
+            else:
+                counts["unsolved fail"] += 1
+            if s != "passed":
+                bad += 1
+                print(f"WRONG: {p} {name}: the solution put back into the exercise {s} "
+                      "(must pass)")
+            else:
+                counts["solved pass"] += 1
+    print(f"exercises: {counts['unsolved fail']} stubs fail, {counts['solved pass']} solutions "
+          f"pass, {counts['skipped']} skipped (need a GPU), {bad} wrong")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

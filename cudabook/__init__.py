@@ -42,6 +42,7 @@ def _gpu_cell(line: str, cell: str):
         print(f"skipped: {what} needs a CUDA GPU; this is simulator mode.")
         return None
     import ast
+    import builtins
 
     from IPython import get_ipython
 
@@ -51,9 +52,14 @@ def _gpu_cell(line: str, cell: str):
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, "<%%gpu cell>", "exec"), ip.user_ns)  # noqa: S102
-    if last is not None:
-        return eval(compile(last, "<%%gpu cell>", "eval"), ip.user_ns)  # noqa: S307
+    # builtins.compile: the name `compile` in this package is the module cudabook.compile
+    exec(builtins.compile(tree, "<%%gpu cell>", "exec"), ip.user_ns)  # noqa: S102
+    if last is not None and cell.rstrip().endswith(";"):
+        exec(builtins.compile(ast.Module([ast.Expr(last.body)], []), "<%%gpu cell>", "exec"),
+             ip.user_ns)  # noqa: S102  (a trailing ';' hides the value, as in IPython)
+        return None
+    if last is not None and not cell.rstrip().endswith(";"):
+        return eval(builtins.compile(last, "<%%gpu cell>", "eval"), ip.user_ns)  # noqa: S307
     return None
 
 

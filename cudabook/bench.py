@@ -10,6 +10,10 @@ exactly one call):
 3. the call runs between two events; the median over repeats is reported.
 
 Every function is validated before it is timed (a wrong kernel is refused) and again after.
+
+Numba kernels: convert CuPy/torch arrays once with ``numba.cuda.as_cuda_array`` and launch on
+those. Launched on the CuPy arrays themselves, Numba synchronizes the producer's stream at every
+launch (CUDA Array Interface semantics), which puts its host overhead back between the events.
 """
 
 from __future__ import annotations
@@ -116,7 +120,7 @@ class BenchTable:
         return min(cands, key=lambda r: r.time_us)
 
     def record(self, chapter: str, kernels: list[str] | None = None,
-               path: str | os.PathLike | None = None) -> list[dict]:
+               path: str | os.PathLike | None = None) -> None:
         """Append these rows (all but the baseline, or ``kernels``) to the results file.
 
         The file is ``path``, else ``$CUDABOOK_RESULTS``; with neither, nothing is written.
@@ -131,7 +135,6 @@ class BenchTable:
                             "ratio": _round(r.ratio, 3), "size": _jsonable(self.size),
                             "time_us": _round(self.rows[self.rows.index(r)].time_us)})
         record(entries, path)
-        return entries
 
 
 def _round(x, nd=2):
@@ -271,6 +274,7 @@ class Sweep:
         return self.tables[0].rows[0].unit
 
     def record(self, chapter: str, kernels: list[str] | None = None) -> None:
+        """Record every size's table (see ``BenchTable.record``)."""
         for t in self.tables:
             t.record(chapter, kernels)
 

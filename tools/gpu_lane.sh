@@ -34,6 +34,7 @@ for c in "${chapters[@]}"; do
 done
 
 day=$(date -u +%F)
+mkdir -p reports
 report="reports/gpu-lane-${day}${suffix}.md"
 log=$(mktemp -d)
 declare -a steps

@@ -1,0 +1,477 @@
+"""Graders of Chapter 3, "Neural-network building blocks".
+
+ex03_1  Numba: shared-memory tree sum of a block and its launcher (ragged n, last block)   simulator
+ex03_2  CUDA C++ via CuPy: grid-stride sum, warp shuffles, one atomicAdd per block        GPU
+ex03_3  Numba: online softmax, one thread per row (large magnitudes, -inf, all -inf rows) simulator
+ex03_4  Numba: LayerNorm forward, one block per row, checked against torch layer_norm     simulator
+ex03_5  CUDA C++ via CuPy: 2D convolution with a shared-memory tile and halo              GPU
+ex03_6  CUDA C++ via CuPy: fused bias + GELU (tanh form)                                  GPU
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from .. import env
+from ..check import to_numpy
+from ._core import (
+    GradeError,
+    call,
+    canary_ok,
+    fresh_rng,
+    guarded,
+    passed,
+    ragged_sizes,
+    to_device,
+)
+
+__all__ = ["ex03_1", "ex03_2", "ex03_3", "ex03_4", "ex03_5", "ex03_6",
+           "softmax_reference", "layernorm_reference", "conv2d_reference", "gelu_tanh_reference"]
+
+
+# ----------------------------------------------------------------------------- references
+def softmax_reference(x: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64; a row of only -inf gives zeros (the book's convention)."""
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(x - m)
+    d = e.sum(axis=-1, keepdims=True)
+    return np.where(d > 0, e / np.where(d > 0, d, 1.0), 0.0)
+
+
+def layernorm_reference(x, gamma, beta, eps: float) -> np.ndarray:
+    """torch.nn.functional.layer_norm in float64 on the CPU (numpy if torch is missing)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    try:
+        import torch
+        import torch.nn.functional as F
+
+        return F.layer_norm(torch.from_numpy(x64), (x64.shape[-1],),
+                            torch.from_numpy(np.asarray(gamma, np.float64)),
+                            torch.from_numpy(np.asarray(beta, np.float64)), eps).numpy()
+    except ImportError:
+        mean = x64.mean(-1, keepdims=True)
+        var = ((x64 - mean) ** 2).mean(-1, keepdims=True)
+        return (x64 - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def conv2d_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """'same' cross-correlation with zero padding, float64 (torch.nn.functional.conv2d)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    w64 = np.asarray(w, dtype=np.float64)
+    K = w64.shape[0]
+    p = K // 2
+    xp = np.pad(x64, p)
+    H, W = x64.shape
+    out = np.zeros((H, W))
+    for a in range(K):
+        for b in range(K):
+            out += w64[a, b] * xp[a:a + H, b:b + W]
+    return out
+
+
+def gelu_tanh_reference(z) -> np.ndarray:
+    z = np.asarray(z, dtype=np.float64)
+    return 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z ** 3)))
+
+
+def _gelu_erf(z) -> np.ndarray:
+    z = np.asarray(z, dtype=np.float64)
+    erf = np.vectorize(math.erf)
+    return 0.5 * z * (1.0 + erf(z / math.sqrt(2.0)))
+
+
+def _need_gpu(ex: str) -> None:
+    if not env.HAS_GPU:
+        raise GradeError(f"{ex}: needs a CUDA GPU (CUDA C++ runs through CuPy)")
+
+
+def _compile(ex: str, src: str, name: str):
+    from ..compile import compile_source
+
+    try:
+        return compile_source(src, name=f"{ex} source").get(name)
+    except AttributeError as e:
+        raise GradeError(f"{ex}: {e}") from None
+    except RuntimeError as e:
+        raise GradeError(f"{ex}: does not compile:\n{e}") from None
+
+
+def _scalar(ex: str, case: str, v) -> float:
+    try:
+        a = np.asarray(to_numpy(v), dtype=np.float64).ravel()
+    except Exception as e:  # noqa: BLE001
+        raise GradeError(f"{ex}: {case}: returned {type(v).__name__}, not a number ({e})") \
+            from None
+    if a.size != 1:
+        raise GradeError(f"{ex}: {case}: returned {a.size} values; return the single total "
+                         "(launch again on the partial sums until one is left)")
+    return float(a[0])
+
+
+# ----------------------------------------------------------------------------- ex03.1
+def ex03_1(sum_all: Callable) -> None:
+    """``sum_all(x)`` returns the sum of the float32 device vector ``x`` (any length >= 1).
+
+    It must use the student's Numba kernel: a shared-memory tree with 128 threads per block,
+    one partial sum per block, launched again on the partials until one value is left. The
+    values are positive, so a dropped block (grid = n // 128 instead of rounding up) changes
+    the total; every length is run twice with different data.
+    """
+    ex = "ex03.1"
+    rng, seed = fresh_rng()
+    sizes = ragged_sizes(128, big=(1 << 20) + 3) + ([128 * 128 + 1] if not env.SIM else [])
+    for n in sorted(set(sizes)):
+        for rep in range(2):
+            x = rng.uniform(0.5, 1.5, n).astype(np.float32)
+            case = f"n={n} (seed {seed}, call {rep + 1})"
+            got: list = []
+            call(ex, case, lambda: got.append(sum_all(to_device(x))))
+            s = _scalar(ex, case, got[0])
+            ref = float(x.astype(np.float64).sum())
+            tol = 1e-5 * ref + 1e-4
+            if math.isnan(s):
+                raise GradeError(f"{ex}: {case}: the sum is NaN: a partial read before it was "
+                                 "written, or elements past the end read (load 0 when i >= n)?")
+            if abs(s - ref) <= tol:
+                continue
+            full = (n // 128) * 128
+            first = abs(s - float(x[:128].astype(np.float64).sum())) <= tol and n > 128
+            dropped = full < n and abs(s - float(x[:full].astype(np.float64).sum())) <= tol
+            if dropped and first:
+                raise GradeError(f"{ex}: {case}: got {s:.6g}, expected {ref:.6g}, the sum of the "
+                                 "first 128 elements: either the last partial block is dropped "
+                                 "(round the grid up, (n + 127) // 128, and load 0 past the end) "
+                                 "or only the first block's partial is returned (launch again on "
+                                 "the partial sums until one value is left)")
+            if dropped:
+                raise GradeError(f"{ex}: {case}: got {s:.6g}, expected {ref:.6g}: the last "
+                                 f"partial block ({n - full} elements) is dropped: round the "
+                                 "grid up, (n + 127) // 128, and load 0 past the end")
+            if first:
+                raise GradeError(f"{ex}: {case}: got the sum of the first block only: launch "
+                                 "again on the partial sums until one value is left")
+            if s > ref + tol:
+                hint = "elements counted twice, or values past the end read (0 when i >= n)?"
+            else:
+                hint = ("elements or partials missed: is the tree missing a cuda.syncthreads() "
+                        "between levels (a race), or does a level skip the upper half?")
+            raise GradeError(f"{ex}: {case}: got {s:.6g}, expected {ref:.6g}: {hint}")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex03.2
+def ex03_2(src: str) -> None:
+    """``src`` defines ``sum_atomic(const float* x, float* out, int n)``.
+
+    Launched with 256 threads per block and grids of several sizes (smaller and larger than
+    n / 256): a grid-stride loop sums x, the block reduces with warp shuffles, and one thread
+    per block adds the block's sum to out[0] (zeroed by the grader) with atomicAdd. Repeated
+    runs with new data catch races (a missing __syncthreads shows up on some runs only).
+    """
+    ex = "ex03.2"
+    _need_gpu(ex)
+    import cupy
+
+    if "__shfl" not in src:
+        raise GradeError(f"{ex}: the kernel uses no warp shuffle (__shfl_down_sync or "
+                         "__shfl_xor_sync): reduce each warp in registers first")
+    k = _compile(ex, src, "sum_atomic")
+    rng, seed = fresh_rng()
+    sizes = ragged_sizes(256) + [(1 << 22) + 5]
+    for n in sizes:
+        grids = sorted({1, 7, 264, (n + 255) // 256, (n + 255) // 256 + 50})
+        reps = 6 if n > 4096 else 1
+        for grid in grids:
+            for rep in range(reps):
+                x = rng.uniform(0.5, 1.5, n).astype(np.float32)
+                buf = cupy.full(1 + 4096, np.nan, dtype=cupy.float32)
+                out = buf[:1]
+                out.fill(0)
+                case = f"n={n}, grid={grid}x256 (seed {seed}, run {rep + 1} of {reps})"
+                call(ex, case, lambda: k((grid,), (256,), (cupy.asarray(x), out,
+                                                           cupy.int32(n))))
+                if not canary_ok(buf, 1):
+                    raise GradeError(f"{ex}: {case}: wrote past out[0]: only out[0] is the "
+                                     "result")
+                s = float(out.get()[0])
+                ref = float(x.astype(np.float64).sum())
+                if abs(s - ref) <= 2e-5 * ref + 1e-3:
+                    continue
+                if math.isnan(s):
+                    raise GradeError(f"{ex}: {case}: result is NaN: a shared-memory slot read "
+                                     "before it was written?")
+                if rep > 0:
+                    raise GradeError(f"{ex}: {case}: got {s:.7g}, expected {ref:.7g}, while "
+                                     "earlier runs of the same size were right: a race. Is a "
+                                     "__syncthreads() missing between writing the warp sums to "
+                                     "shared memory and reading them?")
+                if grid < (n + 255) // 256 and abs(s - float(x[:grid * 256].sum(
+                        dtype=np.float64))) <= 2e-5 * ref + 1e-3:
+                    raise GradeError(f"{ex}: {case}: only the first grid*256 elements were "
+                                     "summed: loop over the vector, i += blockDim.x * "
+                                     "gridDim.x (grid-stride)")
+                ratio = s / ref if ref else 0.0
+                hint = (f"about {ratio:.1f}x the answer: one atomicAdd per block (thread 0 "
+                        "only), after the block reduction?" if ratio > 1.5 else
+                        "elements or warps missed: does the block combine every warp's sum, "
+                        "and is the loop bound i < n?")
+                raise GradeError(f"{ex}: {case}: got {s:.7g}, expected {ref:.7g}: {hint}")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex03.3
+def _softmax_cases(rng):
+    cases = []
+    for m, n in [(1, 1), (3, 7), (33, 40), (5, 300)]:
+        cases.append((f"M={m}, N={n}, normal data", rng.standard_normal((m, n)) * 3))
+    big = rng.standard_normal((6, 50)) * 30
+    big[:, 5] = 1000.0 + rng.uniform(0, 50, 6)   # exp(1000) overflows float32 (and float64)
+    cases.append(("large magnitudes (values near 1000)", big))
+    neg = rng.standard_normal((5, 20)) * 3
+    neg[:, :4] = -np.inf                      # the running max starts at -inf for 4 elements
+    neg[2, 10:] = -np.inf
+    cases.append(("rows starting with -inf (masked entries)", neg))
+    allinf = rng.standard_normal((4, 9))
+    allinf[1] = -np.inf
+    cases.append(("a row of only -inf (fully masked: expect zeros)", allinf))
+    return [(c, a.astype(np.float32)) for c, a in cases]
+
+
+def ex03_3(softmax_online) -> None:
+    """``softmax_online`` is a @cuda.jit kernel ``(x, y)``: one thread per row of the (M, N)
+    float32 ``x``, launched [ceil(M / 32), 32]. One pass keeps a running max and a running sum
+    rescaled when the max grows; a second pass writes y = exp(x - m) / d. A row of only -inf
+    must give zeros.
+    """
+    ex = "ex03.3"
+    rng, seed = fresh_rng()
+    for rep in range(2):
+        for what, x in _softmax_cases(rng):
+            M, N = x.shape
+            case = f"{what}, M={M}, N={N} (seed {seed}, call {rep + 1})"
+            out, buf = guarded((M, N))
+
+            def run():
+                try:
+                    softmax_online[(M + 31) // 32, 32](to_device(x), out)
+                except OverflowError:      # the simulator's math.exp raises where a GPU gives inf
+                    raise GradeError(f"{ex}: {case}: exp overflowed: subtract the running max "
+                                     "before exp (x - m <= 0), and rescale the sum by "
+                                     "exp(m_old - m_new) when the max grows") from None
+            call(ex, case, run)
+            if not canary_ok(buf, M * N):
+                raise GradeError(f"{ex}: {case}: wrote past the end of y: missing row guard "
+                                 "(if r < M)?")
+            o = to_numpy(out).astype(np.float64)
+            ref = softmax_reference(x)
+            bad = ~(np.abs(o - ref) <= 1e-6 + 1e-4 * np.abs(ref))
+            if not bad.any():
+                continue
+            r, c = (int(v[0]) for v in np.nonzero(bad))
+            row_nan = np.isnan(o[r]).all()
+            if "large" in what and (np.isnan(o[r, c]) or np.isinf(o[r, c])):
+                hint = ("exp overflowed: subtract the running max before exp (x - m <= 0), and "
+                        "rescale the sum by exp(m_old - m_new) when the max grows")
+            elif "only -inf" in what and r == 1:
+                hint = ("a row of only -inf must give zeros: when the max is -inf use 0 instead "
+                        "(exp(-inf - (-inf)) is NaN), and write 0 when the sum is 0")
+            elif "-inf" in what and np.isnan(o[r, c]):
+                hint = ("NaN from exp(-inf - (-inf)): while the running max is still -inf, a "
+                        "-inf element must add nothing (skip it, or guard the rescale)")
+            elif row_nan and np.isnan(o).all():
+                hint = "output never written: is the kernel body still the stub?"
+            elif row_nan:
+                hint = "row never written: wrong row index or missing rows?"
+            else:
+                hint = ("wrong value: is the old sum rescaled by exp(m_old - m_new) when a new "
+                        "max appears, and y = exp(x - m) / d?")
+            raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
+                             f"{ref[r, c]:.6g}: {hint}")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex03.4
+def ex03_4(layernorm) -> None:
+    """``layernorm`` is a @cuda.jit kernel ``(x, gamma, beta, eps, y)`` for a float32 (M, N)
+    ``x``: one block of 64 threads per row, launched [M, 64], shared memory for the block's
+    statistics. Checked against torch.nn.functional.layer_norm (float64, CPU), including rows
+    whose mean is large compared with their spread.
+    """
+    ex = "ex03.4"
+    rng, seed = fresh_rng()
+    shapes = [(1, 1), (3, 7), (4, 64), (5, 65), (2, 200)] + ([(300, 1000), (64, 4099)]
+                                                             if not env.SIM else [])
+    for rep in range(2):
+        cases = [(f"M={m}, N={n}", rng.standard_normal((m, n)) * rng.uniform(0.5, 3))
+                 for m, n in shapes]
+        cases.append(("large mean (1000) and small spread",
+                      1000.0 + rng.standard_normal((3, 129))))
+        for what, x in cases:
+            x = x.astype(np.float32)
+            M, N = x.shape
+            g = rng.uniform(0.5, 1.5, N).astype(np.float32)
+            b = rng.standard_normal(N).astype(np.float32)
+            eps = np.float32(1e-5 if rep == 0 else 1e-3)
+            case = f"{what}, eps={float(eps):g} (seed {seed}, call {rep + 1})"
+            out, buf = guarded((M, N))
+            call(ex, case, lambda: layernorm[M, 64](to_device(x), to_device(g), to_device(b),
+                                                    eps, out))
+            if not canary_ok(buf, M * N):
+                raise GradeError(f"{ex}: {case}: wrote past the end of y: loop while j < N?")
+            o = to_numpy(out).astype(np.float64)
+            ref = layernorm_reference(x, g, b, float(eps))
+            bad = ~(np.abs(o - ref) <= 2e-4 + 1e-3 * np.abs(ref))
+            if not bad.any():
+                continue
+            r, c = (int(v[0]) for v in np.nonzero(bad))
+            x64 = x.astype(np.float64)
+            mean = x64.mean(-1, keepdims=True)
+            var = x64.var(-1, keepdims=True)
+            unbiased = (x64 - mean) / np.sqrt(x64.var(-1, ddof=1, keepdims=True) + eps) * g + b \
+                if N > 1 else None
+            no_eps = (x64 - mean) / np.sqrt(var) * g + b if (var > 0).all() else None
+            no_affine = (x64 - mean) / np.sqrt(var + eps)
+            close = lambda a: a is not None and np.allclose(o, a, atol=2e-4, rtol=1e-3)
+            if np.isnan(o).all():
+                hint = "output never written: is the kernel body still the stub?"
+            elif np.isnan(o[r, c]):
+                hint = ("NaN: element never written (does the write loop cover j = tid, tid + "
+                        "64, ... < N?) or a negative variance under the square root")
+            elif close(unbiased):
+                hint = "the variance divides by N - 1; LayerNorm uses the biased one (/ N)"
+            elif close(no_eps):
+                hint = "eps is missing: 1 / sqrt(var + eps)"
+            elif close(no_affine):
+                hint = "gamma and beta are not applied: y = x_hat * gamma[j] + beta[j]"
+            elif "large mean" in what:
+                hint = ("var = E[x^2] - E[x]^2 cancels catastrophically in float32 when the mean "
+                        "is large: use two passes (mean first, then (x - mean)^2) or Welford")
+            else:
+                hint = ("wrong statistics: are all 64 partial sums combined (cuda.syncthreads() "
+                        "between the tree levels), and is shared memory reused only after a "
+                        "barrier?")
+            raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
+                             f"{ref[r, c]:.6g}: {hint}")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex03.5
+def ex03_5(src: str) -> None:
+    """``src`` defines ``conv2d_tiled(const float* x, const float* w, float* y, int H, int W,
+    int K)``: 'same' 2D cross-correlation with zero padding (K odd, K <= 7), launched with
+    16x16 blocks and grid (ceil(W / 16), ceil(H / 16)); each block loads its input tile and
+    halo into shared memory. Sizes are not multiples of 16; the border pixels are checked.
+    """
+    ex = "ex03.5"
+    _need_gpu(ex)
+    import cupy
+
+    if "__shared__" not in src:
+        raise GradeError(f"{ex}: no __shared__ tile: load the block's (16 + K - 1)^2 inputs into "
+                         "shared memory once, then compute from there")
+    k = _compile(ex, src, "conv2d_tiled")
+    rng, seed = fresh_rng()
+    shapes = [(1, 1), (16, 16), (17, 15), (5, 40), (33, 70), (100, 129), (517, 1029)]
+    for K in (3, 1, 5, 7):
+        for H, W in shapes:
+            for rep in range(2 if H * W > 1000 else 1):
+                x = rng.standard_normal((H, W)).astype(np.float32)
+                w = rng.standard_normal((K, K)).astype(np.float32)
+                out, buf = guarded((H, W))
+                grid = ((W + 15) // 16, (H + 15) // 16)
+                case = f"H={H}, W={W}, K={K} (seed {seed}, run {rep + 1})"
+                call(ex, case, lambda: k(grid, (16, 16), (cupy.asarray(x), cupy.asarray(w), out,
+                                                          cupy.int32(H), cupy.int32(W),
+                                                          cupy.int32(K))))
+                if not canary_ok(buf, H * W):
+                    raise GradeError(f"{ex}: {case}: wrote past the end of y: guard the store "
+                                     "with if (r < H && c < W)")
+                o = to_numpy(out).astype(np.float64)
+                ref = conv2d_reference(x, w)
+                bad = ~(np.abs(o - ref) <= 1e-4 + 1e-4 * np.abs(ref))
+                if not bad.any():
+                    continue
+                r, c = (int(v[0]) for v in np.nonzero(bad))
+                p = K // 2
+                border = np.zeros((H, W), bool)
+                if p:
+                    border[:p], border[-p:], border[:, :p], border[:, -p:] = True, True, True, \
+                        True
+                if np.isnan(o).all():
+                    hint = "output never written: is the kernel body still the stub?"
+                elif bad[border].any() and not bad[~border].any():
+                    hint = ("only the border is wrong: pixels outside the image count as 0 "
+                            "(zero padding). Load 0 into the halo where the input index is "
+                            "outside 0..H-1 / 0..W-1, and still write the border outputs")
+                elif np.isnan(o).any():
+                    hint = ("some outputs never written: the grid covers all pixels only if every "
+                            "thread that is inside the image writes (tail blocks are partial)")
+                elif H % 16 or W % 16:
+                    hint = ("wrong inside the image with sizes not multiples of 16: is the tile "
+                            "loaded with all (16 + K - 1)^2 cells (a loop over the cells, not one "
+                            "per thread), and is there a __syncthreads() before computing?")
+                else:
+                    hint = ("wrong values: tile[ty + a][tx + b] * w[a * K + b], the halo of K / "
+                            "2 on every side, and __syncthreads() after loading?")
+                raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, "
+                                 f"expected {ref[r, c]:.6g} ({int(bad.sum())} of {H * W} wrong): "
+                                 f"{hint}")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex03.6
+def ex03_6(src: str) -> None:
+    """``src`` defines ``bias_gelu(const float* x, const float* b, float* y, int M, int N)``:
+    y = gelu_tanh(x + b[col]) for (M, N) row-major x, in one kernel (the fusion), launched with
+    256 threads per block and ceil(M * N / 256) blocks.
+    """
+    ex = "ex03.6"
+    _need_gpu(ex)
+    import cupy
+
+    k = _compile(ex, src, "bias_gelu")
+    rng, seed = fresh_rng()
+    shapes = [(1, 1), (1, 255), (3, 7), (7, 3), (33, 65), (256, 1000), (1025, 4097)]
+    for M, N in shapes:
+        for rep in range(2):
+            x = (rng.standard_normal((M, N)) * 3).astype(np.float32)
+            b = rng.standard_normal(N).astype(np.float32)
+            out, buf = guarded((M, N))
+            n = M * N
+            case = f"M={M}, N={N} (seed {seed}, call {rep + 1})"
+            call(ex, case, lambda: k(((n + 255) // 256,), (256,), (cupy.asarray(x),
+                                                                    cupy.asarray(b), out,
+                                                                    cupy.int32(M),
+                                                                    cupy.int32(N))))
+            if not canary_ok(buf, n):
+                raise GradeError(f"{ex}: {case}: wrote past the end of y: missing bounds guard "
+                                 "(if i < M * N)?")
+            o = to_numpy(out).astype(np.float64)
+            z = x.astype(np.float64) + b[None, :]
+            ref = gelu_tanh_reference(z)
+            bad = ~(np.abs(o - ref) <= 1e-5 + 1e-4 * np.abs(ref))
+            if not bad.any():
+                continue
+            r, c = (int(v[0]) for v in np.nonzero(bad))
+            if np.isnan(o).all():
+                hint = "output never written: is the kernel body still the stub?"
+            elif np.isnan(o).any():
+                hint = "some elements never written: wrong index or too few threads?"
+            elif np.allclose(o, _gelu_erf(z), atol=1e-5, rtol=1e-4):
+                hint = "this is the erf form of GELU; the exercise asks for the tanh approximation"
+            elif 1 < M <= N and np.allclose(o, gelu_tanh_reference(
+                    x.astype(np.float64) + b[:M, None]), atol=1e-5, rtol=1e-4):
+                hint = "the bias is indexed by row; it belongs to the column: b[i % N]"
+            elif np.allclose(o, gelu_tanh_reference(x), atol=1e-5, rtol=1e-4):
+                hint = "the bias is not added: y = gelu(x + b[i % N])"
+            else:
+                hint = ("wrong values: 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3))) with "
+                        "z = x + b[col]")
+            raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
+                             f"{ref[r, c]:.6g}: {hint}")
+    passed(ex)

@@ -1,0 +1,266 @@
+"""Graders of Chapter 4, "Tiling: the matrix-multiplication ladder".
+
+ex04_1  Numba: shared-memory tiled C = A @ Bt.T (16x16 tiles, B given transposed)      simulator
+ex04_2  CUDA C++ via CuPy: 2D register tiling (64x64 block tile, 4x4 outputs/thread)      GPU
+ex04_3  Numba: boundary handling: make a register-tiled kernel correct for any M, N, K   simulator
+ex04_4  CUDA C++ via CuPy: one optimisation step that reaches FAST_FRACTION of cuBLAS     GPU
+
+Every grader checks sizes that are not multiples of the tile (and tall-skinny ones), fills the
+output with NaN (an element never written fails) followed by a NaN canary (a write past the end
+fails), calls the answer twice with different data, and explains the first kind of error.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from .. import env
+from ..check import to_numpy
+from ._core import GradeError, call, canary_ok, fresh_rng, guarded, passed, to_device
+
+__all__ = ["ex04_1", "ex04_2", "ex04_3", "ex04_4", "FAST_FRACTION", "diagnose_2d"]
+
+#: ex04_4: the fraction of cuBLAS (same run, n = FAST_N) the optimised kernel must reach
+FAST_FRACTION = 0.6
+FAST_N = 2048
+
+
+def _tol(K: int) -> float:
+    return max(1e-5, 5e-7 * K)
+
+
+def _count_syncs(fn) -> int | None:
+    """How many barriers the source of a Numba kernel or a CUDA C string calls (None: unknown)."""
+    src = fn if isinstance(fn, str) else None
+    if src is None:
+        try:
+            src = inspect.getsource(getattr(fn, "py_func", fn))
+        except (OSError, TypeError):
+            return None
+    lines = [ln.split("#")[0] if not isinstance(fn, str) else ln.split("//")[0]
+             for ln in src.splitlines()]
+    text = "\n".join(lines)
+    return text.count("syncthreads")
+
+
+def diagnose_2d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, tile: tuple[int, int],
+                K: int, ktile: int, syncs: int | None = None) -> None:
+    """Compare C with the float64 reference; raise GradeError naming the likely mistake.
+
+    ``tile`` is the (rows, cols) of C per block, ``ktile`` the k-step of the tiles.
+    """
+    o = to_numpy(out).astype(np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    M, N = r.shape
+    if buf is not None and not canary_ok(buf, M * N):
+        raise GradeError(f"{ex}: {case}: wrote past the end of C: missing bounds guard on the "
+                         "store (if row < M and col < N)?")
+    nan = np.isnan(o) & ~np.isnan(r)
+    full_m, full_n = (M // tile[0]) * tile[0], (N // tile[1]) * tile[1]
+    if nan.all() and (full_m == 0 or full_n == 0):
+        raise GradeError(f"{ex}: {case}: C never written (all NaN); C is smaller than one "
+                         f"{tile[0]}x{tile[1]} tile, so its only blocks are edge tiles: a "
+                         "store guard that drops partial tiles (guard each element instead: "
+                         "row < M and col < N), or the stub?")
+    if nan.all():
+        raise GradeError(f"{ex}: {case}: C never written (all NaN): is the kernel still the "
+                         "stub, or does every thread return before its store?")
+    if nan.any():
+        rows, cols = np.nonzero(nan)
+        where = f"{rows.size} of {M * N} elements of C never written, first at " \
+                f"({rows[0]}, {cols[0]})"
+        if ((rows >= full_m) | (cols >= full_n)).all():
+            raise GradeError(f"{ex}: {case}: {where}, all in the edge tiles: a store guard "
+                             "that drops whole tiles, or a grid rounded down instead of up?")
+        raise GradeError(f"{ex}: {case}: {where}: only part of C is written - does each "
+                         "thread store all of its outputs (every row and column it owns)?")
+    bad = np.abs(o - r) > _tol(K) + 1e-4 * np.abs(r)
+    if not bad.any():
+        return
+    rows, cols = np.nonzero(bad)
+    i, j = int(rows[0]), int(cols[0])
+    msg = (f"{ex}: {case}: wrong at ({i}, {j}): got {o[i, j]:.6g}, expected {r[i, j]:.6g} "
+           f"({rows.size} of {M * N} wrong)")
+    if syncs is not None and syncs < 2:
+        raise GradeError(f"{msg}: missing __syncthreads()/cuda.syncthreads()? A tile must be "
+                         "complete before it is read, and read by everyone before it is "
+                         "overwritten (two barriers per tile step)")
+    edge = ((rows >= full_m) | (cols >= full_n)).all()
+    if K % ktile and (M, N) != (full_m, full_n) and edge:
+        raise GradeError(f"{msg}: errors only in the edge tiles (M={M}, N={N} are not "
+                         "multiples of the tile): zero-fill the tile loads past row M / "
+                         "column N?")
+    if K % ktile:
+        raise GradeError(f"{msg}: K={K} is not a multiple of the k-step {ktile}: load zeros "
+                         "for k >= K (A[row, k0 + c] only if k0 + c < K), or the last partial "
+                         "tile adds garbage")
+    if edge:
+        raise GradeError(f"{msg}: errors only in the edge tiles: zero-fill the tile loads "
+                         "past row M / column N?")
+    raise GradeError(f"{msg}: wrong products - check the indices of the tiles, or a race "
+                     "(a missing barrier shows up as results that change from run to run)")
+
+
+def _mats(rng, M, N, K, bt=False):
+    A = rng.standard_normal((M, K), dtype=np.float32)
+    B = rng.standard_normal((N, K) if bt else (K, N), dtype=np.float32)
+    ref = A.astype(np.float64) @ (B.astype(np.float64).T if bt else B.astype(np.float64))
+    return A, B, ref
+
+
+def _sim_shapes(small, big):
+    return small + ([] if env.SIM else big)
+
+
+# --------------------------------------------------------------------------------- ex04_1
+
+def ex04_1(matmul_abt) -> None:
+    """``matmul_abt`` is a @cuda.jit kernel: C[M, N] = A[M, K] @ Bt[N, K].T, 16x16 shared tiles.
+
+    Launched with block (16, 16) and grid (ceil(N/16), ceil(M/16)): ``threadIdx.x`` walks the
+    columns of C. Ragged shapes (not multiples of 16, K too), tall-skinny ones, two calls with
+    different data per shape; the big shapes run only on a GPU.
+    """
+    ex = "ex04.1"
+    rng, seed = fresh_rng()
+    shapes = _sim_shapes([(1, 1, 1), (16, 16, 16), (17, 33, 20), (35, 3, 40)],
+                         [(1000, 777, 129), (4096, 17, 300), (123, 2049, 1000)])
+    syncs = _count_syncs(matmul_abt)
+    for n_case, (M, N, K) in enumerate(shapes):
+        for rep in range(2 if n_case in (1, 2) or not env.SIM else 1):
+            A, Bt, ref = _mats(rng, M, N, K, bt=True)
+            out, buf = guarded((M, N))
+            case = f"M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
+            grid, block = ((N + 15) // 16, (M + 15) // 16), (16, 16)
+            call(ex, case, lambda: matmul_abt[grid, block](to_device(A), to_device(Bt), out))
+            diagnose_2d(ex, case, out, ref, buf, tile=(16, 16), K=K, ktile=16, syncs=syncs)
+    passed(ex)
+
+
+# --------------------------------------------------------------------------------- CUDA C
+
+def _compile(ex: str, src: str, name: str):
+    from ..compile import compile_source
+
+    try:
+        return compile_source(src, name=f"{ex} source").get(name)
+    except AttributeError as e:
+        raise GradeError(f"{ex}: {e}") from None
+    except RuntimeError as e:
+        raise GradeError(f"{ex}: does not compile:\n{e}") from None
+
+
+def _run_cuda(ex, kern, shapes, tile, threads, ktile, rng, seed, syncs, repeats=2):
+    import cupy
+
+    for M, N, K in shapes:
+        for rep in range(repeats):
+            A, B, ref = _mats(rng, M, N, K)
+            out, buf = guarded((M, N))
+            case = f"M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
+            grid = ((N + tile[1] - 1) // tile[1], (M + tile[0] - 1) // tile[0])
+            dA, dB = cupy.asarray(A), cupy.asarray(B)
+            call(ex, case, lambda: kern(grid, (threads,), (dA, dB, out, np.int32(M),
+                                                           np.int32(N), np.int32(K))))
+            diagnose_2d(ex, case, out, ref, buf, tile=tile, K=K, ktile=ktile, syncs=syncs)
+
+
+_CUDA_SHAPES = [(1, 1, 1), (64, 64, 8), (65, 63, 9), (1023, 1025, 517), (4096, 24, 64),
+                (7, 3000, 130), (512, 512, 512), (2048, 2048, 2048)]
+
+
+def ex04_2(src: str) -> None:
+    """``src`` defines ``matmul_reg2d(const float* A, const float* B, float* C, int M, int N,
+    int K)``: 64x64 block tile, BK = 8, 256 threads, each thread a 4x4 block of C.
+
+    Launched with block 256 and grid (ceil(N/64), ceil(M/64)) on ragged and tall-skinny shapes,
+    twice each with new data; the 2048^3 case, with thousands of blocks in flight, exposes races.
+    """
+    ex = "ex04.2"
+    if not env.HAS_GPU:
+        raise GradeError(f"{ex}: needs a CUDA GPU (CUDA C++ runs through CuPy)")
+    kern = _compile(ex, src, "matmul_reg2d")
+    rng, seed = fresh_rng()
+    _run_cuda(ex, kern, _CUDA_SHAPES, (64, 64), 256, 8, rng, seed, _count_syncs(src))
+    passed(ex)
+
+
+def ex04_4(src: str, fraction: float = FAST_FRACTION) -> None:
+    """``src`` defines ``matmul_fast(const float* A, const float* B, float* C, int M, int N,
+    int K)`` for a 128x128 block tile and 256 threads: grid (ceil(N/128), ceil(M/128)).
+
+    It must be correct on ragged shapes, then reach ``fraction`` of cuBLAS (cupy.matmul, fp32,
+    TF32 off) at M = N = K = FAST_N, timed in the same run.
+    """
+    ex = "ex04.4"
+    if not env.HAS_GPU:
+        raise GradeError(f"{ex}: needs a CUDA GPU (timed against cuBLAS on your device)")
+    import cupy
+
+    from ..bench import bench
+
+    kern = _compile(ex, src, "matmul_fast")
+    rng, seed = fresh_rng()
+    _run_cuda(ex, kern, _CUDA_SHAPES, (128, 128), 256, 1, rng, seed, _count_syncs(src))
+    n = FAST_N
+    A = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
+    B = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
+    C = cupy.empty((n, n), dtype=cupy.float32)
+    grid = ((n + 127) // 128, (n + 127) // 128)
+    t = bench({"yours": lambda: kern(grid, (256,), (A, B, C, np.int32(n), np.int32(n),
+                                                    np.int32(n)))},
+              baseline={"cuBLAS": lambda: cupy.matmul(A, B, out=C)}, flops=2.0 * n ** 3,
+              repeat=10, quiet=True)
+    ratio = t["yours"].ratio
+    if ratio < fraction:
+        raise GradeError(f"{ex}: correct, but at {n}^3 it reaches {t['yours'].value:.1f} "
+                         f"TFLOP/s = {100 * ratio:.0f}% of cuBLAS ({t['cuBLAS'].value:.1f}); "
+                         f"the goal is {100 * fraction:.0f}%. Try float4 loads with A "
+                         "transposed in shared memory, padding, or double buffering.")
+    passed(ex)
+
+
+def fast_ratio(src: str, n: int = FAST_N) -> float:
+    """The ratio to cuBLAS that ex04_4 measures (for the notebook to print)."""
+    import cupy
+
+    from ..bench import bench
+
+    kern = _compile("ex04.4", src, "matmul_fast")
+    A = cupy.random.standard_normal((n, n), dtype=cupy.float32)
+    B = cupy.random.standard_normal((n, n), dtype=cupy.float32)
+    C = cupy.empty((n, n), dtype=cupy.float32)
+    grid = ((n + 127) // 128, (n + 127) // 128)
+    t = bench({"yours": lambda: kern(grid, (256,), (A, B, C, np.int32(n), np.int32(n),
+                                                    np.int32(n)))},
+              baseline={"cuBLAS": lambda: cupy.matmul(A, B, out=C)}, flops=2.0 * n ** 3,
+              repeat=10, quiet=False)
+    return t["yours"].ratio
+
+
+# --------------------------------------------------------------------------------- ex04_3
+
+def ex04_3(matmul_ragged) -> None:
+    """``matmul_ragged`` is a @cuda.jit register-tiled kernel: 32x32 block tile, BK = 8,
+    64 threads (8 x 8), 4x4 outputs per thread; it must be right for every M, N, K >= 1.
+
+    Launched with block 64 and grid (ceil(N/32), ceil(M/32)). Shapes: exact multiples first
+    (so a problem elsewhere is told apart), then ragged M, N, K and tall-skinny ones.
+    """
+    ex = "ex04.3"
+    rng, seed = fresh_rng()
+    shapes = _sim_shapes([(32, 32, 8), (1, 1, 1), (33, 31, 9), (5, 70, 17), (70, 3, 3)],
+                         [(1023, 1025, 517), (4096, 20, 36), (3, 4099, 100)])
+    syncs = _count_syncs(matmul_ragged)
+    for n_case, (M, N, K) in enumerate(shapes):
+        for rep in range(2 if n_case == 2 or not env.SIM else 1):
+            A, B, ref = _mats(rng, M, N, K)
+            out, buf = guarded((M, N))
+            case = f"M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
+            grid = ((N + 31) // 32, (M + 31) // 32)
+            call(ex, case, lambda: matmul_ragged[grid, 64](to_device(A), to_device(B), out))
+            diagnose_2d(ex, case, out, ref, buf, tile=(32, 32), K=K, ktile=8, syncs=syncs)
+    passed(ex)
+

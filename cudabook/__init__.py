@@ -20,6 +20,7 @@ from .check import CheckError, check, empty_nan, to_numpy
 from .compile import (KERNELS_DIR, compile_source, cuda_include_dir, kernel_source, load_cuda,
                       load_numba, show_source)
 from .bench import BenchError, bench, record, sweep
+from .validate import expect
 from . import plot
 
 __version__ = "0.1.0"
@@ -27,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "require_cc",
            "check", "empty_nan", "to_numpy", "CheckError", "KERNELS_DIR", "load_cuda",
            "compile_source", "load_numba", "show_source", "kernel_source", "cuda_include_dir",
-           "bench", "sweep", "record", "BenchError", "plot", "ceil_div"]
+           "bench", "sweep", "record", "BenchError", "plot", "ceil_div", "expect"]
 
 
 def ceil_div(a: int, b: int) -> int:

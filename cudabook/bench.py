@@ -1,7 +1,7 @@
 """Timing kernels against the vendor baseline, in the same run.
 
-How a repeat is timed (``cupyx.profiler.benchmark`` with one repeat, so CUDA events bracket
-exactly one call):
+``cupyx.profiler.benchmark`` warms each function up and measures the host time to issue it.
+Then each repeat is timed with CUDA events bracketing exactly one call:
 
 1. L2 is flushed by writing a buffer twice its size, so every repeat reads from HBM/DRAM;
 2. a spin kernel keeps the GPU busy for longer than the host needs to launch the call
@@ -22,7 +22,6 @@ import datetime as _dt
 import json
 import os
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -78,6 +77,7 @@ class Row:
     baseline: str | None = None
     baseline_value: float | None = None
     is_baseline: bool = False
+    host_us: float | None = None   # host time to issue one call (launch overhead)
 
     @property
     def ratio(self) -> float | None:
@@ -168,27 +168,33 @@ def record(entries: list[dict], path: str | os.PathLike | None = None) -> Path |
     return p
 
 
-def _time(fn: Callable[[], Any], repeat: int, warmup: int, flush_l2: bool) -> float:
-    """Median GPU time of one call to ``fn`` in microseconds."""
+def _time(fn: Callable[[], Any], repeat: int, warmup: int, flush_l2: bool) -> tuple[float, float]:
+    """(median GPU time of one call, median host time to issue it), in microseconds.
+
+    ``cupyx.profiler.benchmark`` warms up and measures the host time of a call. It synchronizes
+    the device before its first repeat, so it cannot keep the GPU busy through a slow launch; the
+    GPU time therefore comes from our own events, recorded after the flush and the spin.
+    """
     import cupy
     from cupyx.profiler import benchmark
 
-    host = []
-    for _ in range(max(warmup, 1)):
-        t0 = time.perf_counter()
-        fn()
-        host.append(time.perf_counter() - t0)
-        cupy.cuda.get_current_stream().synchronize()
-    # spin for longer than the host needs to enqueue the call, so its overhead is hidden
-    spin_us = min(20.0 + 2e6 * statistics.median(host), 20000.0)
+    r = benchmark(fn, (), n_repeat=max(3, warmup), n_warmup=max(1, warmup))
+    host_s = float(statistics.median(r.cpu_times))
+    # spin for longer than the host needs to issue the call, so its overhead is hidden
+    spin_us = min(20.0 + 2e6 * host_s, 20000.0)
+    stream = cupy.cuda.get_current_stream()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
     times = []
     for _ in range(repeat):
         if flush_l2:
             _flush_l2()
         _spin(spin_us)
-        r = benchmark(fn, (), n_repeat=1, n_warmup=0)
-        times.append(float(r.gpu_times[0][0]))
-    return 1e6 * statistics.median(times)
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))   # milliseconds
+    return 1e3 * statistics.median(times), 1e6 * host_s
 
 
 def bench(fns: Mapping[str, Callable[[], Any]], *,
@@ -220,7 +226,7 @@ def bench(fns: Mapping[str, Callable[[], Any]], *,
                 check(name)
             except Exception as e:  # noqa: BLE001
                 raise BenchError(f"refusing to time {name}: its output is wrong:\n{e}") from None
-        t = _time(fn, repeat, warmup, flush_l2)
+        t, host_us = _time(fn, repeat, warmup, flush_l2)
         if check is not None:
             try:
                 check(name)
@@ -228,7 +234,7 @@ def bench(fns: Mapping[str, Callable[[], Any]], *,
                 raise BenchError(f"{name} was right before timing and wrong after it:\n{e}") \
                     from None
         val = work / (t * 1e-6) if work is not None else None
-        rows.append(Row(name, t, val, unit, is_baseline=is_base))
+        rows.append(Row(name, t, val, unit, is_baseline=is_base, host_us=host_us))
     if bname:
         bval = rows[0].value
         for r in rows[1:]:

@@ -120,7 +120,8 @@ def _collect() -> DeviceInfo:
         d.sms = int(p["multiProcessorCount"])
         d.mem_gb = p["totalGlobalMem"] / 2**30
         d.l2_mb = p["l2CacheSize"] / 2**20
-        d.clock_mhz = p.get("clockRate", 0) / 1000
+        # cudaDeviceProp.clockRate is gone in CUDA 13; the device attribute remains
+        d.clock_mhz = (p.get("clockRate") or dev.attributes.get("ClockRate", 0)) / 1000
         drv = cupy.cuda.runtime.driverGetVersion()
         rt = cupy.cuda.runtime.runtimeGetVersion()
         d.driver, d.runtime = _fmt_cuda_version(drv), _fmt_cuda_version(rt)

@@ -4,9 +4,13 @@ versions
   vector_add_v1  one thread per element, guarded; grid = ceil(n / block)
   vector_add_v2  grid-stride loop; any grid covers any n
   who_am_i       records blockIdx.x and threadIdx.x per element, for the lesson's figure
+  add            a checked launcher: validates dtypes, shapes and devices, then launches a version
 """
 
+import numpy as np
 from numba import cuda
+
+import cudabook as cb
 
 
 @cuda.jit
@@ -33,3 +37,17 @@ def who_am_i(block_of, thread_of):
     if i < block_of.size:
         block_of[i] = cuda.blockIdx.x
         thread_of[i] = cuda.threadIdx.x
+
+
+def add(x, y, z, version=1, threads=256):
+    """z = x + y with the Numba version ``version``, after checking the arguments."""
+    for name, a in (("x", x), ("y", y), ("z", z)):
+        cb.expect(a, name, dtype=np.float32, ndim=1)
+    if not (x.shape == y.shape == z.shape):
+        raise ValueError(f"x, y and z must have one shape, got {x.shape}, {y.shape}, {z.shape}")
+    if version == 1:
+        vector_add_v1[cb.ceil_div(z.shape[0], threads), threads](x, y, z)
+    elif version == 2:
+        vector_add_v2[4 * max(cb.env.info().sms, 1), threads](x, y, z)
+    else:
+        raise ValueError(f"vector_add has versions 1 and 2, not {version}")

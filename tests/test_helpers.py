@@ -267,3 +267,31 @@ def test_toolkit_include_dir_found_and_mma_compiles():
     src = ('#include <mma.h>\n#include <cuda_fp16.h>\nextern "C" __global__ void k(half* x) '
            '{ x[0] = __float2half(1.0f); }\n')
     cb.compile_source(src, name="mma_include.cu").get("k")
+
+
+# ----------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("arr, kw, err, msg", [
+    (np.zeros(4, np.float64), dict(dtype=np.float32), TypeError, "expected dtype float32"),
+    (np.zeros((4, 2), np.float32), dict(ndim=1), ValueError, "expected 1 dimensions"),
+    (np.zeros((4, 2), np.float32), dict(shape=(None, 3)), ValueError, r"shape \('\*', 3\)"),
+    (np.zeros((4, 4), np.float32)[:, ::2], dict(), ValueError, "C-contiguous"),
+    ([1.0, 2.0], dict(), TypeError, "expected an array"),
+])
+def test_expect_rejects_bad_input(arr, kw, err, msg):
+    with pytest.raises(err, match=msg):
+        cb.expect(arr, "x", device=False, **kw)
+
+
+def test_expect_accepts_good_input_and_torch():
+    import torch
+
+    cb.expect(np.zeros((3, 5), np.float32), "x", dtype=np.float32, shape=(3, None), device=False)
+    cb.expect(torch.zeros(3, 5), "t", dtype=np.float32, ndim=2, device=False)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        cb.expect(torch.zeros(3, 5).t(), "t", device=False)
+
+
+@pytest.mark.gpu
+def test_expect_rejects_host_arrays_on_a_gpu():
+    with pytest.raises(TypeError, match="expected a GPU array"):
+        cb.expect(np.zeros(3, np.float32), "x")

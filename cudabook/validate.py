@@ -1,0 +1,55 @@
+"""Clear errors for bad input to a kernel launcher: wrong dtype, shape, layout or device.
+
+A kernel does not check its arguments: a float64 array passed where float32 is expected is read
+as garbage, a host array is copied on every launch, a strided view is read as if it were
+contiguous. Launchers call ``expect`` first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import env
+
+__all__ = ["expect"]
+
+
+def _on_device(a: Any) -> bool:
+    return hasattr(a, "__cuda_array_interface__")
+
+
+def expect(a: Any, name: str, *, dtype=None, ndim: int | None = None,
+           shape: tuple | None = None, device: bool = True, contiguous: bool = True) -> None:
+    """Raise TypeError/ValueError naming ``name`` unless ``a`` is what the kernel needs.
+
+    ``shape`` may hold None for a free dimension. With ``device=True`` the array must live on the
+    GPU (CuPy, PyTorch CUDA, Numba device array); in simulator mode host arrays are accepted.
+    """
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise TypeError(f"{name}: expected an array, got {type(a).__name__}")
+    if device and env.HAS_GPU and not _on_device(a):
+        raise TypeError(f"{name}: expected a GPU array (cupy, torch on 'cuda', numba device "
+                        f"array), got {type(a).__module__}.{type(a).__name__} on the host; "
+                        "move it with cupy.asarray(...) or .to('cuda')")
+    dt = np.dtype(str(a.dtype).replace("torch.", ""))
+    if dtype is not None and dt != np.dtype(dtype):
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {dt}")
+    shp = tuple(int(s) for s in a.shape)
+    if ndim is not None and len(shp) != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {shp}")
+    if shape is not None:
+        if len(shp) != len(shape) or any(w is not None and s != w for s, w in zip(shp, shape)):
+            want = tuple("*" if w is None else w for w in shape)
+            raise ValueError(f"{name}: expected shape {want}, got {shp}")
+    if contiguous:
+        if hasattr(a, "is_contiguous"):          # torch
+            ok = a.is_contiguous()
+        elif hasattr(a, "is_c_contiguous"):      # numba device array
+            ok = a.is_c_contiguous()
+        else:                                    # numpy, cupy
+            ok = bool(a.flags["C_CONTIGUOUS"])
+        if not ok:
+            raise ValueError(f"{name}: expected a C-contiguous array (a strided view would be "
+                             "read as if it were dense); pass a contiguous copy")

@@ -50,16 +50,12 @@ def _gpu_cell(line: str, cell: str):
     ip = get_ipython()
     tree = ip.compile.ast_parse(ip.transform_cell(cell))
     tree = ip.transform_ast(tree)
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
+    last = None   # a final expression is the cell's value, unless a ';' hides it (as in IPython)
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not cell.rstrip().endswith(";"):
         last = ast.Expression(tree.body.pop().value)
     # builtins.compile: the name `compile` in this package is the module cudabook.compile
     exec(builtins.compile(tree, "<%%gpu cell>", "exec"), ip.user_ns)  # noqa: S102
-    if last is not None and cell.rstrip().endswith(";"):
-        exec(builtins.compile(ast.Module([ast.Expr(last.body)], []), "<%%gpu cell>", "exec"),
-             ip.user_ns)  # noqa: S102  (a trailing ';' hides the value, as in IPython)
-        return None
-    if last is not None and not cell.rstrip().endswith(";"):
+    if last is not None:
         return eval(builtins.compile(last, "<%%gpu cell>", "eval"), ip.user_ns)  # noqa: S307
     return None
 

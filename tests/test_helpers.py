@@ -295,3 +295,25 @@ def test_expect_accepts_good_input_and_torch():
 def test_expect_rejects_host_arrays_on_a_gpu():
     with pytest.raises(TypeError, match="expected a GPU array"):
         cb.expect(np.zeros(3, np.float32), "x")
+
+
+# ----------------------------------------------------------------------------- %%gpu magic
+def test_gpu_cell_magic_runs_skips_and_raises(monkeypatch, capsys):
+    from IPython.testing.globalipapp import get_ipython
+
+    import cudabook
+
+    ip = get_ipython()
+    cudabook._register_magic()
+    monkeypatch.setattr(cudabook.env, "HAS_GPU", True)       # pretend: run the body
+    ip.run_cell("%%gpu\na = 2\nb = a * 21\nb")
+    assert ip.user_ns["b"] == 42
+    r = ip.run_cell("%%gpu\nc = 1\nc + 1;")                   # ';' hides the value
+    assert r.result is None and ip.user_ns["c"] == 1
+    assert ip.run_cell("%%gpu\nc + 1").result == 2
+    r = ip.run_cell("%%gpu\nraise ValueError('boom')")         # errors propagate: nbval sees them
+    assert isinstance(r.error_in_exec, ValueError)
+    monkeypatch.setattr(cudabook.env, "HAS_GPU", False)
+    capsys.readouterr()
+    ip.run_cell("%%gpu\nd = 1")
+    assert "d" not in ip.user_ns and "skipped" in capsys.readouterr().out

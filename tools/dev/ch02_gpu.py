@@ -21,6 +21,11 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as _np
+
+if not hasattr(_np, "row_stack"):   # numba-cuda 0.30 on numpy >= 2.5 (dev machine only)
+    _np.row_stack = _np.vstack
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 OUT = Path(os.environ.get("OUT") or "/tmp/ch02_out")
@@ -102,6 +107,35 @@ def extras():
     log("transpose 4096^2 us: " + ", ".join(f"{k} {v:.0f}" for k, v in ts.items()))
     SUMMARY.append("extra: transpose 4096 time / v3: " + ", ".join(
         f"{k} {v / ts['v3']:.2f}" for k, v in ts.items()))
+    # candidate padded transposes against the copy, at 4096 and 8192
+    var = cb.compile_source((ROOT / "tools/dev/ch02_transpose_variants.cu").read_text())
+    cands = {"v3": (mt.get("transpose_v3"), 32, 32, (32, 8)),
+             "tp_b16": (var.get("tp_b16"), 32, 32, (32, 16)),
+             "tp_2tiles": (var.get("tp_2tiles"), 32, 64, (32, 8)),
+             "tp_64": (var.get("tp_64"), 64, 64, (32, 8)),
+             "tp_regs": (var.get("tp_regs"), 32, 32, (32, 8))}
+    for rows, cols in [(1000, 777), (33, 65)]:
+        a0 = cupy.random.standard_normal((rows, cols), dtype=cupy.float32)
+        for nm, (k, tc, tr, blk) in cands.items():
+            o0 = cupy.full((cols, rows), np.nan, dtype=cupy.float32)
+            k((cb.ceil_div(cols, tc), cb.ceil_div(rows, tr)), blk,
+              (a0, o0, np.int32(rows), np.int32(cols)))
+            if not bool(cupy.array_equal(o0, a0.T)):
+                SUMMARY.append(f"extra: {nm} WRONG on {rows}x{cols}")
+    for m in (4096, 8192):
+        a1 = cupy.random.standard_normal((m, m), dtype=cupy.float32)
+        o1 = cupy.empty_like(a1)
+        ref1 = a1.T.copy()
+        fns = {nm: (lambda k=k, tc=tc, tr=tr, blk=blk: k((m // tc, m // tr), blk,
+                                                        (a1, o1, np.int32(m), np.int32(m))))
+               for nm, (k, tc, tr, blk) in cands.items()}
+        t = cb.bench(fns, baseline={"memcpy": lambda: o1.data.copy_from_device_async(
+            a1.data, a1.nbytes)}, bytes=8 * m * m, repeat=15, quiet=True,
+            check=lambda name: None if name == "memcpy" or bool(cupy.array_equal(o1, ref1))
+            else (_ for _ in ()).throw(AssertionError(name)))
+        SUMMARY.append(f"extra: transpose {m}: " + ", ".join(
+            f"{r.name} {r.value:.0f}" + ("" if r.is_baseline else f" ({r.ratio:.3f})")
+            for r in t.rows))
     ns = cb.compile_source(t02.TRANSPOSE_NO_SYNC).get("transpose_tiled")
     fails = 0
     for _ in range(10):

@@ -18,6 +18,11 @@ from cudabook.graders.ch03 import (
     softmax_reference,
 )
 
+# Reading past the end of a small allocation is caught by the simulator (IndexError); on a GPU it
+# may read anything or fault, and a missing barrier is a race that a given run may not show: those
+# wrong answers are graded in the simulator only (ex03.2 tests the race on the GPU).
+SIM_ONLY = pytest.mark.skipif(cb.HAS_GPU, reason="simulator-only wrong answer (see above)")
+
 # ----------------------------------------------------------------------------- Numba kernels
 
 
@@ -48,14 +53,14 @@ def test_activation_kernels():
 
 def test_reduce_kernels():
     nb = cb.load_numba("reduce")
-    x = np.random.default_rng(2).standard_normal(777).astype(np.float32)
+    x = np.random.default_rng(2).standard_normal(300).astype(np.float32)
     ref = x.astype(np.float64).sum()
     for name in ("reduce_v1", "reduce_v2"):
-        p = _nan(4)
-        getattr(nb, name)[4, 256](x, p)
+        p = _nan(2)
+        getattr(nb, name)[2, 256](x, p)
         assert abs(p.astype(np.float64).sum() - ref) < 1e-3, name
-    p = _nan(2)
-    nb.reduce_v3[2, 256](x, p)
+    p = _nan(1)
+    nb.reduce_v3[1, 256](x, p)
     assert abs(p.astype(np.float64).sum() - ref) < 1e-3
     out = np.zeros(1, np.float32)
     nb.reduce_v5[2, 256](x, out)
@@ -209,8 +214,8 @@ def _one_level(x):
 
 @pytest.mark.parametrize("wrong, hint", [
     (_sum_all(_block_sum, lambda n: n // TPB), "last partial block"),      # floor, not ceil
-    (_sum_all(_block_sum_no_guard), "missing bounds guard"),
-    (_sum_all(_block_sum_no_sync), "syncthreads"),
+    pytest.param(_sum_all(_block_sum_no_guard), "missing bounds guard", marks=SIM_ONLY),
+    pytest.param(_sum_all(_block_sum_no_sync), "syncthreads", marks=SIM_ONLY),
     (_one_level, "launch again on the partial"),
 ])
 def test_ex03_1_wrong_answers_fail(wrong, hint):
@@ -318,7 +323,7 @@ def test_ex03_3_reference_passes(capsys):
     (_softmax_no_max, "subtract the running max"),
     (_softmax_nan_on_inf, "-inf"),
     (_softmax_no_rescale, "rescaled"),
-    (_softmax_no_guard, "missing bounds guard"),
+    pytest.param(_softmax_no_guard, "missing bounds guard", marks=SIM_ONLY),
 ])
 def test_ex03_3_wrong_answers_fail(wrong, hint):
     with pytest.raises(GradeError, match=hint):
@@ -337,7 +342,7 @@ def test_ex03_3_stub_fails():
 LN = 64
 
 
-def _make_layernorm(mode="welford"):
+def _make_layernorm(mode=0):
     @cuda.jit
     def layernorm(x, gamma, beta, eps, y):
         s1 = cuda.shared.array(LN, float32)
@@ -358,7 +363,7 @@ def _make_layernorm(mode="welford"):
         mean = s1[0] / N
         q = float32(0)
         for j in range(tid, N, LN):
-            if mode == "naive":                # E[x^2] - E[x]^2
+            if mode == 1:                # E[x^2] - E[x]^2
                 q += x[r, j] * x[r, j]
             else:
                 c = x[r, j] - mean
@@ -371,15 +376,15 @@ def _make_layernorm(mode="welford"):
                 s2[tid] += s2[tid + stride]
             cuda.syncthreads()
             stride //= 2
-        if mode == "naive":
+        if mode == 1:
             var = s2[0] / N - mean * mean
-        elif mode == "unbiased":
+        elif mode == 2:
             var = s2[0] / max(N - 1, 1)
         else:
             var = s2[0] / N
         rstd = float32(1) / math.sqrt(var + eps)
         for j in range(tid, N, LN):
-            if mode == "no_affine":
+            if mode == 3:
                 y[r, j] = (x[r, j] - mean) * rstd
             else:
                 y[r, j] = (x[r, j] - mean) * rstd * gamma[j] + beta[j]
@@ -392,9 +397,9 @@ def test_ex03_4_reference_passes(capsys):
 
 
 @pytest.mark.parametrize("mode, hint", [
-    ("naive", "cancels catastrophically"),
-    ("unbiased", "N - 1"),
-    ("no_affine", "gamma and beta"),
+    (1, "cancels catastrophically"),
+    (2, "N - 1"),
+    (3, "gamma and beta"),
 ])
 def test_ex03_4_wrong_answers_fail(mode, hint):
     with pytest.raises(GradeError, match=hint):
@@ -437,12 +442,11 @@ def test_ex03_2_reference_passes(capsys):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("wrong, hint", [
-    (SUM_ATOMIC.replace("    __syncthreads();\n", ""), "race|warps missed|NaN"),
     (SUM_ATOMIC.replace("i += blockDim.x * gridDim.x", "i += n"), "grid-stride"),
     (SUM_ATOMIC.replace("if (lane == 0) atomicAdd(out, v);", "atomicAdd(out, v);"),
      "one atomicAdd per block"),
     (SUM_ATOMIC.replace("__shfl_down_sync(0xffffffffu, v, o)", "0.0f"), "no warp shuffle"),
-    (SUM_ATOMIC.replace("v += x[i]", "v += x[i] + x[i + 1]"), "expected"),
+    (SUM_ATOMIC.replace("v += x[i]", "v += 2.0f * x[i]"), "expected"),
 ])
 def test_ex03_2_wrong_answers_fail(wrong, hint):
     with pytest.raises(GradeError, match=hint):
@@ -453,7 +457,7 @@ def test_ex03_2_wrong_answers_fail(wrong, hint):
 def test_ex03_2_race_is_caught_on_repeated_runs():
     # write the warp sums, then read them with no barrier in between; only some runs go wrong
     racy = SUM_ATOMIC.replace("    __syncthreads();\n", "")
-    with pytest.raises(GradeError):
+    with pytest.raises(GradeError, match="race|expected|NaN|summed"):
         ex03_2(racy)
 
 

@@ -13,6 +13,10 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
     "torch==2.13.0"
 fi
 pip_q -r requirements.txt
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  # CuPy's run-time compiler, so the CPU lane can compile kernels/ exactly as cb.load_cuda does
+  pip_q "nvidia-cuda-nvrtc-cu12>=12.4"
+fi
 python - <<'PY'
 import importlib.metadata as md
 for d in ("numpy", "numba-cuda", "cupy-cuda12x", "torch", "jupyter-book", "nbval", "cudabook"):

@@ -18,6 +18,7 @@ step lint          ruff check cudabook kernels tests tools conftest.py
 step sync          python tools/nbtools.py exercises --check
 step policy        python tools/nbtools.py check
 step nvcc          bash tools/compile_kernels.sh
+step nvrtc         python tools/nvrtc_check.py
 step unit-tests    python -m pytest -q -p no:cacheprovider tests
 step notebooks-sim python -m pytest -q -p no:cacheprovider --nbval-lax $(nbs lessons) $(nbs solutions)
 step exercises     python tools/check_exercises.py $(nbs exercises)

@@ -205,11 +205,19 @@ def ex03_2(src: str) -> None:
                 if math.isnan(s):
                     raise GradeError(f"{ex}: {case}: result is NaN: a shared-memory slot read "
                                      "before it was written?")
-                if rep > 0:
-                    raise GradeError(f"{ex}: {case}: got {s:.7g}, expected {ref:.7g}, while "
-                                     "earlier runs of the same size were right: a race. Is a "
-                                     "__syncthreads() missing between writing the warp sums to "
-                                     "shared memory and reading them?")
+                again = []                 # the same data again: a race changes the answer
+                for _ in range(4):
+                    out.fill(0)
+                    k((grid,), (256,), (cupy.asarray(x), out, cupy.int32(n)))
+                    again.append(float(out.get()[0]))
+                spread = max(again + [s]) - min(again + [s])
+                if rep > 0 or spread > 2e-5 * ref + 1e-3:
+                    raise GradeError(f"{ex}: {case}: got {s:.7g}, expected {ref:.7g}; "
+                                     + ("the same data gave different sums on repeated runs "
+                                        if spread > 2e-5 * ref + 1e-3 else
+                                        "earlier runs of the same size were right ")
+                                     + "(a race). Is a __syncthreads() missing between "
+                                     "writing the warp sums to shared memory and reading them?")
                 if grid < (n + 255) // 256 and abs(s - float(x[:grid * 256].sum(
                         dtype=np.float64))) <= 2e-5 * ref + 1e-3:
                     raise GradeError(f"{ex}: {case}: only the first grid*256 elements were "
@@ -265,7 +273,7 @@ def ex03_3(softmax_online) -> None:
                                      "exp(m_old - m_new) when the max grows") from None
             call(ex, case, run)
             if not canary_ok(buf, M * N):
-                raise GradeError(f"{ex}: {case}: wrote past the end of y: missing row guard "
+                raise GradeError(f"{ex}: {case}: wrote past the end of y: missing bounds guard "
                                  "(if r < M)?")
             o = to_numpy(out).astype(np.float64)
             ref = softmax_reference(x)
@@ -304,13 +312,13 @@ def ex03_4(layernorm) -> None:
     """
     ex = "ex03.4"
     rng, seed = fresh_rng()
-    shapes = [(1, 1), (3, 7), (4, 64), (5, 65), (2, 200)] + ([(300, 1000), (64, 4099)]
-                                                             if not env.SIM else [])
+    shapes = [(1, 1), (3, 7), (2, 65), (2, 200)] + ([(4, 64), (300, 1000), (64, 4099)]
+                                                    if not env.SIM else [])
     for rep in range(2):
         cases = [(f"M={m}, N={n}", rng.standard_normal((m, n)) * rng.uniform(0.5, 3))
                  for m, n in shapes]
         cases.append(("large mean (1000) and small spread",
-                      1000.0 + rng.standard_normal((3, 129))))
+                      1000.0 + rng.standard_normal((2, 129))))
         for what, x in cases:
             x = x.astype(np.float32)
             M, N = x.shape
@@ -319,13 +327,22 @@ def ex03_4(layernorm) -> None:
             eps = np.float32(1e-5 if rep == 0 else 1e-3)
             case = f"{what}, eps={float(eps):g} (seed {seed}, call {rep + 1})"
             out, buf = guarded((M, N))
-            call(ex, case, lambda: layernorm[M, 64](to_device(x), to_device(g), to_device(b),
-                                                    eps, out))
+
+            def run():
+                try:
+                    layernorm[M, 64](to_device(x), to_device(g), to_device(b), eps, out)
+                except ValueError as e:    # the simulator's math.sqrt of a negative number
+                    raise GradeError(f"{ex}: {case}: {e}: a negative variance? var = E[x^2] - "
+                                     "E[x]^2 cancels catastrophically in float32 when the mean "
+                                     "is large: use two passes or Welford") from None
+            call(ex, case, run)
             if not canary_ok(buf, M * N):
                 raise GradeError(f"{ex}: {case}: wrote past the end of y: loop while j < N?")
             o = to_numpy(out).astype(np.float64)
             ref = layernorm_reference(x, g, b, float(eps))
-            bad = ~(np.abs(o - ref) <= 2e-4 + 1e-3 * np.abs(ref))
+            # float32 rounding of a mean near 1000 alone moves y by ~1e-4: a looser atol there
+            atol = 1e-3 if "large mean" in what else 2e-4
+            bad = ~(np.abs(o - ref) <= atol + 1e-3 * np.abs(ref))
             if not bad.any():
                 continue
             r, c = (int(v[0]) for v in np.nonzero(bad))
@@ -336,9 +353,14 @@ def ex03_4(layernorm) -> None:
                 if N > 1 else None
             no_eps = (x64 - mean) / np.sqrt(var) * g + b if (var > 0).all() else None
             no_affine = (x64 - mean) / np.sqrt(var + eps)
-            close = lambda a: a is not None and np.allclose(o, a, atol=2e-4, rtol=1e-3)
-            if np.isnan(o).all():
+            close = lambda a: a is not None and np.allclose(o, a, atol=atol, rtol=1e-3)
+            if np.isnan(o).all() and "large mean" not in what:
                 hint = "output never written: is the kernel body still the stub?"
+            elif "large mean" in what and not (close(unbiased) or close(no_eps)
+                                               or close(no_affine)):
+                hint = ("var = E[x^2] - E[x]^2 cancels catastrophically in float32 when the mean "
+                        "is large (it can even go negative: NaN): use two passes (mean first, "
+                        "then (x - mean)^2) or Welford")
             elif np.isnan(o[r, c]):
                 hint = ("NaN: element never written (does the write loop cover j = tid, tid + "
                         "64, ... < N?) or a negative variance under the square root")
@@ -348,9 +370,6 @@ def ex03_4(layernorm) -> None:
                 hint = "eps is missing: 1 / sqrt(var + eps)"
             elif close(no_affine):
                 hint = "gamma and beta are not applied: y = x_hat * gamma[j] + beta[j]"
-            elif "large mean" in what:
-                hint = ("var = E[x^2] - E[x]^2 cancels catastrophically in float32 when the mean "
-                        "is large: use two passes (mean first, then (x - mean)^2) or Welford")
             else:
                 hint = ("wrong statistics: are all 64 partial sums combined (cuda.syncthreads() "
                         "between the tree levels), and is shared memory reused only after a "
@@ -376,7 +395,8 @@ def ex03_5(src: str) -> None:
                          "shared memory once, then compute from there")
     k = _compile(ex, src, "conv2d_tiled")
     rng, seed = fresh_rng()
-    shapes = [(1, 1), (16, 16), (17, 15), (5, 40), (33, 70), (100, 129), (517, 1029)]
+    # a ragged image with an interior first: the stub and a border-only mistake differ there
+    shapes = [(33, 70), (1, 1), (16, 16), (17, 15), (5, 40), (100, 129), (517, 1029)]
     for K in (3, 1, 5, 7):
         for H, W in shapes:
             for rep in range(2 if H * W > 1000 else 1):
@@ -464,7 +484,7 @@ def ex03_6(src: str) -> None:
                 hint = "some elements never written: wrong index or too few threads?"
             elif np.allclose(o, _gelu_erf(z), atol=1e-5, rtol=1e-4):
                 hint = "this is the erf form of GELU; the exercise asks for the tanh approximation"
-            elif 1 < M <= N and np.allclose(o, gelu_tanh_reference(
+            elif M <= N and np.allclose(o, gelu_tanh_reference(
                     x.astype(np.float64) + b[:M, None]), atol=1e-5, rtol=1e-4):
                 hint = "the bias is indexed by row; it belongs to the column: b[i % N]"
             elif np.allclose(o, gelu_tanh_reference(x), atol=1e-5, rtol=1e-4):

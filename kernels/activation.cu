@@ -1,0 +1,81 @@
+// activation.cu: element-wise activations and the first kernel fusion (Chapter 3).
+//
+// Shapes: x, y are float32, contiguous; n = number of elements. For the bias versions x and y
+// are (M, N) row-major and b has N elements (one bias per column, as after a Linear layer).
+//
+// kernels, simplest first (one op family: "apply an activation")
+//   relu_v1        y = max(x, 0)                                   one thread per element
+//   gelu_v1        GELU, tanh approximation (GPT-2, torch approximate="tanh")
+//   gelu_v2        GELU, exact erf form (torch default)
+//   bias_add_v1    y = x + b[col]: the first of the two unfused kernels (then gelu_v1)
+//   bias_gelu_v1   fused y = gelu_tanh(x + b[col]): one read and one write instead of two each
+//   bias_gelu_v2   bias_gelu_v1 with float4 loads/stores and a grid-stride loop (N % 4 == 0)
+//
+// traffic: every kernel reads 4 n and writes 4 n bytes (b is tiny and stays in cache), so all
+// are memory-bound. The unfused pair bias_add_v1 + gelu_v1 moves 16 n bytes (the intermediate
+// x + b goes to memory and comes back); the fused kernel moves 8 n: at best 2x faster.
+#include "common.cuh"
+
+#define GELU_K0 0.7978845608028654f   // sqrt(2 / pi)
+#define GELU_K1 0.044715f
+
+__device__ __forceinline__ float gelu_tanh(float v) {
+    return 0.5f * v * (1.0f + tanhf(GELU_K0 * (v + GELU_K1 * v * v * v)));
+}
+
+// launch: grid = ceil_div(n, 256), block = 256, no shared memory
+extern "C" __global__ void relu_v1(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = fmaxf(x[i], 0.0f);
+}
+
+// launch: grid = ceil_div(n, 256), block = 256
+extern "C" __global__ void gelu_v1(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = gelu_tanh(x[i]);
+}
+
+// launch: grid = ceil_div(n, 256), block = 256
+// 0.5 x (1 + erf(x / sqrt(2))): erff costs more instructions than tanhf, still memory-bound.
+extern "C" __global__ void gelu_v2(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+    }
+}
+
+// launch: grid = ceil_div(M * N, 256), block = 256. x, y: (M, N) row-major; b: (N,)
+extern "C" __global__ void bias_add_v1(const float* x, const float* b, float* y, int M, int N) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)M * N) y[i] = x[i] + b[i % N];     // column of element i is i % N
+}
+
+// launch: grid = ceil_div(M * N, 256), block = 256
+// The fusion: x + b lives in a register between the two operations instead of in memory.
+extern "C" __global__ void bias_gelu_v1(const float* x, const float* b, float* y, int M, int N) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)M * N) y[i] = gelu_tanh(x[i] + b[i % N]);
+}
+
+// launch: grid = min(ceil_div(M * N / 4, 256), 8 * SMs), block = 256; needs N % 4 == 0 and
+// 16-byte aligned x, y (true for CuPy/torch allocations). Each thread moves 16 bytes per load
+// (fewer instructions per byte) and loops over the array (grid-stride), so a grid of a few
+// blocks per SM covers any size.
+extern "C" __global__ void bias_gelu_v2(const float* x, const float* b, float* y, int M, int N) {
+    long long n4 = (long long)M * N / 4;
+    int N4 = N / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const float4* b4 = reinterpret_cast<const float4*>(b);
+    float4* y4 = reinterpret_cast<float4*>(y);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
+         i += (long long)gridDim.x * blockDim.x) {
+        float4 v = x4[i];
+        float4 c = b4[i % N4];
+        v.x = gelu_tanh(v.x + c.x);
+        v.y = gelu_tanh(v.y + c.y);
+        v.z = gelu_tanh(v.z + c.z);
+        v.w = gelu_tanh(v.w + c.w);
+        y4[i] = v;
+    }
+}

@@ -1,0 +1,221 @@
+// softmax.cu: row-wise softmax y[r, :] = exp(x[r, :] - m) / sum(exp(x[r, :] - m)) (Chapter 3).
+//
+// x, y: float32 (M, N) row-major, contiguous. m is the row maximum: subtracting it makes every
+// exponent <= 0, so exp never overflows (exp(89) is already inf in float32), and the result is
+// unchanged because the factor exp(-m) cancels between numerator and denominator.
+// Rows of -inf (a fully masked attention row): the max is -inf and x - m would be
+// -inf - (-inf) = NaN. All versions then use m = 0, so every exp is 0, the sum is 0, and they
+// write 0 (the convention of fused attention kernels; torch.softmax returns NaN there).
+//
+// kernels, simplest first (each line: what changed)
+//   softmax_v1   naive: one thread per row, three passes over the row (max, sum, write);
+//                neighbouring threads read addresses N apart: uncoalesced
+//   softmax_v2   one block per row: the three passes are strided over the block's threads
+//                (coalesced) and combined with shuffle + shared-memory block reductions
+//   softmax_v3   one warp per row: warp shuffles only, no shared memory and no __syncthreads;
+//                best for short rows (N <= ~1k) where a whole block per row would idle
+//   softmax_v4   online softmax: ONE pass computes max and sum together (running max m and
+//                running sum d, rescaled by exp(m_old - m_new) when the max grows), then one
+//                pass writes. Reads x twice instead of three times. float4 when N % 4 == 0
+//   softmax_v5   v4's statistics with the row held in registers (up to 32 floats per thread):
+//                x is read from memory exactly once. Needs N % 4 == 0 and N <= 32 * blockDim.x
+//
+// traffic: at best 4 MN bytes read + 4 MN written = 8 MN (v5). v2/v3 read x three times and v4
+// twice; the re-reads hit L1/L2 when the rows in flight fit there, and DRAM when they do not.
+#include "common.cuh"
+
+#ifndef INFINITY  // NVRTC (CuPy) has no math.h: build +inf from its bit pattern
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+__device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0f : m; }
+
+// max over the block, returned to every thread. sbuf: 33 floats of shared memory
+__device__ __forceinline__ float block_allmax(float v, float* sbuf) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    if (lane == 0) sbuf[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w = (lane < nw) ? sbuf[lane] : -INFINITY;
+        w = warp_max(w);
+        if (lane == 0) sbuf[32] = w;
+    }
+    __syncthreads();
+    float r = sbuf[32];
+    __syncthreads();                 // sbuf may be reused by the next reduction
+    return r;
+}
+
+// sum over the block, returned to every thread. sbuf: 33 floats of shared memory
+__device__ __forceinline__ float block_allsum(float v, float* sbuf) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    if (lane == 0) sbuf[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w = (lane < nw) ? sbuf[lane] : 0.0f;
+        w = warp_sum(w);
+        if (lane == 0) sbuf[32] = w;
+    }
+    __syncthreads();
+    float r = sbuf[32];
+    __syncthreads();
+    return r;
+}
+
+// launch: grid = ceil_div(M, 128), block = 128, no shared memory
+extern "C" __global__ void softmax_v1(const float* x, float* y, int M, int N) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= M) return;
+    const float* xr = x + (size_t)r * N;
+    float* yr = y + (size_t)r * N;
+    float m = -INFINITY;
+    for (int j = 0; j < N; j++) m = fmaxf(m, xr[j]);            // pass 1: max
+    m = safe_max(m);
+    float d = 0.0f;
+    for (int j = 0; j < N; j++) d += __expf(xr[j] - m);         // pass 2: sum
+    float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < N; j++) yr[j] = __expf(xr[j] - m) * inv; // pass 3: write
+}
+
+// launch: grid = M, block = 256 (a multiple of 32, <= 1024), static shared memory 33 floats
+extern "C" __global__ void softmax_v2(const float* x, float* y, int M, int N) {
+    __shared__ float sbuf[33];
+    const float* xr = x + (size_t)blockIdx.x * N;
+    float* yr = y + (size_t)blockIdx.x * N;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < N; j += blockDim.x) m = fmaxf(m, xr[j]);
+    m = safe_max(block_allmax(m, sbuf));
+    float d = 0.0f;
+    for (int j = threadIdx.x; j < N; j += blockDim.x) d += __expf(xr[j] - m);
+    d = block_allsum(d, sbuf);
+    float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int j = threadIdx.x; j < N; j += blockDim.x) yr[j] = __expf(xr[j] - m) * inv;
+}
+
+// launch: grid = ceil_div(M, 4), block = 128 (4 warps, one row each), no shared memory
+extern "C" __global__ void softmax_v3(const float* x, float* y, int M, int N) {
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= M) return;                    // whole warps leave together: shuffles stay safe
+    const float* xr = x + (size_t)r * N;
+    float* yr = y + (size_t)r * N;
+    float m = -INFINITY;
+    for (int j = lane; j < N; j += 32) m = fmaxf(m, xr[j]);
+    m = safe_max(warp_max(m));
+    float d = 0.0f;
+    for (int j = lane; j < N; j += 32) d += __expf(xr[j] - m);
+    d = warp_sum(d);
+    float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int j = lane; j < N; j += 32) yr[j] = __expf(xr[j] - m) * inv;
+}
+
+// online update: add value v to the running (m, d)
+__device__ __forceinline__ void online_add(float& m, float& d, float v) {
+    if (v > m) {                           // new max: rescale the sum collected so far
+        d = d * __expf(m - v) + 1.0f;      // m = -inf at the start: exp(-inf) = 0, d = 1
+        m = v;
+    } else if (v != -INFINITY) {           // -inf adds exp(-inf) = 0 (and would give NaN)
+        d += __expf(v - m);
+    }
+}
+
+// merge two partial (m, d): the smaller max's sum is rescaled to the larger max
+__device__ __forceinline__ void online_merge(float& m, float& d, float m2, float d2) {
+    float mn = fmaxf(m, m2);
+    if (mn == -INFINITY) return;           // both empty: keep (-inf, 0), avoid exp(NaN)
+    d = d * __expf(m - mn) + d2 * __expf(m2 - mn);
+    m = mn;
+}
+
+// (m, d) over the block, returned to every thread. sbuf: 66 floats
+__device__ __forceinline__ void block_online(float& m, float& d, float* sbuf) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        online_merge(m, d, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, d, o));
+    if (lane == 0) { sbuf[warp] = m; sbuf[32 + warp] = d; }
+    __syncthreads();
+    if (warp == 0) {
+        m = (lane < nw) ? sbuf[lane] : -INFINITY;
+        d = (lane < nw) ? sbuf[32 + lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1)
+            online_merge(m, d, __shfl_xor_sync(0xffffffffu, m, o),
+                         __shfl_xor_sync(0xffffffffu, d, o));
+        if (lane == 0) { sbuf[64] = m; sbuf[65] = d; }
+    }
+    __syncthreads();
+    m = sbuf[64];
+    d = sbuf[65];
+}
+
+// launch: grid = M, block = 256 (multiple of 32, <= 1024), static shared memory 66 floats
+extern "C" __global__ void softmax_v4(const float* x, float* y, int M, int N) {
+    __shared__ float sbuf[66];
+    const float* xr = x + (size_t)blockIdx.x * N;
+    float* yr = y + (size_t)blockIdx.x * N;
+    float m = -INFINITY, d = 0.0f;
+    bool vec = (N & 3) == 0;               // rows start 16-byte aligned: float4 is safe
+    if (vec) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        for (int j = threadIdx.x; j < N / 4; j += blockDim.x) {
+            float4 v = x4[j];
+            online_add(m, d, v.x); online_add(m, d, v.y);
+            online_add(m, d, v.z); online_add(m, d, v.w);
+        }
+    } else {
+        for (int j = threadIdx.x; j < N; j += blockDim.x) online_add(m, d, xr[j]);
+    }
+    block_online(m, d, sbuf);              // one pass gave both statistics
+    m = safe_max(m);
+    float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    if (vec) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        float4* y4 = reinterpret_cast<float4*>(yr);
+        for (int j = threadIdx.x; j < N / 4; j += blockDim.x) {
+            float4 v = x4[j];
+            v.x = __expf(v.x - m) * inv; v.y = __expf(v.y - m) * inv;
+            v.z = __expf(v.z - m) * inv; v.w = __expf(v.w - m) * inv;
+            y4[j] = v;
+        }
+    } else {
+        for (int j = threadIdx.x; j < N; j += blockDim.x) yr[j] = __expf(xr[j] - m) * inv;
+    }
+}
+
+#define SOFTMAX_V5_VEC 8                   // float4 per thread held in registers (32 floats)
+
+// launch: grid = M, block = T with N / 4 <= 8 T (T a multiple of 32, <= 1024, e.g.
+// T = clamp(round_up(N / 16, 32), 32, 1024)), static shared memory 66 floats; N % 4 == 0.
+// The row is loaded once into registers; the statistics and the output come from there.
+extern "C" __global__ void __launch_bounds__(1024) softmax_v5(const float* x, float* y, int M,
+                                                                 int N) {
+    __shared__ float sbuf[66];
+    const float4* x4 = reinterpret_cast<const float4*>(x + (size_t)blockIdx.x * N);
+    float4* y4 = reinterpret_cast<float4*>(y + (size_t)blockIdx.x * N);
+    int N4 = N / 4;
+    float4 r[SOFTMAX_V5_VEC];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < SOFTMAX_V5_VEC; k++) {       // unrolled: r[] stays in registers
+        int j = threadIdx.x + k * blockDim.x;
+        r[k] = (j < N4) ? x4[j] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        m = fmaxf(m, fmaxf(fmaxf(r[k].x, r[k].y), fmaxf(r[k].z, r[k].w)));
+    }
+    // with the row in registers, max then sum costs no extra memory traffic
+    m = safe_max(block_allmax(m, sbuf));
+    float d = 0.0f;
+#pragma unroll
+    for (int k = 0; k < SOFTMAX_V5_VEC; k++) {
+        r[k].x = __expf(r[k].x - m); r[k].y = __expf(r[k].y - m);
+        r[k].z = __expf(r[k].z - m); r[k].w = __expf(r[k].w - m);
+        d += (r[k].x + r[k].y) + (r[k].z + r[k].w);
+    }
+    d = block_allsum(d, sbuf);
+    float inv = d > 0.0f ? 1.0f / d : 0.0f;
+#pragma unroll
+    for (int k = 0; k < SOFTMAX_V5_VEC; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < N4) y4[j] = make_float4(r[k].x * inv, r[k].y * inv, r[k].z * inv, r[k].w * inv);
+    }
+}

@@ -193,13 +193,15 @@ def kernel_source(file: str, kernel: str | None = None) -> str:
 
 
 def _py_block(lines: list[str], name: str, path: Path) -> str:
-    start = next((i for i, s in enumerate(lines) if re.match(rf"(async\s+)?def {name}\b", s)),
-                 None)
-    if start is None:
+    """The decorators, comments and body of the top-level function ``name``."""
+    line = next((i for i, s in enumerate(lines) if re.match(rf"(async\s+)?def {name}\b", s)),
+                None)
+    if line is None:
         raise KeyError(f"{name} not found in {path.name}")
+    start = line
     while start > 0 and (lines[start - 1].startswith("@") or lines[start - 1].startswith("#")):
         start -= 1
-    end = start + 1
+    end = line + 1
     while end < len(lines) and (not lines[end] or lines[end][0] in " \t)"):
         end += 1
     return "\n".join(lines[start:end]).rstrip() + "\n"

@@ -139,3 +139,25 @@ def reduce_max_v5(x, out):
         stride //= 2
     if tid == 0:
         cuda.atomic.max(out, 0, s[0])
+
+
+def sanitize_targets():
+    """(name, launch) pairs of the CUDA C++ versions on a ragged length, for tools/sanitize.py
+    (compute-sanitizer racecheck finds a missing __syncthreads() in the shared-memory trees)."""
+    import cupy as cp
+    import numpy as np
+
+    import cudabook as cb
+
+    mod = cb.load_cuda("reduce")
+    n = 3 * 512 + 77
+    x = cp.random.rand(n, dtype=cp.float32)
+    partial = cp.zeros(cb.ceil_div(n, 256), cp.float32)
+    out = cp.zeros(1, cp.float32)
+    for v in (1, 2, 4):
+        yield f"reduce_v{v}", (lambda v=v: mod.get(f"reduce_v{v}")(
+            (cb.ceil_div(n, 256),), (256,), (x, partial, np.int32(n))))
+    yield "reduce_v3", lambda: mod.reduce_v3((cb.ceil_div(n, 512),), (256,),
+                                             (x, partial, np.int32(n)))
+    for name in ("reduce_v5", "reduce_max_v5"):
+        yield name, (lambda name=name: mod.get(name)((4,), (512,), (x, out, np.int32(n))))

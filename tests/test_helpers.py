@@ -110,6 +110,7 @@ def test_show_source_extracts_one_kernel():
     assert c.rstrip().endswith("}")
     p = cb.kernel_source("vector_add.py", "vector_add_v1")
     assert p.startswith("@cuda.jit") and "vector_add_v2" not in p
+    assert "def vector_add_v1(x, y, z):" in p and p.rstrip().endswith("z[i] = x[i] + y[i]")
 
 
 def test_load_numba_twin_runs_in_simulator_or_gpu():

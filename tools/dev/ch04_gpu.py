@@ -123,6 +123,9 @@ def resources(mod, mm):
             say(f"  nb_{v} resources: {e}")
 
 
+# the sweeps of the first two GPU runs, relative to the tile sizes v9 uses
+OLD = dict(BM=128, BN=128, BK=16, WM=64, WN=32, TM=8, TN=8, STAGES=2, ASYNC=1, MINB=2)
+
 SWEEP2 = [
     dict(BN=256, WM=64, WN=64, TN=16, MINB=1),
     dict(BN=256, WM=64, WN=64, TN=16, MINB=1, BK=8, ASYNC=0),
@@ -138,9 +141,9 @@ SWEEP2 = [
     dict(BK=8, ASYNC=0),
     dict(BK=8, ASYNC=0, MINB=1),
     dict(BK=16, ASYNC=0, MINB=1),
-    dict(BN=256, MINB=1, BK=8, ASYNC=0),
+    dict(BN=256, MINB=1, BK=16, ASYNC=0),
     dict(BN=256, MINB=1, BK=16),
-    dict(BM=256, MINB=1, BK=8, ASYNC=0),
+    dict(BM=256, MINB=1, BK=16, ASYNC=0),
     dict(BM=256, MINB=1, BK=16),
     dict(BM=64, BN=256, WM=32, WN=128, TN=16, MINB=2, BK=8, ASYNC=0),
     dict(BM=64, BN=256, WM=32, WN=128, TN=16, MINB=2, BK=16),
@@ -166,14 +169,8 @@ SWEEP = [
 
 
 def sweep(mm, n=4096, configs=SWEEP):
-    import cupy
-    rng = np.random.default_rng(2)
-    A = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
-    B = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
-    C = cupy.empty((n, n), dtype=cupy.float32)
     t0 = time.time()
-    res = mm.autotune(configs, n=n, repeat=10, baseline=lambda: cupy.matmul(A, B, out=C),
-                      progress=False)
+    res = mm.autotune([{**OLD, **c} for c in configs], n=n, repeat=10)
     say(f"\nsweep at {n} ({time.time() - t0:.1f} s, {len(configs)} configs)")
     for e in res:
         p = e["params"]
@@ -193,12 +190,12 @@ def numba_variants(mm, n=4096):
 
     def make(BM, BN, BK, TM, TN):
         NT = (BM // TM) * (BN // TN)
-        PAD = 4
+        BMP = BM + 4
         SM, SN = BM // (TM // 4), BN // (TN // 4)
 
         @cuda.jit
         def k(A, B, C):
-            As = cuda.shared.array((BK, BM + PAD), float32)
+            As = cuda.shared.array((BK, BMP), float32)
             Bs = cuda.shared.array((BK, BN), float32)
             acc = cuda.local.array((TM, TN), float32)
             ra = cuda.local.array(TM, float32)
@@ -253,7 +250,8 @@ def numba_variants(mm, n=4096):
                 (64, 128, 8, 4, 8), (128, 128, 8, 8, 4)]:
         k, nt = make(*cfg)
         grid = ((n + cfg[1] - 1) // cfg[1], (n + cfg[0] - 1) // cfg[0])
-        fns["nb" + "x".join(map(str, cfg))] = (lambda k=k, grid=grid, nt=nt: k[grid, nt](dA, dB, dC))
+        fns["nb" + "x".join(map(str, cfg))] = (lambda k=k, grid=grid, nt=nt:
+                                               k[grid, nt](dA, dB, dC))
     t = cb.bench(fns, baseline={"cuBLAS": lambda: cupy.matmul(A, B, out=C)}, flops=2.0 * n ** 3,
                  repeat=5, quiet=True,
                  check=lambda name: cb.check(C[:128], ref, **mm.tolerance(n)))
@@ -292,7 +290,8 @@ def main():
     mod = cb.load_cuda("matmul")
     say(f"compile matmul.cu: {time.time() - t:.1f} s")
     for step in (lambda: correctness(mod, mm), lambda: resources(mod, mm),
-                 lambda: timings(mod, mm, [int(s) for s in args.sizes.split(",")]),
+                 (lambda: timings(mod, mm, [int(s) for s in args.sizes.split(",")]))
+                 if args.sizes else None,
                  (lambda: sweep(mm)) if args.sweep else None,
                  (lambda: sweep(mm, configs=SWEEP2)) if args.sweep2 else None,
                  (lambda: numba_variants(mm)) if args.numba_variants else None,

@@ -62,7 +62,7 @@ step pytest-gpu "$py" -m pytest -q -p no:cacheprovider -m gpu "${tests[@]}"
 if command -v compute-sanitizer >/dev/null; then
   step sanitize "$py" tools/sanitize.py "${chapters[@]}"
 fi
-step policy "$py" tools/nbtools.py check
+step policy "$py" tools/nbtools.py check "${nbs_l[@]}" "${nbs_s[@]}" "${nbs_e[@]}"
 t_total=$(( $(date +%s) - t_start ))
 
 "$py" - "$report" "$t_total" "${steps[@]}" <<'PYEOF'

@@ -3,7 +3,7 @@
 
   python tools/nbtools.py exercises          regenerate exercises/ from solutions/
   python tools/nbtools.py exercises --check  fail if exercises/ drifted from solutions/
-  python tools/nbtools.py check              the notebook format policy (see POLICY below)
+  python tools/nbtools.py check [NB ...]     the notebook format policy (see POLICY below)
   python tools/nbtools.py from-py SRC.py OUT.ipynb   percent-format script -> notebook
   python tools/nbtools.py to-py NB.ipynb OUT.py      notebook -> percent-format script
   python tools/nbtools.py canon NB.ipynb ...         rewrite notebooks in canonical form
@@ -263,10 +263,11 @@ def policy_errors(path: Path) -> list[str]:
     return errs
 
 
-def cmd_check() -> int:
+def cmd_check(only: list[str] | None = None) -> int:
+    """The policy over every notebook, or over the given notebook paths."""
     errs = []
-    paths = sorted(p for d in ("lessons", "solutions", "exercises")
-                   for p in (ROOT / d).glob("*.ipynb"))
+    paths = sorted(Path(p).resolve() for p in only) if only else sorted(
+        p for d in ("lessons", "solutions", "exercises") for p in (ROOT / d).glob("*.ipynb"))
     for p in paths:
         errs += policy_errors(p)
     for e in errs:
@@ -283,7 +284,7 @@ def main(argv: list[str]) -> int:
     if cmd == "exercises":
         return cmd_exercises("--check" in rest)
     if cmd == "check":
-        return cmd_check()
+        return cmd_check(rest)
     if cmd == "from-py":
         write(from_py(Path(rest[0]).read_text()), Path(rest[1]))
         return 0

@@ -53,6 +53,15 @@ step() {  # step NAME CMD... : run, time, keep the last summary line
 
 t_start=$(date +%s)
 export CUDABOOK_RESULTS=reports/benchmarks.json
+# the results file keeps, per chapter, exactly what this run measures: drop the chapters' old rows
+"$py" - "${chapters[@]}" <<'PYEOF'
+import json, pathlib, sys
+p = pathlib.Path("reports/benchmarks.json")
+if p.is_file():
+    d = json.loads(p.read_text())
+    d["results"] = [e for e in d["results"] if e["chapter"] not in {f"ch{c}" for c in sys.argv[1:]}]
+    p.write_text(json.dumps(d, indent=1) + "\n")
+PYEOF
 step execute "$py" tools/gpu_execute.py "${nbs_l[@]}" "${nbs_s[@]}"
 unset CUDABOOK_RESULTS
 step exercises "$py" tools/nbtools.py exercises

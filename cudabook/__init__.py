@@ -17,8 +17,8 @@ from __future__ import annotations
 from . import env
 from .env import HAS_GPU, SIM, cc, pick, report, require_cc, require_gpu
 from .check import CheckError, check, empty_nan, to_numpy
-from .compile import (KERNELS_DIR, compile_source, cuda_include_dir, kernel_source, load_cuda,
-                      load_numba, show_source)
+from .compile import (KERNELS_DIR, compile_source, cuda_include_dir, cuda_ptx, kernel_source,
+                      load_cuda, load_numba, ptx_mix, show_source)
 from .bench import BenchError, bench, record, sweep
 from .validate import expect
 from . import plot
@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "require_cc",
            "check", "empty_nan", "to_numpy", "CheckError", "KERNELS_DIR", "load_cuda",
            "compile_source", "load_numba", "show_source", "kernel_source", "cuda_include_dir",
+           "cuda_ptx", "ptx_mix",
            "bench", "sweep", "record", "BenchError", "plot", "ceil_div", "expect"]
 
 

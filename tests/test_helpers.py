@@ -318,3 +318,12 @@ def test_gpu_cell_magic_runs_skips_and_raises(monkeypatch, capsys):
     capsys.readouterr()
     ip.run_cell("%%gpu\nd = 1")
     assert "d" not in ip.user_ns and "skipped" in capsys.readouterr().out
+
+
+def test_cuda_ptx_and_instruction_mix():
+    """NVRTC compiles without a GPU; the mix finds the unrolled inner loop of the tiled matmul."""
+    ptx = cb.cuda_ptx("matmul", "compute_75")
+    v1, v5 = cb.ptx_mix(ptx, "matmul_v1"), cb.ptx_mix(ptx, "matmul_v5")
+    assert v1["fma"] >= 1 and v1["ld.global"] >= 2          # naive: global loads per FMA
+    assert v5["fma"] >= 64 and v5["ld.global"] == 0        # register tile fed from shared memory
+    assert v5["int"] < v5["fma"]

@@ -18,7 +18,7 @@ gpu = pytest.mark.gpu
 # ============================================================================ kernels, launcher
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (33, 17, 9), (17, 130, 20), (130, 5, 3)])
-@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v5"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v5", "v6"])
 def test_numba_kernels(version, shape):
     M, N, K = shape
     if env.SIM and version == "v3" and M * N > 1000:

@@ -18,7 +18,7 @@ from .. import env
 from ..check import to_numpy
 
 __all__ = ["GradeError", "passed", "fresh_rng", "ragged_sizes", "guarded", "canary_ok",
-           "call", "diagnose_1d", "xp", "to_device", "sync"]
+           "call", "diagnose_1d", "xp", "to_device", "sync", "need_gpu", "compile_kernel"]
 
 CANARY = 4096  # NaN elements after each output: a write past the end lands here
 
@@ -43,6 +43,24 @@ def ragged_sizes(block: int, big: int | None = None) -> list[int]:
     if big and not env.SIM:
         sizes.append(big)
     return sorted(set(s for s in sizes if s > 0))
+
+
+def need_gpu(ex: str, what: str = "CUDA C++ runs through CuPy") -> None:
+    """A CUDA C++ exercise cannot be graded in simulator mode: say so, as a failure."""
+    if not env.HAS_GPU:
+        raise GradeError(f"{ex}: needs a CUDA GPU ({what})")
+
+
+def compile_kernel(ex: str, src: str, name: str):
+    """The kernel ``name`` of the student's source; compile errors become a GradeError."""
+    from ..compile import compile_source
+
+    try:
+        return compile_source(src, name=f"{ex} source").get(name)
+    except AttributeError as e:
+        raise GradeError(f"{ex}: {e}") from None
+    except RuntimeError as e:
+        raise GradeError(f"{ex}: does not compile:\n{e}") from None
 
 
 def xp():

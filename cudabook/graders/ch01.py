@@ -20,10 +20,12 @@ from ._core import (
     diagnose_1d,
     fresh_rng,
     guarded,
+    need_gpu,
     passed,
     ragged_sizes,
     to_device,
 )
+from ._core import compile_kernel as _compile
 
 __all__ = ["ex01_1", "ex01_2", "ex01_3", "ex01_4"]
 
@@ -50,17 +52,6 @@ def ex01_1(launch_saxpy: Callable) -> None:
     passed(ex)
 
 
-def _compile(ex: str, src: str, name: str):
-    from ..compile import compile_source
-
-    try:
-        return compile_source(src, name=f"{ex} source").get(name)
-    except AttributeError as e:
-        raise GradeError(f"{ex}: {e}") from None
-    except RuntimeError as e:
-        raise GradeError(f"{ex}: does not compile:\n{e}") from None
-
-
 def ex01_2(src: str) -> None:
     """``src`` defines ``extern "C" __global__ void relu_forward(const float* x, float* y, int n)``.
 
@@ -68,8 +59,7 @@ def ex01_2(src: str) -> None:
     is NaN-prefilled and followed by a canary, so a missing bounds guard is caught.
     """
     ex = "ex01.2"
-    if not env.HAS_GPU:
-        raise GradeError(f"{ex}: needs a CUDA GPU (CUDA C++ runs through CuPy)")
+    need_gpu(ex)
     import cupy
 
     k = _compile(ex, src, "relu_forward")
@@ -134,8 +124,7 @@ def ex01_4(src: str) -> None:
     must do nothing). The update is in place, so an element updated twice is also caught.
     """
     ex = "ex01.4"
-    if not env.HAS_GPU:
-        raise GradeError(f"{ex}: needs a CUDA GPU (CUDA C++ runs through CuPy)")
+    need_gpu(ex)
     import cupy
 
     k = _compile(ex, src, "sgd_update")

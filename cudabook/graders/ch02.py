@@ -18,9 +18,19 @@ from typing import Callable
 
 import numpy as np
 
-from .. import env
 from ..check import to_numpy
-from ._core import GradeError, call, canary_ok, fresh_rng, guarded, passed, ragged_sizes, to_device
+from ._core import (
+    GradeError,
+    call,
+    canary_ok,
+    fresh_rng,
+    guarded,
+    need_gpu,
+    passed,
+    ragged_sizes,
+    to_device,
+)
+from ._core import compile_kernel as _compile
 
 __all__ = ["ex02_1", "ex02_2", "ex02_3", "ex02_4"]
 
@@ -30,19 +40,7 @@ TRANSPOSE_SLOWDOWN = 1.3
 
 
 def _need_gpu(ex: str) -> None:
-    if not env.HAS_GPU:
-        raise GradeError(f"{ex}: needs a CUDA GPU (CUDA C++ and streams run through CuPy)")
-
-
-def _compile(ex: str, src: str, name: str):
-    from ..compile import compile_source
-
-    try:
-        return compile_source(src, name=f"{ex} source").get(name)
-    except AttributeError as e:
-        raise GradeError(f"{ex}: {e}") from None
-    except RuntimeError as e:
-        raise GradeError(f"{ex}: does not compile:\n{e}") from None
+    need_gpu(ex, "CUDA C++ and streams run through CuPy")
 
 
 def _code_only(src: str) -> str:

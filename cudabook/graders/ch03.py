@@ -23,10 +23,12 @@ from ._core import (
     canary_ok,
     fresh_rng,
     guarded,
+    need_gpu,
     passed,
     ragged_sizes,
     to_device,
 )
+from ._core import compile_kernel as _compile
 
 __all__ = ["ex03_1", "ex03_2", "ex03_3", "ex03_4", "ex03_5", "ex03_6",
            "softmax_reference", "layernorm_reference", "conv2d_reference", "gelu_tanh_reference"]
@@ -83,22 +85,6 @@ def _gelu_erf(z) -> np.ndarray:
     z = np.asarray(z, dtype=np.float64)
     erf = np.vectorize(math.erf)
     return 0.5 * z * (1.0 + erf(z / math.sqrt(2.0)))
-
-
-def _need_gpu(ex: str) -> None:
-    if not env.HAS_GPU:
-        raise GradeError(f"{ex}: needs a CUDA GPU (CUDA C++ runs through CuPy)")
-
-
-def _compile(ex: str, src: str, name: str):
-    from ..compile import compile_source
-
-    try:
-        return compile_source(src, name=f"{ex} source").get(name)
-    except AttributeError as e:
-        raise GradeError(f"{ex}: {e}") from None
-    except RuntimeError as e:
-        raise GradeError(f"{ex}: does not compile:\n{e}") from None
 
 
 def _scalar(ex: str, case: str, v) -> float:
@@ -174,7 +160,7 @@ def ex03_2(src: str) -> None:
     runs with new data catch races (a missing __syncthreads shows up on some runs only).
     """
     ex = "ex03.2"
-    _need_gpu(ex)
+    need_gpu(ex)
     import cupy
 
     if "__shfl" not in src:
@@ -387,7 +373,7 @@ def ex03_5(src: str) -> None:
     halo into shared memory. Sizes are not multiples of 16; the border pixels are checked.
     """
     ex = "ex03.5"
-    _need_gpu(ex)
+    need_gpu(ex)
     import cupy
 
     if "__shared__" not in src:
@@ -451,7 +437,7 @@ def ex03_6(src: str) -> None:
     256 threads per block and ceil(M * N / 256) blocks.
     """
     ex = "ex03.6"
-    _need_gpu(ex)
+    need_gpu(ex)
     import cupy
 
     k = _compile(ex, src, "bias_gelu")

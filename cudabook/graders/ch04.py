@@ -19,7 +19,18 @@ import numpy as np
 
 from .. import env
 from ..check import to_numpy
-from ._core import GradeError, call, canary_ok, fresh_rng, guarded, passed, sync, to_device
+from ._core import (
+    GradeError,
+    call,
+    canary_ok,
+    fresh_rng,
+    guarded,
+    need_gpu,
+    passed,
+    sync,
+    to_device,
+)
+from ._core import compile_kernel as _compile
 
 __all__ = ["ex04_1", "ex04_2", "ex04_3", "ex04_4", "FAST_FRACTION", "diagnose_2d"]
 
@@ -182,16 +193,6 @@ def ex04_1(matmul_abt) -> None:
 
 # --------------------------------------------------------------------------------- CUDA C
 
-def _compile(ex: str, src: str, name: str):
-    from ..compile import compile_source
-
-    try:
-        return compile_source(src, name=f"{ex} source").get(name)
-    except AttributeError as e:
-        raise GradeError(f"{ex}: {e}") from None
-    except RuntimeError as e:
-        raise GradeError(f"{ex}: does not compile:\n{e}") from None
-
 
 def _run_cuda(ex, kern, shapes, tile, threads, ktile, rng, seed, syncs, repeats=2):
     import cupy
@@ -222,8 +223,7 @@ def ex04_2(src: str) -> None:
     twice each with new data; the 2048^3 case, with thousands of blocks in flight, exposes races.
     """
     ex = "ex04.2"
-    if not env.HAS_GPU:
-        raise GradeError(f"{ex}: needs a CUDA GPU (CUDA C++ runs through CuPy)")
+    need_gpu(ex)
     kern = _compile(ex, src, "matmul_reg2d")
     rng, seed = fresh_rng()
     _run_cuda(ex, kern, _CUDA_SHAPES, (64, 64), 256, 8, rng, seed, _count_syncs(src))

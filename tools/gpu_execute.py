@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ def gpu_name() -> str:
 
 
 def main(paths: list[str]) -> int:
+    os.environ.pop("MPLBACKEND", None)   # the kernels must use the inline backend to store figures
     gpu = gpu_name()
     results, bad = [], 0
     for p in paths:

@@ -3,6 +3,8 @@
 #
 #   bash tools/gpu_lane.sh            every chapter
 #   bash tools/gpu_lane.sh 01 04      only these chapters
+#   LESSONS_ONLY=1 bash tools/gpu_lane.sh    lessons only: steps 1, 3, 7 (when only prose or
+#                                            plotting changed and solutions are current)
 #
 # 1. execute lessons/ and solutions/ in place, keeping their outputs (and the benchmark results,
 #    written to reports/benchmarks.json by the lessons' bench tables);
@@ -15,7 +17,9 @@
 # Where $OUT is set (the device tool), the changed notebooks and reports are packed into it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+# no MPLBACKEND here: the notebooks' kernels must use the inline backend, or no figure is stored
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+unset MPLBACKEND
 py=${PYTHON:-python3}
 
 chapters=("$@")
@@ -25,11 +29,14 @@ if [ ${#chapters[@]} -eq 0 ]; then
 else
   suffix="-ch$(IFS=-; echo "${chapters[*]}")"
 fi
+[ -n "${LESSONS_ONLY:-}" ] && suffix="${suffix}-lessons"
 nbs_l=(); nbs_s=(); nbs_e=(); tests=(tests/test_helpers.py)
 for c in "${chapters[@]}"; do
   for f in lessons/${c}_*.ipynb; do [ -f "$f" ] && nbs_l+=("$f"); done
-  for f in solutions/${c}_*.ipynb; do [ -f "$f" ] && nbs_s+=("$f"); done
-  for f in exercises/${c}_*.ipynb; do [ -f "$f" ] && nbs_e+=("$f"); done
+  if [ -z "${LESSONS_ONLY:-}" ]; then
+    for f in solutions/${c}_*.ipynb; do [ -f "$f" ] && nbs_s+=("$f"); done
+    for f in exercises/${c}_*.ipynb; do [ -f "$f" ] && nbs_e+=("$f"); done
+  fi
   [ -f "tests/test_ch${c}.py" ] && tests+=("tests/test_ch${c}.py")
 done
 
@@ -64,12 +71,14 @@ if p.is_file():
 PYEOF
 step execute "$py" tools/gpu_execute.py "${nbs_l[@]}" "${nbs_s[@]}"
 unset CUDABOOK_RESULTS
-step exercises "$py" tools/nbtools.py exercises
+[ -z "${LESSONS_ONLY:-}" ] && step exercises "$py" tools/nbtools.py exercises
 step nbval "$py" -m pytest -q -p no:cacheprovider --nbval-lax "${nbs_l[@]}" "${nbs_s[@]}"
-step graders "$py" tools/check_exercises.py "${nbs_e[@]}"
-step pytest-gpu "$py" -m pytest -q -p no:cacheprovider -m gpu "${tests[@]}"
-if command -v compute-sanitizer >/dev/null; then
-  step sanitize "$py" tools/sanitize.py "${chapters[@]}"
+if [ -z "${LESSONS_ONLY:-}" ]; then
+  step graders "$py" tools/check_exercises.py "${nbs_e[@]}"
+  step pytest-gpu "$py" -m pytest -q -p no:cacheprovider -m gpu "${tests[@]}"
+  if command -v compute-sanitizer >/dev/null; then
+    step sanitize "$py" tools/sanitize.py "${chapters[@]}"
+  fi
 fi
 step policy "$py" tools/nbtools.py check "${nbs_l[@]}" "${nbs_s[@]}" "${nbs_e[@]}"
 t_total=$(( $(date +%s) - t_start ))

@@ -19,7 +19,7 @@ POLICY
   * every notebook is canonical nbformat 4 (as written by ``canon``) and has the shared
     metadata (kernel python3, Colab asks for a GPU), and starts with the setup cell;
   * lessons/ and solutions/ have every code cell executed, on a GPU (``metadata.cudabook``
-    names it), with outputs;
+    names it), with outputs; a lesson stores at least one figure;
   * exercises/ have no outputs except on grader cells (``# NBVAL_CHECK_OUTPUT``), whose
     stored line is ``PASS exNN.k``; every grader cell of a solution stores that line.
 """
@@ -243,6 +243,10 @@ def policy_errors(path: Path) -> list[str]:
             errs.append(f"{rel}: code cells {unrun[:5]} were not executed")
         if not any(c.outputs for c in code):
             errs.append(f"{rel}: has no outputs")
+        if kind == "lessons" and not any("image/png" in o.get("data", {}) for c in code
+                                         for o in c.outputs):
+            errs.append(f"{rel}: has no figure (a lesson plots its results; was it executed with "
+                        "MPLBACKEND=Agg?)")
     if kind == "exercises":
         for i, c in enumerate(nb.cells):
             if c.cell_type == "code" and c.outputs and not is_grader(c):

@@ -1,0 +1,557 @@
+// hgemm.cu: C = A @ B^T on the tensor cores, 16-bit inputs, 32-bit accumulation.
+//
+//   A is (M, K), B is (N, K) (the layout of nn.Linear's weight: y = x W^T), C is (M, N); all
+//   row-major and contiguous, fp16 (bf16 for the _bf16 kernels). Every product is accumulated in
+//   fp32 and C is rounded to 16 bits once, at the end. Any M, N >= 1; K >= 1 a multiple of 8
+//   (rows of 16 bytes, for 16-byte loads, cp.async and TMA: kernels/hgemm.py pads K otherwise, at
+//   the cost of one copy of A and B). Tiles that hang over an edge are zero-filled on load and
+//   only the stores are guarded, so full tiles pay nothing for ragged sizes.
+//
+//   hgemm_v1  WMMA: one warp per 16x16 tile of C, fragments straight from global memory     sm_70+
+//   hgemm_v2  WMMA with 128x128x32 shared-memory tiles, 8 warps of 64x32 each              sm_70+
+//   hgemm_v3  mma.sync m16n8k16 + ldmatrix (inline PTX, mma.cuh), 128x128x64 tiles,
+//             row-major shared tiles: each ldmatrix is an 8-way bank conflict              sm_75+
+//   hgemm_v4  v3 with the XOR swizzle (chunk c of row r at c ^ r%8): conflict-free          sm_75+
+//   hgemm_v5  v4 with a 3-stage cp.async pipeline: loads skip registers and overlap math   sm_80+
+//   hgemm_v6  v5 with 64x64 warp tiles in 128x256 blocks, fragments double-buffered in
+//             registers, blocks ordered in groups of 8 tile rows (L2 reuse)                sm_80+
+//   hgemm_v7  wgmma: a warpgroup (4 warps) multiplies 64x128 from shared memory; loads
+//             still cp.async, 4 stages, into the 128-byte swizzle wgmma reads              sm_90a
+//   hgemm_v8  TMA loads completing on mbarriers, warp specialisation: 1 producer and 2
+//             consumer warpgroups (setmaxnreg), 128x256x64 tiles, 4 stages                 sm_90a
+//   hgemm_v9  the autotuned final version: instantiations of hgemm_tma_t (sm_90: tile
+//             width, stages, persistent grid) or hgemm_mma_t (elsewhere), picked by
+//             hgemm.autotune on the reader's GPU
+//   _bf16: the same kernel for bf16 inputs and output (v3-v8; sm_80+).
+//
+// Launches (kernels/hgemm.py, config()): v1 grid (ceil(N/32), ceil(M/32)) x 128 threads;
+// v2 grid (ceil(N/128), ceil(M/128)) x 256; v3-v9 a 1D grid of tiles (v9 persistent: one block
+// per SM), dynamic shared memory as config() says (over 48 KiB: the launcher raises the limit).
+#include "mma.cuh"
+#include <mma.h>
+
+using namespace nvcuda;
+
+extern __shared__ __align__(16) unsigned char hg_smem[];
+
+// ----- 16-bit element types ------------------------------------------------------------------
+template <typename T> struct is_bf16 { static constexpr bool value = false; };
+template <> struct is_bf16<__nv_bfloat16> { static constexpr bool value = true; };
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ __half from_float<__half>(float x) {
+    return __float2half_rn(x);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    if constexpr (is_bf16<T>::value) return pack_bf162(lo, hi);
+    else return pack_half2(lo, hi);
+}
+template <typename T> __device__ __forceinline__ void mma16816(float* c, const unsigned* a,
+                                                              const unsigned* b) {
+    if constexpr (is_bf16<T>::value) mma_m16n8k16_bf16(c, a, b);
+    else mma_m16n8k16_f16(c, a, b);
+}
+
+// ============================================================================ v1, v2: WMMA
+
+// launch: grid (ceil(N/32), ceil(M/32)), block 128: warps 2x2, each one 16x16 tile of C
+extern "C" __global__ void __launch_bounds__(128)
+hgemm_v1(const __half* A, const __half* B, __half* C, int M, int N, int K) {
+    __shared__ __align__(32) __half stage[4][2][16 * 16];   // per warp: edge tiles of A and B
+    __shared__ __align__(32) float cs[4][16 * 16];           // per warp: C before rounding
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int m0 = blockIdx.y * 32 + (warp >> 1) * 16, n0 = blockIdx.x * 32 + (warp & 1) * 16;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;   // B^T: (k, n) at n*K + k
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    // load_matrix_sync from global memory needs a whole tile and 32-byte aligned rows
+    const bool direct = m0 + 16 <= M && n0 + 16 <= N && K % 16 == 0 &&
+                        (reinterpret_cast<size_t>(A) & 31) == 0 &&
+                        (reinterpret_cast<size_t>(B) & 31) == 0;
+    for (int k = 0; k < K; k += 16) {
+        if (direct) {
+            wmma::load_matrix_sync(a, A + (size_t)m0 * K + k, K);
+            wmma::load_matrix_sync(b, B + (size_t)n0 * K + k, K);
+        } else {   // an edge tile: copy it through shared memory, zeros outside the matrices
+            for (int e = lane; e < 256; e += 32) {
+                const int r = e >> 4, c = e & 15;
+                stage[warp][0][e] = (m0 + r < M && k + c < K) ? A[(size_t)(m0 + r) * K + k + c]
+                                                              : __float2half(0.0f);
+                stage[warp][1][e] = (n0 + r < N && k + c < K) ? B[(size_t)(n0 + r) * K + k + c]
+                                                              : __float2half(0.0f);
+            }
+            __syncwarp();
+            wmma::load_matrix_sync(a, stage[warp][0], 16);
+            wmma::load_matrix_sync(b, stage[warp][1], 16);
+            __syncwarp();
+        }
+        wmma::mma_sync(acc, a, b, acc);
+    }
+    // the accumulator's register layout is unspecified: go through shared memory to round and guard
+    wmma::store_matrix_sync(cs[warp], acc, 16, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 256; e += 32) {
+        const int r = m0 + (e >> 4), c = n0 + (e & 15);
+        if (r < M && c < N) C[(size_t)r * N + c] = __float2half(cs[warp][e]);
+    }
+}
+
+constexpr int V2_LD = 40;   // 32 halves of a tile row + 8 of padding: rows 80 bytes apart
+
+// launch: grid (ceil(N/128), ceil(M/128)), block 256: warps 2 (rows) x 4 (columns) of 64x32
+extern "C" __global__ void __launch_bounds__(256)
+hgemm_v2(const __half* A, const __half* B, __half* C, int M, int N, int K) {
+    __shared__ __align__(128) __half As[128 * V2_LD];   // A[m0.., k0..k0+31], row-major
+    __shared__ __align__(128) __half Bs[128 * V2_LD];   // B[n0.., k0..k0+31]: B^T column-major
+    __shared__ __align__(32) float cs[8][16 * 16];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
+    const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[4];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[2];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int k0 = 0; k0 < K; k0 += 32) {
+        // 128 rows x 4 chunks of 8 halves per matrix: 2 chunks per thread, zeros outside
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int e = tid + i * 256, r = e >> 2, c = (e & 3) * 8;
+            uint4 va = make_uint4(0, 0, 0, 0), vb = make_uint4(0, 0, 0, 0);
+            if (m0 + r < M && k0 + c < K)
+                va = *reinterpret_cast<const uint4*>(A + (size_t)(m0 + r) * K + k0 + c);
+            if (n0 + r < N && k0 + c < K)
+                vb = *reinterpret_cast<const uint4*>(B + (size_t)(n0 + r) * K + k0 + c);
+            *reinterpret_cast<uint4*>(As + r * V2_LD + c) = va;
+            *reinterpret_cast<uint4*>(Bs + r * V2_LD + c) = vb;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 32; kk += 16) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                wmma::load_matrix_sync(a[i], As + (wm + 16 * i) * V2_LD + kk, V2_LD);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(b[j], Bs + (wn + 16 * j) * V2_LD + kk, V2_LD);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(cs[warp], acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            for (int e = lane; e < 256; e += 32) {
+                const int r = m0 + wm + 16 * i + (e >> 4), c = n0 + wn + 16 * j + (e & 15);
+                if (r < M && c < N) C[(size_t)r * N + c] = __float2half(cs[warp][e]);
+            }
+            __syncwarp();
+        }
+}
+
+// ============================================================================ v3-v6: mma.sync
+
+// Shared tiles hold 64 values (128 bytes, eight 16-byte chunks) per row. Element offset of chunk
+// c of row r: plain, or swizzled (chunk c stored at c ^ (r % 8), the layout TMA's 128-byte
+// swizzle also writes). Eight rows read by one ldmatrix then fall on eight different
+// 16-byte bank groups instead of all on the same one.
+template <bool SWZ>
+__device__ __forceinline__ int tile_index(int r, int c) {
+    return r * 64 + ((SWZ ? (c ^ (r & 7)) : c) << 3);
+}
+
+// Copy rows [r0, r0 + ROWS) x columns [k0, k0 + 64) of X (R x K, row-major) into a shared tile,
+// 16 bytes per copy, zeros outside X. ASYNC: cp.async (sm_80+); else through registers.
+template <int ROWS, int THREADS, bool SWZ, bool ASYNC, typename T>
+__device__ __forceinline__ void load_tile(T* tile, const T* X, int R, int K, int r0, int k0) {
+    static_assert((ROWS * 8) % THREADS == 0, "chunks must divide among the threads");
+#pragma unroll
+    for (int i = 0; i < ROWS * 8 / THREADS; i++) {
+        const int e = threadIdx.x + i * THREADS, r = e >> 3, c = e & 7;
+        const bool ok = r0 + r < R && k0 + c * 8 < K;
+        const T* src = X + (ok ? (size_t)(r0 + r) * K + k0 + c * 8 : 0);
+        T* dst = tile + tile_index<SWZ>(r, c);
+        if constexpr (ASYNC) {
+            cp_async_16_zfill(dst, src, ok);
+        } else {
+            *reinterpret_cast<uint4*>(dst) =
+                ok ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+// Tile (bm, bn) of C computed by block b of a 1D grid. GROUP = 1: row by row. GROUP > 1: blocks
+// walk down GROUP tile rows before moving right, so blocks running together share their A rows
+// and B columns in L2.
+template <int GROUP>
+__device__ __forceinline__ void tile_of(int b, int tiles_m, int tiles_n, int& bm, int& bn) {
+    if (GROUP == 1) {
+        bm = b / tiles_n;
+        bn = b % tiles_n;
+        return;
+    }
+    const int per_group = GROUP * tiles_n, first = (b / per_group) * GROUP;
+    const int rows = min(tiles_m - first, GROUP), i = b % per_group;
+    bm = first + i % rows;
+    bn = i / rows;
+}
+
+// One 64-deep step of a warp's (16 FM) x (8 FN) tile: four k16 slices, each FM ldmatrix.x4 of
+// A, FN/2 of B and FM*FN mma.sync. DBUF: the fragments of slice kk+1 are loaded before the mma
+// of slice kk, so the shared-memory latency hides behind the tensor cores.
+template <int FM, int FN, bool SWZ, bool DBUF, typename T>
+__device__ __forceinline__ void warp_tile_step(const T* As, const T* Bs, float (&acc)[FM][FN][4],
+                                               int wm, int wn, int lane) {
+    unsigned a[DBUF ? 2 : 1][FM][4], b[DBUF ? 2 : 1][FN][2];
+    auto load = [&](int buf, int kk) {
+#pragma unroll
+        for (int i = 0; i < FM; i++)   // rows lane%16, k-chunk lane/16: a[0..3] of the fragment
+            ldmatrix_x4(a[buf][i], smem_u32(As + tile_index<SWZ>(wm + 16 * i + (lane & 15),
+                                                                 2 * kk + (lane >> 4))));
+#pragma unroll
+        for (int j = 0; j < FN / 2; j++) {   // two n8 tiles: n rows lane%8 (+8), k-chunk (lane/8)%2
+            unsigned r[4];
+            ldmatrix_x4(r, smem_u32(Bs + tile_index<SWZ>(wn + 16 * j + (lane & 7) + ((lane >> 4) << 3),
+                                                         2 * kk + ((lane >> 3) & 1))));
+            b[buf][2 * j][0] = r[0];
+            b[buf][2 * j][1] = r[1];
+            b[buf][2 * j + 1][0] = r[2];
+            b[buf][2 * j + 1][1] = r[3];
+        }
+    };
+    if constexpr (DBUF) load(0, 0);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        const int cur = DBUF ? (kk & 1) : 0;
+        if constexpr (DBUF) {
+            if (kk + 1 < 4) load((kk + 1) & 1, kk + 1);
+        } else {
+            load(0, kk);
+        }
+#pragma unroll
+        for (int i = 0; i < FM; i++)
+#pragma unroll
+            for (int j = 0; j < FN; j++) mma16816<T>(acc[i][j], a[cur][i], b[cur][j]);
+    }
+}
+
+// Round a warp's accumulators (m16n8 layout, mma.cuh) to T and store the rows < M, columns < N.
+template <int FM, int FN, typename T>
+__device__ __forceinline__ void store_c(T* C, const float (&acc)[FM][FN][4], int M, int N,
+                                        int r0, int c0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const bool pairs = (N & 1) == 0 && (reinterpret_cast<size_t>(C) & 3) == 0;
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = r0 + 16 * i + g + 8 * h, c = c0 + 8 * j + 2 * t;
+                if (r >= M || c >= N) continue;
+                T* p = C + (size_t)r * N + c;
+                if (pairs) {
+                    *reinterpret_cast<unsigned*>(p) = pack2<T>(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                } else {
+                    p[0] = from_float<T>(acc[i][j][2 * h]);
+                    if (c + 1 < N) p[1] = from_float<T>(acc[i][j][2 * h + 1]);
+                }
+            }
+}
+
+// The mma.sync GEMM of v3-v6 and of hgemm_mma_t: a BM x BN tile of C per block, warps of
+// WM x WN, k-steps of 64. STAGES = 1: load, barrier, compute, barrier. STAGES > 1: a cp.async
+// ring of STAGES tiles, STAGES - 1 in flight while one is computed, one barrier per step.
+// Dynamic shared memory: STAGES * (BM + BN) * 64 * sizeof(T) bytes.
+template <int BM, int BN, int WM, int WN, int STAGES, bool SWZ, bool DBUF, int GROUP, typename T>
+__device__ __forceinline__ void gemm_mma(const T* __restrict__ A, const T* __restrict__ B,
+                                         T* __restrict__ C, int M, int N, int K) {
+    constexpr int BK = 64, WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
+    constexpr int FM = WM / 16, FN = WN / 8;
+    T* As = reinterpret_cast<T*>(hg_smem);   // [STAGES][BM * BK]
+    T* Bs = As + STAGES * BM * BK;           // [STAGES][BN * BK]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm = (warp / WARPS_N) * WM, wn = (warp % WARPS_N) * WN;
+    int bm, bn;
+    tile_of<GROUP>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, bm, bn);
+    const int m0 = bm * BM, n0 = bn * BN, KT = (K + BK - 1) / BK;
+    float acc[FM][FN][4];
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+
+    if constexpr (STAGES == 1) {
+        for (int kt = 0; kt < KT; kt++) {
+            load_tile<BM, THREADS, SWZ, false>(As, A, M, K, m0, kt * BK);
+            load_tile<BN, THREADS, SWZ, false>(Bs, B, N, K, n0, kt * BK);
+            __syncthreads();                       // the tile is complete
+            warp_tile_step<FM, FN, SWZ, DBUF>(As, Bs, acc, wm, wn, lane);
+            __syncthreads();                       // everyone is done reading it
+        }
+    } else {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; s++) {     // prologue: STAGES - 1 tiles in flight
+            if (s < KT) {
+                load_tile<BM, THREADS, SWZ, true>(As + s * BM * BK, A, M, K, m0, s * BK);
+                load_tile<BN, THREADS, SWZ, true>(Bs + s * BN * BK, B, N, K, n0, s * BK);
+            }
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < KT; kt++) {
+            cp_async_wait<STAGES - 2>();           // my copies of tile kt have landed
+            __syncthreads();                       // everyone's have; stage (kt-1) is free
+            const int nk = kt + STAGES - 1, ns = nk % STAGES;
+            if (nk < KT) {
+                load_tile<BM, THREADS, SWZ, true>(As + ns * BM * BK, A, M, K, m0, nk * BK);
+                load_tile<BN, THREADS, SWZ, true>(Bs + ns * BN * BK, B, N, K, n0, nk * BK);
+            }
+            cp_async_commit();                     // (possibly empty: keeps the group count)
+            const int s = kt % STAGES;
+            warp_tile_step<FM, FN, SWZ, DBUF>(As + s * BM * BK, Bs + s * BN * BK, acc, wm, wn, lane);
+        }
+    }
+    store_c<FM, FN>(C, acc, M, N, m0 + wm, n0 + wn, lane);
+}
+
+#define HG_MMA_KERNEL(name, T, THREADS, ...)                                                      \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                         \
+    name(const T* A, const T* B, T* C, int M, int N, int K) {                                     \
+        gemm_mma<__VA_ARGS__, T>(A, B, C, M, N, K);                                               \
+    }
+//        kernel           type            threads BM   BN   WM  WN  STAGES SWZ    DBUF   GROUP
+HG_MMA_KERNEL(hgemm_v3,      __half,        256,   128, 128, 64, 32, 1,     false, false, 1)
+HG_MMA_KERNEL(hgemm_v4,      __half,        256,   128, 128, 64, 32, 1,     true,  false, 1)
+HG_MMA_KERNEL(hgemm_v5,      __half,        256,   128, 128, 64, 32, 3,     true,  false, 1)
+HG_MMA_KERNEL(hgemm_v6,      __half,        256,   128, 256, 64, 64, 3,     true,  true,  8)
+HG_MMA_KERNEL(hgemm_v3_bf16, __nv_bfloat16, 256,   128, 128, 64, 32, 1,     false, false, 1)
+HG_MMA_KERNEL(hgemm_v4_bf16, __nv_bfloat16, 256,   128, 128, 64, 32, 1,     true,  false, 1)
+HG_MMA_KERNEL(hgemm_v5_bf16, __nv_bfloat16, 256,   128, 128, 64, 32, 3,     true,  false, 1)
+HG_MMA_KERNEL(hgemm_v6_bf16, __nv_bfloat16, 256,   128, 256, 64, 64, 3,     true,  true,  8)
+
+// The autotuner's family (instantiated by name from hgemm.py): swizzled, any tile shape.
+template <int BM, int BN, int WM, int WN, int STAGES, bool DBUF, int GROUP, typename T>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+hgemm_mma_t(const T* A, const T* B, T* C, int M, int N, int K) {
+    gemm_mma<BM, BN, WM, WN, STAGES, true, DBUF, GROUP, T>(A, B, C, M, N, K);
+}
+
+// ============================================================================ v7-v9: Hopper
+
+// The first 1024-byte boundary in dynamic shared memory (the 128-byte swizzle repeats every
+// 1024 bytes, and wgmma and TMA compute it from the address): launches add 1024 bytes of slack.
+__device__ __forceinline__ unsigned char* smem_1024() {
+    return hg_smem + ((1024u - (smem_u32(hg_smem) & 1023u)) & 1023u);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// d += A (64 x 16) @ B (16 x BN) for one warpgroup, both from shared memory.
+template <int BN, typename T>
+__device__ __forceinline__ void wgmma_tile(float* d, unsigned long long da, unsigned long long db) {
+    static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma wrappers exist for N = 64, 128, 256");
+    if constexpr (is_bf16<T>::value) {
+        if constexpr (BN == 256) wgmma_m64n256k16_bf16(d, da, db);
+        else if constexpr (BN == 128) wgmma_m64n128k16_bf16(d, da, db);
+        else wgmma_m64n64k16_bf16(d, da, db);
+    } else {
+        if constexpr (BN == 256) wgmma_m64n256k16_f16(d, da, db);
+        else if constexpr (BN == 128) wgmma_m64n128k16_f16(d, da, db);
+        else wgmma_m64n64k16_f16(d, da, db);
+    }
+}
+
+// The four k16 slices of a 64-deep stage: 32 bytes further along the 128-byte rows each.
+template <int BN, typename T>
+__device__ __forceinline__ void wgmma_stage(float* d, const T* a, const T* b) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+        wgmma_tile<BN, T>(d, wgmma_desc_sw128(a + 16 * kk), wgmma_desc_sw128(b + 16 * kk));
+}
+
+// Round one warpgroup's accumulators (rows r0..r0+63, columns c0..c0+BN-1; layout: mma.cuh)
+// to T and store the rows < M, columns < N. tid: 0..127 within the warpgroup.
+template <int BN, typename T>
+__device__ __forceinline__ void store_wg(T* C, const float* d, int M, int N, int r0, int c0,
+                                         int tid) {
+    const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const bool pairs = (N & 1) == 0 && (reinterpret_cast<size_t>(C) & 3) == 0;
+    r0 += 16 * (tid >> 5);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + g + 8 * h, c = c0 + 8 * j + 2 * t;
+            if (r >= M || c >= N) continue;
+            T* p = C + (size_t)r * N + c;
+            if (pairs) {
+                *reinterpret_cast<unsigned*>(p) = pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+            } else {
+                p[0] = from_float<T>(d[4 * j + 2 * h]);
+                if (c + 1 < N) p[1] = from_float<T>(d[4 * j + 2 * h + 1]);
+            }
+        }
+}
+#endif  // sm_90a
+
+// v7: 256 threads = 2 warpgroups, each 64 rows x BN of a 128 x BN tile. All threads load the
+// stages with cp.async (into the 128-byte swizzle), then each warpgroup issues 4 wgmma per stage.
+// Dynamic shared memory: STAGES * (128 + BN) * 64 * sizeof(T) + 1024 bytes.
+template <int BN, int STAGES, typename T>
+__device__ __forceinline__ void gemm_wgmma(const T* __restrict__ A, const T* __restrict__ B,
+                                           T* __restrict__ C, int M, int N, int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BM = 128, BK = 64, THREADS = 256;
+    T* As = reinterpret_cast<T*>(smem_1024());
+    T* Bs = As + STAGES * BM * BK;
+    const int wg = threadIdx.x >> 7;
+    int bm, bn;
+    tile_of<8>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, bm, bn);
+    const int m0 = bm * BM, n0 = bn * BN, KT = (K + BK - 1) / BK;
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < KT) {
+            load_tile<BM, THREADS, true, true>(As + s * BM * BK, A, M, K, m0, s * BK);
+            load_tile<BN, THREADS, true, true>(Bs + s * BN * BK, B, N, K, n0, s * BK);
+        }
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<STAGES - 2>();
+        fence_proxy_async();      // my cp.async writes, before the tensor cores (async proxy) read
+        __syncthreads();
+        const int nk = kt + STAGES - 1, ns = nk % STAGES;
+        if (nk < KT) {
+            load_tile<BM, THREADS, true, true>(As + ns * BM * BK, A, M, K, m0, nk * BK);
+            load_tile<BN, THREADS, true, true>(Bs + ns * BN * BK, B, N, K, n0, nk * BK);
+        }
+        cp_async_commit();
+        const int s = kt % STAGES;
+        wgmma_fence();
+        wgmma_stage<BN, T>(d, As + s * BM * BK + wg * 64 * BK, Bs + s * BN * BK);
+        wgmma_commit();
+        wgmma_wait<0>();          // done reading stage s before the next barrier frees it
+    }
+    store_wg<BN, T>(C, d, M, N, m0 + wg * 64, n0, threadIdx.x & 127);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+hgemm_v7(const __half* A, const __half* B, __half* C, int M, int N, int K) {
+    gemm_wgmma<128, 4, __half>(A, B, C, M, N, K);
+}
+extern "C" __global__ void __launch_bounds__(256)
+hgemm_v7_bf16(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N,
+              int K) {
+    gemm_wgmma<128, 4, __nv_bfloat16>(A, B, C, M, N, K);
+}
+
+// v8/v9: 384 threads = 3 warpgroups. Warpgroup 0 is the producer: after giving most of its
+// registers away (setmaxnreg.dec), one thread issues the TMA copies of A (128 x 64) and B
+// (BN x 64) into a ring of STAGES stages; full[s] completes when a stage's bytes have landed.
+// Warpgroups 1 and 2 are consumers (setmaxnreg.inc): each waits on full[s], multiplies its 64
+// rows with 4 wgmma, and arrives on empty[s] when the tensor cores are done with the stage.
+// PERSIST: a grid of one block per SM walks the tiles, so the producer fetches the next tile
+// while the consumers store this one. Tensor maps: hgemm.py (tensor_map), 128-byte swizzle,
+// boxes of 64 columns x 128 (A) or BN (B) rows, zero fill outside the matrices.
+// Dynamic shared memory: STAGES * (128 + BN) * 64 * sizeof(T) + 1024 bytes.
+template <int BN, int STAGES, bool PERSIST, typename T>
+__device__ __forceinline__ void gemm_tma_ws(const TmaDesc& ta, const TmaDesc& tb,
+                                            T* __restrict__ C, int M, int N, int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BM = 128, BK = 64;
+    constexpr unsigned STAGE_BYTES = (BM + BN) * BK * sizeof(T);   // zero-filled bytes count too
+    __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+    T* As = reinterpret_cast<T*>(smem_1024());
+    T* Bs = As + STAGES * BM * BK;
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int tiles = tiles_m * tiles_n, KT = (K + BK - 1) / BK;
+    const int step = PERSIST ? gridDim.x : tiles;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);   // the producer's arrive (+ the TMA bytes)
+            mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+    if (wg == 0) {
+        setmaxnreg_dec<40>();
+        if (tid == 0) {
+            int it = 0;   // stage uses so far: stage it % STAGES, its use number it / STAGES
+            for (int tile = blockIdx.x; tile < tiles; tile += step) {
+                int bm, bn;
+                tile_of<8>(tile, tiles_m, tiles_n, bm, bn);
+                for (int kt = 0; kt < KT; kt++, it++) {
+                    const int s = it % STAGES, use = it / STAGES;
+                    if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);   // consumers released it
+                    mbar_expect_tx(&full[s], STAGE_BYTES);
+                    tma_load_2d(As + s * BM * BK, &ta, &full[s], kt * BK, bm * BM);
+                    tma_load_2d(Bs + s * BN * BK, &tb, &full[s], kt * BK, bn * BN);
+                }
+            }
+        }
+    } else {
+        setmaxnreg_inc<232>();
+        const int c = wg - 1;   // this consumer's 64 rows of the 128-row tile
+        int it = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += step) {
+            int bm, bn;
+            tile_of<8>(tile, tiles_m, tiles_n, bm, bn);
+            float d[BN / 2];
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+            int prev = -1;
+            for (int kt = 0; kt < KT; kt++, it++) {
+                const int s = it % STAGES;
+                mbar_wait(&full[s], (it / STAGES) & 1);
+                wgmma_fence();
+                wgmma_stage<BN, T>(d, As + s * BM * BK + c * 64 * BK, Bs + s * BN * BK);
+                wgmma_commit();
+                wgmma_wait<1>();          // the previous stage's wgmma are done: release it
+                if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
+                prev = s;
+            }
+            wgmma_wait<0>();
+            if (tid == 0) mbar_arrive(&empty[prev]);
+            store_wg<BN, T>(C, d, M, N, bm * BM + c * 64, bn * BN, tid);
+        }
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+hgemm_v8(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, __half* C, int M,
+         int N, int K) {
+    gemm_tma_ws<256, 4, false, __half>(ta, tb, C, M, N, K);
+}
+extern "C" __global__ void __launch_bounds__(384, 1)
+hgemm_v8_bf16(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
+              __nv_bfloat16* C, int M, int N, int K) {
+    gemm_tma_ws<256, 4, false, __nv_bfloat16>(ta, tb, C, M, N, K);
+}
+
+// The autotuner's Hopper family (instantiated by name from hgemm.py).
+template <int BN, int STAGES, bool PERSIST, typename T>
+__global__ void __launch_bounds__(384, 1)
+hgemm_tma_t(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, T* C, int M,
+            int N, int K) {
+    gemm_tma_ws<BN, STAGES, PERSIST, T>(ta, tb, C, M, N, K);
+}

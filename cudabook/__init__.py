@@ -7,6 +7,7 @@ before ``numba.cuda`` is imported.
     cb.report()                               # device, versions, problems and their fixes
     mod = cb.load_cuda("vector_add")          # kernels/vector_add.cu through CuPy/NVRTC
     nb = cb.load_numba("vector_add")          # its Numba twin, kernels/vector_add.py
+    sm = cb.load_launch("softmax")            # launch helpers, kernels/softmax_launch.py
     cb.check(out, ref64)                      # float64 reference, NaN-prefilled outputs
     cb.bench({"v1": f1}, baseline={"cupy": f0}, bytes=...)   # same-run ratio to the vendor
 """
@@ -17,24 +18,26 @@ from __future__ import annotations
 from . import env
 from .env import HAS_GPU, SIM, cc, pick, report, require_cc, require_gpu
 from .check import CheckError, check, empty_nan, to_numpy
-from .compile import (KERNELS_DIR, compile_source, cuda_include_dir, cuda_ptx, kernel_source,
-                      load_cuda, load_numba, ptx_mix, show_source)
-from .bench import BenchError, bench, record, sweep
-from .validate import expect
+from .compile import (KERNELS_DIR, compile_source, cuda_include_dir, load_cuda, load_launch,
+                      load_module, load_numba)
+from .source import kernel_source, show_source
+from .ptx import cuda_ptx, ptx_mix
+from .results import record
+from .bench import BenchError, bench, sweep
+from .validate import expect, expect_aligned
+from .launch import LaunchError, ceil_div, grid_1d, grid_2d, need_cc, round_up, row_block
+from . import reference
 from . import plot
 
 __version__ = "0.1.0"
 
 __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "require_cc",
            "check", "empty_nan", "to_numpy", "CheckError", "KERNELS_DIR", "load_cuda",
-           "compile_source", "load_numba", "show_source", "kernel_source", "cuda_include_dir",
-           "cuda_ptx", "ptx_mix",
-           "bench", "sweep", "record", "BenchError", "plot", "ceil_div", "expect"]
-
-
-def ceil_div(a: int, b: int) -> int:
-    """Blocks needed to cover ``a`` items with ``b`` per block."""
-    return (a + b - 1) // b
+           "compile_source", "load_numba", "load_launch", "load_module", "show_source",
+           "kernel_source", "cuda_include_dir", "cuda_ptx", "ptx_mix",
+           "bench", "sweep", "record", "BenchError", "plot", "ceil_div", "round_up", "grid_1d",
+           "grid_2d", "row_block", "need_cc", "LaunchError", "expect", "expect_aligned",
+           "reference"]
 
 
 def _gpu_cell(line: str, cell: str):

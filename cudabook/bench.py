@@ -14,25 +14,22 @@ Every function is validated before it is timed (a wrong kernel is refused) and a
 Numba kernels: convert CuPy/torch arrays once with ``numba.cuda.as_cuda_array`` and launch on
 those. Launched on the CuPy arrays themselves, Numba synchronizes the producer's stream at every
 launch (CUDA Array Interface semantics), which puts its host overhead back between the events.
+
+Recording rows in the results file is ``cudabook.results``.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
+import numbers
 import os
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import env
+from . import results as _results
 
-__all__ = ["BenchError", "Row", "BenchTable", "Sweep", "bench", "sweep", "record",
-           "RESULTS_ENV"]
-
-#: When this environment variable names a file, ``BenchTable.record`` writes results there.
-RESULTS_ENV = "CUDABOOK_RESULTS"
+__all__ = ["BenchError", "Row", "BenchTable", "Sweep", "bench", "sweep"]
 
 
 class BenchError(RuntimeError):
@@ -125,16 +122,20 @@ class BenchTable:
 
         The file is ``path``, else ``$CUDABOOK_RESULTS``; with neither, nothing is written.
         """
-        entries = []
+        _results.record(self.entries(chapter, kernels), path)
+
+    def entries(self, chapter: str, kernels: list[str] | None = None) -> list[dict]:
+        """The rows as results-file entries (see ``cudabook.results``)."""
+        out = []
         for r in self.rows:
             if r.is_baseline or (kernels is not None and r.name not in kernels):
                 continue
-            entries.append({"chapter": chapter, "kernel": r.name, "metric": r.unit,
-                            "value": _round(r.value), "baseline": r.baseline,
-                            "baseline_value": _round(r.baseline_value),
-                            "ratio": _round(r.ratio, 3), "size": _jsonable(self.size),
-                            "time_us": _round(self.rows[self.rows.index(r)].time_us)})
-        record(entries, path)
+            out.append({"chapter": chapter, "kernel": r.name, "metric": r.unit,
+                        "value": _round(r.value), "baseline": r.baseline,
+                        "baseline_value": _round(r.baseline_value),
+                        "ratio": _round(r.ratio, 3), "size": _jsonable(self.size),
+                        "time_us": _round(r.time_us)})
+        return out
 
 
 def _round(x, nd=2):
@@ -147,25 +148,6 @@ def _jsonable(x):
     if isinstance(x, (tuple, list)):
         return [_jsonable(v) for v in x]
     return str(x)
-
-
-def record(entries: list[dict], path: str | os.PathLike | None = None) -> Path | None:
-    """Merge ``entries`` into the results JSON (same chapter+kernel+metric+size replaced)."""
-    path = path or os.environ.get(RESULTS_ENV)
-    if not path:
-        return None
-    p = Path(path)
-    data = json.loads(p.read_text()) if p.is_file() else {"gpu": None, "date": None,
-                                                          "results": []}
-    key = lambda e: (e["chapter"], e["kernel"], e["metric"], json.dumps(e.get("size")))
-    new = {key(e) for e in entries}
-    data["results"] = [e for e in data["results"] if key(e) not in new] + entries
-    data["results"].sort(key=lambda e: (e["chapter"], e["kernel"], json.dumps(e.get("size"))))
-    data["gpu"] = env.info().name
-    data["date"] = _dt.date.today().isoformat()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(data, indent=1) + "\n")
-    return p
 
 
 def _time(fn: Callable[[], Any], repeat: int, warmup: int, flush_l2: bool) -> tuple[float, float]:
@@ -197,6 +179,32 @@ def _time(fn: Callable[[], Any], repeat: int, warmup: int, flush_l2: bool) -> tu
     return 1e3 * statistics.median(times), 1e6 * host_s
 
 
+def _check_bench_args(fns, baseline, nbytes, flops, check, repeat, warmup) -> None:
+    for what, m in (("fns", fns), ("baseline", baseline)):
+        if m is None and what == "baseline":
+            continue
+        if not isinstance(m, Mapping):
+            raise TypeError(f"bench: {what} must be a dict {{name: function}}, got "
+                            f"{type(m).__name__}")
+        for k, f in m.items():
+            if not isinstance(k, str) or not callable(f):
+                raise TypeError(f"bench: {what} maps names (str) to functions of no argument; "
+                                f"got {k!r}: {type(f).__name__}")
+    if baseline is not None and len(baseline) > 1:
+        raise ValueError("bench: give one baseline (a dict with one entry)")
+    for what, v in (("bytes", nbytes), ("flops", flops)):
+        if v is not None and (not isinstance(v, numbers.Real) or isinstance(v, bool) or v <= 0):
+            raise TypeError(f"bench: {what} must be a positive number (the work of one call), "
+                            f"got {v!r}")
+    if nbytes is not None and flops is not None:
+        raise ValueError("bench: give bytes (GB/s) or flops (TFLOP/s), not both")
+    if check is not None and not callable(check):
+        raise TypeError(f"bench: check must be a function check(name), got {type(check).__name__}")
+    for what, v, lo in (("repeat", repeat, 1), ("warmup", warmup, 0)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < lo:
+            raise TypeError(f"bench: {what} must be an int >= {lo}, got {v!r}")
+
+
 def bench(fns: Mapping[str, Callable[[], Any]], *,
           baseline: Mapping[str, Callable[[], Any]] | None = None,
           bytes: float | None = None, flops: float | None = None,
@@ -208,14 +216,13 @@ def bench(fns: Mapping[str, Callable[[], Any]], *,
     raise if the output of the function called ``name`` is wrong; it runs before timing (a
     wrong kernel is refused) and after it.
     """
+    _check_bench_args(fns, baseline, bytes, flops, check, repeat, warmup)
     if not env.HAS_GPU:
         raise BenchError("timing needs a CUDA GPU; this is simulator mode (cells marked %%gpu "
                          "are skipped)")
     unit, work = ("TFLOP/s", flops / 1e12) if flops else (("GB/s", bytes / 1e9) if bytes
                                                            else ("", None))
     base_items = list((baseline or {}).items())
-    if len(base_items) > 1:
-        raise ValueError("give one baseline")
     rows: list[Row] = []
     bname = base_items[0][0] if base_items else None
     for name, fn in base_items + list(fns.items()):
@@ -288,11 +295,28 @@ class Sweep:
 def sweep(sizes, setup: Callable[[Any], Mapping[str, Any]], *, xlabel: str = "size",
           desc: str = "sweep", **bench_kw) -> Sweep:
     """For each size, ``setup(size)`` returns ``bench`` keyword arguments; show progress."""
+    if not callable(setup):
+        raise TypeError(f"sweep: setup must be a function setup(size) -> dict of bench "
+                        f"arguments, got {type(setup).__name__}")
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sweep: no sizes given")
     from tqdm import tqdm  # text bar (stderr): no widget state in stored outputs
 
     tables = []
-    for n in tqdm(list(sizes), desc=desc, leave=False):
+    for n in tqdm(sizes, desc=desc, leave=False):
         kw = dict(bench_kw)
-        kw.update(setup(n))
+        got = setup(n)
+        if not isinstance(got, Mapping):
+            raise TypeError(f"sweep: setup({n!r}) returned {type(got).__name__}, not a dict of "
+                            "bench arguments (fns=..., baseline=..., bytes=... or flops=...)")
+        kw.update(got)
         tables.append(bench(quiet=True, size=n, **kw))
-    return Sweep(list(sizes), tables, xlabel)
+    return Sweep(sizes, tables, xlabel)
+
+
+def __getattr__(name: str):
+    """``record`` and ``RESULTS_ENV`` moved to ``cudabook.results``; old imports still work."""
+    if name in ("record", "RESULTS_ENV"):
+        return getattr(_results, name)
+    raise AttributeError(f"module 'cudabook.bench' has no attribute {name!r}")

@@ -7,11 +7,12 @@ wrote fails the check instead of passing on leftover memory. The tolerance is
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CheckError", "check", "to_numpy", "empty_nan", "TOL"]
+__all__ = ["CheckError", "check", "to_numpy", "empty_nan", "TOL", "dot_tolerance", "close"]
 
 #: (atol, rtol) per output dtype. float32 sums of ~1e4 terms stay well inside 1e-4 relative.
 TOL: dict[str, tuple[float, float]] = {
@@ -28,6 +29,55 @@ TOL: dict[str, tuple[float, float]] = {
 
 class CheckError(AssertionError):
     """A kernel's output differs from the reference."""
+
+
+def dot_tolerance(K: int) -> dict[str, float]:
+    """atol/rtol for a float32 result of K-term dot products against a float64 reference.
+
+    Rounding errors of a sequential float32 sum of K unit-size products grow like eps * K
+    (about 6e-8 K); 5e-7 K leaves room for the largest of millions of elements.
+    """
+    return {"atol": max(1e-5, 5e-7 * K), "rtol": 1e-4}
+
+
+def close(out, ref, atol: float, rtol: float) -> np.ndarray:
+    """Elementwise ``|out - ref| <= atol + rtol * |ref|`` in float64 (NaN is never close)."""
+    o = np.asarray(out, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.abs(o - r) <= atol + rtol * np.abs(r)
+
+
+_ARRAY_HINT = "numpy, cupy, torch or a Numba device array"
+
+
+def _as_real_array(a: Any, what: str) -> np.ndarray:
+    """``a`` on the host as a real-valued numpy array, or a TypeError that says what it is."""
+    if a is None or isinstance(a, (str, bytes, dict, set)):
+        raise TypeError(f"check: {what} is {type(a).__name__}, not an array ({_ARRAY_HINT}); "
+                        "was the kernel's output buffer passed?")
+    try:
+        arr = to_numpy(a)
+    except Exception as e:  # noqa: BLE001 - to_numpy of an unknown object: say what it is
+        raise TypeError(f"check: {what} ({type(a).__name__}) cannot be read as an array: "
+                        f"{e}") from None
+    if arr.dtype == object:
+        raise TypeError(f"check: {what} is an array of Python objects ({type(a).__name__}), "
+                        f"not numbers ({_ARRAY_HINT})")
+    if arr.dtype.kind == "c":
+        raise TypeError(f"check: {what} is complex ({arr.dtype}); compare the real and "
+                        "imaginary parts separately")
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"check: {what} has dtype {arr.dtype}; expected numbers")
+    return arr
+
+
+def _tol_arg(v, name: str) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not np.isfinite(v) or v < 0:
+        raise TypeError(f"check: {name} must be a number >= 0, got {v!r}")
+    return float(v)
 
 
 def to_numpy(a: Any) -> np.ndarray:
@@ -55,6 +105,18 @@ def _dtype_name(a: Any) -> str:
 
 def empty_nan(shape, dtype=np.float32, xp=np):
     """An output buffer filled with NaN (or -1 for integers): unwritten elements show up."""
+    dims = (shape,) if isinstance(shape, numbers.Integral) else shape
+    if not isinstance(dims, (tuple, list)) or not all(
+            isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in dims):
+        raise TypeError(f"empty_nan: shape must be an int or a tuple of ints >= 0, got {shape!r}")
+    try:
+        kind = np.dtype(dtype).kind
+    except TypeError:
+        raise TypeError(f"empty_nan: {dtype!r} is not a dtype") from None
+    if kind not in "biuf":
+        raise TypeError(f"empty_nan: dtype {np.dtype(dtype)} is not a real number type")
+    if not hasattr(xp, "empty"):
+        raise TypeError(f"empty_nan: xp must be an array module (numpy or cupy), got {xp!r}")
     out = xp.empty(shape, dtype=dtype)
     out.fill(np.nan if np.dtype(dtype).kind == "f" else -1)
     return out
@@ -67,8 +129,13 @@ def check(out: Any, ref: Any, *, atol: float | None = None, rtol: float | None =
     ``ref`` should be computed in float64. NaN in ``out`` where ``ref`` is finite always fails
     (an unwritten element of a NaN-prefilled buffer). Returns the largest relative error.
     """
-    o = to_numpy(out)
-    r = np.asarray(to_numpy(ref), dtype=np.float64)
+    if not isinstance(name, str):
+        raise TypeError(f"check: name must be a str, got {type(name).__name__}")
+    if isinstance(show, bool) or not isinstance(show, numbers.Integral) or show < 0:
+        raise TypeError(f"check: show must be an int >= 0, got {show!r}")
+    atol, rtol = _tol_arg(atol, "atol"), _tol_arg(rtol, "rtol")
+    o = _as_real_array(out, "out")
+    r = _as_real_array(ref, "ref").astype(np.float64)
     if o.shape != r.shape:
         raise CheckError(f"{name}: shape {o.shape} != reference shape {r.shape}")
     d_atol, d_rtol = TOL.get(_dtype_name(out), TOL["float32"])

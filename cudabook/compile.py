@@ -1,9 +1,15 @@
-"""Compile CUDA C++ with CuPy (NVRTC), and show the exact source under test.
+"""Loading kernels: compile CUDA C++ with CuPy (NVRTC), import the Numba twins and launch modules.
 
 ``load_cuda("matmul")`` compiles ``kernels/matmul.cu``. Local ``#include "x.cuh"`` lines are
-inlined with ``#line`` markers, so NVRTC error messages name the real file and line. The CUDA
-toolkit's include directory is found at run time and passed with ``-I`` (NVRTC alone cannot
-find ``<mma.h>`` or ``<cuda_fp16.h>`` on some installs).
+inlined with ``#line`` markers (``inline_source``), so NVRTC error messages name the real file
+and line. The CUDA toolkit's include directory is found at run time and passed with ``-I``
+(NVRTC alone cannot find ``<mma.h>`` or ``<cuda_fp16.h>`` on some installs); ``nvrtc_options``
+gives the exact option list, which the tools reuse.
+
+``load_numba("matmul")`` imports ``kernels/matmul.py`` (the Numba twins) and
+``load_launch("matmul")`` imports ``kernels/matmul_launch.py`` (the host-side launch helpers).
+
+Showing source is ``cudabook.source``; reading PTX is ``cudabook.ptx``.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from types import ModuleType
 
 from . import env
 
-__all__ = ["KERNELS_DIR", "load_cuda", "compile_source", "load_numba", "show_source",
-           "kernel_source", "cuda_include_dir", "CudaModule", "cuda_ptx", "ptx_mix"]
+__all__ = ["KERNELS_DIR", "kernel_path", "inline_source", "nvrtc_options", "cuda_include_dir",
+           "CudaModule", "compile_source", "load_cuda", "load_numba", "load_launch",
+           "load_module", "kernel_names"]
 
 _HERE = Path(__file__).resolve().parent
 # In a clone the kernels live at the repository root; in an installed wheel, inside the package.
@@ -28,10 +35,19 @@ KERNELS_DIR: Path = (_HERE.parent / "kernels") if (_HERE.parent / "kernels").is_
     else (_HERE / "kernels")
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?'
+                        r'(\w+)')
 
 
-def _kernel_path(name: str) -> Path:
-    p = Path(name)
+def _need_str(value, what: str) -> str:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{what}: expected a name (str), got {type(value).__name__}")
+    return str(value)
+
+
+def kernel_path(name: str) -> Path:
+    """The file ``kernels/<name>.cu`` (or ``name`` itself if it has a suffix or is absolute)."""
+    p = Path(_need_str(name, "kernel file"))
     if not p.suffix:
         p = p.with_suffix(".cu")
     if not p.is_absolute():
@@ -42,10 +58,10 @@ def _kernel_path(name: str) -> Path:
     return p
 
 
-def _inline(path: Path, seen: set[Path] | None = None) -> str:
-    """Return the source of ``path`` with local includes inlined and #line markers kept."""
+def inline_source(path: Path | str, seen: set[Path] | None = None) -> str:
+    """The source of ``path`` with local includes inlined and ``#line`` markers kept."""
+    path = Path(path).resolve()
     seen = set() if seen is None else seen
-    path = path.resolve()
     if path in seen:  # include guard for the inliner itself
         return ""
     seen.add(path)
@@ -53,7 +69,7 @@ def _inline(path: Path, seen: set[Path] | None = None) -> str:
     for no, line in enumerate(path.read_text().splitlines(), start=1):
         m = _INCLUDE_RE.match(line)
         if m and (path.parent / m.group(1)).is_file():
-            out.append(_inline(path.parent / m.group(1), seen))
+            out.append(inline_source(path.parent / m.group(1), seen))
             out.append(f'#line {no + 1} "{_display(path)}"')
         else:
             out.append(line)
@@ -65,6 +81,11 @@ def _display(path: Path) -> str:
         return str(path.relative_to(KERNELS_DIR.parent))
     except ValueError:
         return path.name
+
+
+def kernel_names(source: str) -> list[str]:
+    """The ``extern "C" __global__`` kernels a CUDA C++ source defines."""
+    return _KERNEL_RE.findall(source)
 
 
 @lru_cache(maxsize=1)
@@ -80,7 +101,7 @@ def cuda_include_dir() -> str | None:
         p = cupy.cuda.get_cuda_path()
         if p:
             cands.append(os.path.join(p, "include"))
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no CuPy, or CuPy without a toolkit: try the usual places
         pass
     cands += ["/usr/local/cuda/include"] + sorted(glob.glob("/usr/local/cuda-*/include"),
                                                    reverse=True)
@@ -95,7 +116,8 @@ def cuda_include_dir() -> str | None:
     return None
 
 
-def _options(extra: tuple[str, ...]) -> tuple[str, ...]:
+def nvrtc_options(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The NVRTC options ``load_cuda`` compiles with (C++17, line info, the toolkit headers)."""
     opts = ["-std=c++17", "-lineinfo"]
     inc = cuda_include_dir()
     if inc:
@@ -111,14 +133,16 @@ class CudaModule:
         self.raw, self.source, self.label = raw, source, label
 
     def get(self, name: str):
+        """The kernel ``name``; AttributeError naming the kernels defined if there is none."""
+        from cupy.cuda.driver import CUDADriverError
+
         try:
-            return self.raw.get_function(name)
-        except Exception as e:  # noqa: BLE001
-            pat = r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)'
-            names = re.findall(pat,
-                               self.source)
-            raise AttributeError(f"{self.label} has no kernel {name!r}; it defines {names}. "
-                                 f"({e})") from None
+            return self.raw.get_function(_need_str(name, "kernel name"))
+        except CUDADriverError as e:
+            if "NOT_FOUND" not in str(e):
+                raise                        # a real driver problem: not a missing name
+            raise AttributeError(f"{self.label} has no kernel {name!r}; it defines "
+                                 f"{kernel_names(self.source)}") from None
 
     __getitem__ = get
 
@@ -129,8 +153,7 @@ class CudaModule:
 
     def resources(self, name: str) -> dict:
         """Registers per thread, static shared memory and local (spill) bytes of a kernel."""
-        k = self.get(name)
-        a = k.attributes
+        a = self.get(name).attributes
         return {"registers": a["num_regs"], "shared_bytes": a["shared_size_bytes"],
                 "local_bytes": a["local_size_bytes"], "max_threads": a["max_threads_per_block"]}
 
@@ -145,12 +168,17 @@ def _need_gpu(what: str) -> None:
 def compile_source(source: str, options: tuple[str, ...] = (), name: str = "<notebook>",
                    name_expressions: tuple[str, ...] | None = None) -> CudaModule:
     """Compile a CUDA C++ source string written in a notebook."""
+    if not isinstance(source, str):
+        raise TypeError(f"compile_source: expected the CUDA C++ source as a str, got "
+                        f"{type(source).__name__}")
+    if isinstance(options, str):
+        raise TypeError("compile_source: options is a tuple of strings, e.g. ('-DTILE=32',)")
     _need_gpu(f"compiling {name}")
     import cupy
 
     src = f'#line 1 "{name}"\n{source}'
     try:
-        raw = cupy.RawModule(code=src, options=_options(options),
+        raw = cupy.RawModule(code=src, options=nvrtc_options(tuple(options)),
                              name_expressions=name_expressions)
         raw.compile()
     except cupy.cuda.compiler.CompileException as e:
@@ -161,141 +189,56 @@ def compile_source(source: str, options: tuple[str, ...] = (), name: str = "<not
 def load_cuda(name: str, options: tuple[str, ...] = (),
               name_expressions: tuple[str, ...] | None = None) -> CudaModule:
     """Compile ``kernels/<name>.cu`` (local includes inlined) and return its module."""
-    path = _kernel_path(name)
-    return compile_source(_inline(path), options, _display(path), name_expressions)
+    path = kernel_path(name)
+    return compile_source(inline_source(path), options, _display(path), name_expressions)
 
 
-def load_numba(name: str) -> ModuleType:
-    """Import the Numba twin ``kernels/<name>.py`` (after the mode is decided)."""
-    path = KERNELS_DIR / f"{name}.py"
+def _import_kernels_py(stem: str, what: str) -> ModuleType:
+    path = KERNELS_DIR / f"{stem}.py"
     if not path.is_file():
-        raise FileNotFoundError(f"no Numba twin {path}")
-    modname = f"cudabook.kernels.{name}"
+        have = sorted(p.stem for p in KERNELS_DIR.glob("*.py") if p.stem != "__init__")
+        raise FileNotFoundError(f"no {what} {path}; kernels/ has {have}")
+    modname = f"cudabook.kernels.{stem}"
     if modname in sys.modules:
         return sys.modules[modname]
     spec = importlib.util.spec_from_file_location(modname, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[modname] = mod
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[modname]              # a failed import must not leave half a module
+        raise
     return mod
 
 
-def kernel_source(file: str, kernel: str | None = None) -> str:
-    """The text of ``kernels/<file>`` or of one function in it (C++ or Python)."""
-    path = KERNELS_DIR / file
-    text = path.read_text()
-    if kernel is None:
-        return text
-    lines = text.splitlines()
-    if path.suffix == ".py":
-        return _py_block(lines, kernel, path)
-    return _c_block(lines, kernel, path)
+def load_module(stem: str) -> ModuleType:
+    """Import ``kernels/<stem>.py`` (a Numba twin file or a host module such as
+    ``matmul_tune``), once: later calls return the same module."""
+    return _import_kernels_py(_need_str(stem, "load_module"), "module")
 
 
-def _py_block(lines: list[str], name: str, path: Path) -> str:
-    """The decorators, comments and body of the top-level function ``name``."""
-    line = next((i for i, s in enumerate(lines) if re.match(rf"(async\s+)?def {name}\b", s)),
-                None)
-    if line is None:
-        raise KeyError(f"{name} not found in {path.name}")
-    start = line
-    while start > 0 and (lines[start - 1].startswith("@") or lines[start - 1].startswith("#")):
-        start -= 1
-    end = line + 1
-    while end < len(lines) and (not lines[end] or lines[end][0] in " \t)"):
-        end += 1
-    return "\n".join(lines[start:end]).rstrip() + "\n"
+def load_numba(name: str) -> ModuleType:
+    """Import the Numba twins ``kernels/<name>.py`` (after the mode is decided)."""
+    return _import_kernels_py(_need_str(name, "load_numba"), "Numba twin")
 
 
-def _c_block(lines: list[str], name: str, path: Path) -> str:
-    pat = re.compile(rf"\b{name}\s*\(")
-    start = next((i for i, s in enumerate(lines) if pat.search(s) and not s.strip().startswith(
-        "//") and (("__global__" in s) or ("__device__" in s) or i + 1 < len(lines))
-        and _is_definition(lines, i)), None)
-    if start is None:
-        raise KeyError(f"{name} not found in {path.name}")
-    # take the comment block and template line just above the signature
-    while start > 0 and (lines[start - 1].lstrip().startswith("//")
-                         or lines[start - 1].lstrip().startswith("template")
-                         or lines[start - 1].lstrip().startswith("extern")):
-        start -= 1
-    depth, end, opened = 0, start, False
-    for end in range(start, len(lines)):
-        depth += lines[end].count("{") - lines[end].count("}")
-        opened = opened or "{" in lines[end]
-        if opened and depth == 0:
-            break
-    return "\n".join(lines[start:end + 1]) + "\n"
+def load_launch(name: str) -> ModuleType:
+    """Import ``kernels/<name>_launch.py``: the launch helpers of ``kernels/<name>.cu``."""
+    name = _need_str(name, "load_launch")
+    stem = name if name.endswith("_launch") else f"{name}_launch"
+    return _import_kernels_py(stem, "launch module")
 
 
-def _is_definition(lines: list[str], i: int) -> bool:
-    # a definition: the signature's parenthesis is followed by '{' before the next ';'
-    rest = "\n".join(lines[i:i + 12])
-    brace, semi = rest.find("{"), rest.find(";")
-    return brace != -1 and (semi == -1 or brace < semi)
+_MOVED = {"kernel_source": "source", "show_source": "source", "cuda_ptx": "ptx",
+          "ptx_mix": "ptx", "_inline": None, "_options": None, "_kernel_path": None}
 
 
-def show_source(file: str, kernel: str | None = None) -> None:
-    """Display the code under test: a whole file of kernels/ or one kernel of it."""
-    src = kernel_source(file, kernel)
-    lang = "python" if file.endswith(".py") else "cuda"
-    try:
-        from IPython.display import Markdown, display
-
-        display(Markdown(f"`kernels/{file}`" + (f" · `{kernel}`" if kernel else "")
-                         + f"\n```{lang}\n{src}```"))
-    except ImportError:
-        print(src)
-
-
-def cuda_ptx(name: str, arch: str | None = None, options: tuple[str, ...] = ()) -> str:
-    """PTX of ``kernels/<name>.cu`` as ``load_cuda`` would compile it (NVRTC; no launch needed).
-
-    ``arch`` defaults to the current device's (``compute_90`` on an H100).
-    """
-    from cupy_backends.cuda.libs import nvrtc
-
-    if arch is None:
-        major, minor = env.cc() if env.HAS_GPU else (7, 5)
-        arch = f"compute_{major}{minor}"
-    path = _kernel_path(name)
-    prog = nvrtc.createProgram(_inline(path), _display(path), [], [])
-    try:
-        nvrtc.compileProgram(prog, [*_options(options), f"-arch={arch}"])
-        ptx = nvrtc.getPTX(prog)
-    except Exception as e:  # noqa: BLE001
-        raise RuntimeError(f"NVRTC could not compile {name}:\n{nvrtc.getProgramLog(prog)}") from e
-    finally:
-        nvrtc.destroyProgram(prog)
-    return ptx.decode() if isinstance(ptx, bytes) else ptx
-
-
-def ptx_mix(ptx: str, entry: str | None = None) -> dict[str, int]:
-    """Instruction mix of the busiest basic block (the one with the most FMAs) of a kernel's PTX.
-
-    Counts: ``instructions``, ``fma``, ``ld.shared``, ``ld.global``, ``int`` (integer, address,
-    compare and move instructions: the overhead that competes with the FMAs for issue slots).
-    """
-    if entry is not None:
-        i = ptx.index(f".entry {entry}(")
-        j = ptx.find(".entry", i + 1)
-        ptx = ptx[i:j if j > 0 else None]
-    blocks = re.split(r"\n\$[\w]+:", ptx)
-    block = max(blocks, key=lambda b: b.count("fma.rn.f32"))
-    mix = {"instructions": 0, "fma": 0, "ld.shared": 0, "ld.global": 0, "int": 0}
-    for line in block.splitlines():
-        parts = line.split()
-        if not parts or not re.match(r"[@a-z]", parts[0]) or parts[0].startswith("."):
-            continue
-        op = parts[1] if parts[0].startswith("@") else parts[0]
-        mix["instructions"] += 1
-        if op.startswith("fma"):
-            mix["fma"] += 1
-        elif op.startswith("ld.shared"):
-            mix["ld.shared"] += 1
-        elif op.startswith("ld.global"):
-            mix["ld.global"] += 1
-        elif re.match(r"(add|sub|mul|mad|shl|shr|and|or|xor|setp|selp|cvt|mov|neg)\.", op) \
-                and not re.search(r"\.f(16|32|64)\b", op):
-            mix["int"] += 1
-    return mix
+def __getattr__(name: str):
+    """Names that lived here before the split (source display, PTX) still resolve."""
+    if name not in _MOVED:
+        raise AttributeError(f"module 'cudabook.compile' has no attribute {name!r}")
+    if _MOVED[name] is None:
+        return {"_inline": inline_source, "_options": nvrtc_options,
+                "_kernel_path": kernel_path}[name]
+    return getattr(importlib.import_module(f"cudabook.{_MOVED[name]}"), name)

@@ -1,8 +1,10 @@
-"""Clear errors for bad input to a kernel launcher: wrong dtype, shape, layout or device.
+"""Clear errors for bad input to a kernel launcher: wrong dtype, shape, layout, alignment or device.
 
 A kernel does not check its arguments: a float64 array passed where float32 is expected is read
 as garbage, a host array is copied on every launch, a strided view is read as if it were
-contiguous. Launchers call ``expect`` first.
+contiguous, and a float4 access to an address that is not a multiple of 16 ends the CUDA context.
+Launchers call ``expect`` (and ``expect_aligned`` where they take a vector path) first; see
+``cudabook.launch`` for the rest of the launch-helper pattern.
 """
 
 from __future__ import annotations
@@ -13,11 +15,30 @@ import numpy as np
 
 from . import env
 
-__all__ = ["expect"]
+__all__ = ["expect", "expect_aligned", "data_ptr"]
 
 
 def _on_device(a: Any) -> bool:
     return hasattr(a, "__cuda_array_interface__")
+
+
+def data_ptr(a: Any) -> int | None:
+    """The device (or host) address of the first element of ``a``, or None if unknown."""
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    if isinstance(a, np.ndarray):
+        return int(a.ctypes.data)
+    return None
+
+
+def expect_aligned(a: Any, name: str, nbytes: int = 16) -> bool:
+    """True when ``a``'s first element sits at a multiple of ``nbytes`` (16 for float4).
+
+    A helper that has a vector path uses it to choose that path; it never raises.
+    """
+    p = data_ptr(a)
+    return p is not None and p % nbytes == 0
 
 
 def expect(a: Any, name: str, *, dtype=None, ndim: int | None = None,
@@ -27,6 +48,9 @@ def expect(a: Any, name: str, *, dtype=None, ndim: int | None = None,
     ``shape`` may hold None for a free dimension. With ``device=True`` the array must live on the
     GPU (CuPy, PyTorch CUDA, Numba device array); in simulator mode host arrays are accepted.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"expect: name must be a str (the argument's name), got "
+                        f"{type(name).__name__}")
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
         raise TypeError(f"{name}: expected an array, got {type(a).__name__}")
     if device and env.HAS_GPU and not _on_device(a):

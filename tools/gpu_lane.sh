@@ -2,25 +2,38 @@
 # The GPU lane. Run from the repository root on a machine with a CUDA GPU:
 #
 #   bash tools/gpu_lane.sh            every chapter
-#   bash tools/gpu_lane.sh 01 04      only these chapters
-#   LESSONS_ONLY=1 bash tools/gpu_lane.sh    lessons only: steps 1, 3, 7 (when only prose or
-#                                            plotting changed and solutions are current)
+#   bash tools/gpu_lane.sh 03 04      only these chapters
+#   LESSONS_ONLY=1 bash tools/gpu_lane.sh 04    lessons only (execute, nbval, policy)
 #
-# 1. execute lessons/ and solutions/ in place, keeping their outputs (and the benchmark results,
-#    written to reports/benchmarks.json by the lessons' bench tables);
-# 2. regenerate exercises/ from the executed solutions (their stored PASS lines);
-# 3. nbval the lessons and solutions again: the outputs must reproduce;
-# 4. every exercise stub must fail its grader, every solution put back must pass it;
-# 5. pytest -m gpu (graders against wrong answers, helper timing);
-# 6. compute-sanitizer racecheck and memcheck on the kernels of tests/sanitize_targets.py;
-# 7. write the dated report reports/gpu-lane-DATE[-chapters].md.
-# Where $OUT is set (the device tool), the changed notebooks and reports are packed into it.
+# It refuses to start without a GPU. Then, chapter by chapter:
+#   1. execute lessons/NN_* and solutions/NN_* in place (tools/gpu_execute.py); their bench
+#      tables record into a results file of this run, never into reports/benchmarks.json;
+#   2. regenerate exercises/ from the executed solutions;
+#   3. nbval the lessons and solutions again: the outputs must reproduce;
+#   4. every exercise stub must fail its grader, every solution put back must pass it;
+#   5. the chapter's whole test file tests/test_chNN.py (not only -m gpu: unmarked tests run
+#      their GPU branches here), with race checks that cannot run counted as failures;
+#   6. compute-sanitizer racecheck and memcheck on the kernels of the chapter (tools/sanitize.py);
+#   7. the notebook format policy.
+# A chapter whose steps all passed gets its rows in reports/benchmarks.json replaced by this
+# run's (tools/results.py merge); a chapter that failed keeps its stored rows. Finally
+# tests/test_helpers.py runs once and the dated report reports/gpu-lane-DATE[-chNN...].md is
+# written. Where $OUT is set (the device tool), notebooks, reports and logs are packed into it
+# after every chapter, so a run cut short still returns what it finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # no MPLBACKEND here: the notebooks' kernels must use the inline backend, or no figure is stored
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-unset MPLBACKEND
+export CUDABOOK_STRICT_RACECHECK=1
+unset MPLBACKEND CUDABOOK_RESULTS
 py=${PYTHON:-python3}
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1 || \
+   ! "$py" -c "import sys, cudabook; sys.exit(0 if cudabook.HAS_GPU else 3)" >/dev/null 2>&1; then
+  echo "gpu_lane: no usable CUDA GPU here (nvidia-smi or CuPy sees none); nothing was run and" >&2
+  echo "nothing was changed. The GPU lane stores the book's outputs: run it on a GPU machine." >&2
+  exit 2
+fi
 
 chapters=("$@")
 if [ ${#chapters[@]} -eq 0 ]; then
@@ -30,90 +43,103 @@ else
   suffix="-ch$(IFS=-; echo "${chapters[*]}")"
 fi
 [ -n "${LESSONS_ONLY:-}" ] && suffix="${suffix}-lessons"
-nbs_l=(); nbs_s=(); nbs_e=(); tests=(tests/test_helpers.py)
-for c in "${chapters[@]}"; do
-  for f in lessons/${c}_*.ipynb; do [ -f "$f" ] && nbs_l+=("$f"); done
-  if [ -z "${LESSONS_ONLY:-}" ]; then
-    for f in solutions/${c}_*.ipynb; do [ -f "$f" ] && nbs_s+=("$f"); done
-    for f in exercises/${c}_*.ipynb; do [ -f "$f" ] && nbs_e+=("$f"); done
-  fi
-  [ -f "tests/test_ch${c}.py" ] && tests+=("tests/test_ch${c}.py")
-done
 
 day=$(date -u +%F)
 mkdir -p reports
 report="reports/gpu-lane-${day}${suffix}.md"
-log=$(mktemp -d)
-declare -a steps
+run=$(mktemp -d)            # this run's results and logs; reports/benchmarks.json is merged into
+log="$run/logs"; mkdir -p "$log"
+declare -a rows
+declare -a chapter_rows
 status=0
-step() {  # step NAME CMD... : run, time, keep the last summary line
-  local name=$1; shift
-  local t0=$(date +%s)
-  echo "=== $name"
-  "$@" 2>&1 | tee "$log/$name.log"
+chapter_ok=1
+
+step() {  # step CHAPTER NAME CMD... : run, time, keep the last summary line
+  local ch=$1 name=$2; shift 2
+  local t0; t0=$(date +%s)
+  echo "=== [$ch] $name"
+  "$@" 2>&1 | tee "$log/$ch-$name.log"
   local rc=${PIPESTATUS[0]}
   local dt=$(( $(date +%s) - t0 ))
-  local last=$(grep -E "passed|failed|error|ok |FAILED|problems|stubs fail|racecheck|memcheck" "$log/$name.log" | tail -n 1)
-  [ $rc -ne 0 ] && status=1
-  steps+=("| $name | $([ $rc -eq 0 ] && echo pass || echo FAIL) | ${dt} s | ${last//|/\\|} |")
+  local last
+  last=$(grep -E "passed|failed|error|ok |FAILED|problems|stubs fail|racecheck|memcheck|sanitize" \
+         "$log/$ch-$name.log" | tail -n 1)
+  if [ "$rc" -ne 0 ]; then status=1; chapter_ok=0; fi
+  rows+=("| $ch | $name | $([ "$rc" -eq 0 ] && echo pass || echo FAIL) | ${dt} s | ${last//|/\\|} |")
+}
+
+pack() {
+  [ -n "${OUT:-}" ] || return 0
+  tar czf "$OUT/lane.tgz" lessons solutions exercises reports
+  cp "$run"/results-*.json "$OUT"/ 2>/dev/null || true
+  tar czf "$OUT/logs.tgz" -C "$log" .
 }
 
 t_start=$(date +%s)
-export CUDABOOK_RESULTS=reports/benchmarks.json
-# the results file keeps, per chapter, exactly what this run measures: drop the chapters' old rows
-"$py" - "${chapters[@]}" <<'PYEOF'
-import json, pathlib, sys
-p = pathlib.Path("reports/benchmarks.json")
-if p.is_file():
-    d = json.loads(p.read_text())
-    d["results"] = [e for e in d["results"] if e["chapter"] not in {f"ch{c}" for c in sys.argv[1:]}]
-    p.write_text(json.dumps(d, indent=1) + "\n")
-PYEOF
-step execute "$py" tools/gpu_execute.py "${nbs_l[@]}" "${nbs_s[@]}"
-unset CUDABOOK_RESULTS
-[ -z "${LESSONS_ONLY:-}" ] && step exercises "$py" tools/nbtools.py exercises
-step nbval "$py" -m pytest -q -p no:cacheprovider --nbval-lax "${nbs_l[@]}" "${nbs_s[@]}"
-if [ -z "${LESSONS_ONLY:-}" ]; then
-  step graders "$py" tools/check_exercises.py "${nbs_e[@]}"
-  step pytest-gpu "$py" -m pytest -q -p no:cacheprovider -m gpu "${tests[@]}"
-  if command -v compute-sanitizer >/dev/null; then
-    step sanitize "$py" tools/sanitize.py "${chapters[@]}"
+for c in "${chapters[@]}"; do
+  chapter_ok=1
+  nbs_l=(); nbs_s=(); nbs_e=()
+  for f in lessons/${c}_*.ipynb; do [ -f "$f" ] && nbs_l+=("$f"); done
+  if [ -z "${LESSONS_ONLY:-}" ]; then
+    for f in solutions/${c}_*.ipynb; do [ -f "$f" ] && nbs_s+=("$f"); done
   fi
-fi
-step policy "$py" tools/nbtools.py check "${nbs_l[@]}" "${nbs_s[@]}" "${nbs_e[@]}"
+  if [ $(( ${#nbs_l[@]} + ${#nbs_s[@]} )) -eq 0 ]; then
+    echo "gpu_lane: chapter $c has no notebooks; skipped"; continue
+  fi
+  results="$run/results-ch$c.json"
+  CUDABOOK_RESULTS="$results" step "$c" execute "$py" tools/gpu_execute.py "${nbs_l[@]}" "${nbs_s[@]}"
+  if [ -z "${LESSONS_ONLY:-}" ]; then
+    step "$c" exercises "$py" tools/nbtools.py exercises
+    for f in exercises/${c}_*.ipynb; do [ -f "$f" ] && nbs_e+=("$f"); done
+  fi
+  step "$c" nbval "$py" -m pytest -q -p no:cacheprovider --nbval-lax "${nbs_l[@]}" "${nbs_s[@]}"
+  if [ -z "${LESSONS_ONLY:-}" ]; then
+    [ ${#nbs_e[@]} -gt 0 ] && step "$c" graders "$py" tools/check_exercises.py "${nbs_e[@]}"
+    [ -f "tests/test_ch${c}.py" ] && step "$c" pytest "$py" -m pytest -q -p no:cacheprovider "tests/test_ch${c}.py"
+    if command -v compute-sanitizer >/dev/null; then
+      step "$c" sanitize "$py" tools/sanitize.py "$c"
+    fi
+  fi
+  step "$c" policy "$py" tools/nbtools.py check "${nbs_l[@]}" "${nbs_s[@]}" "${nbs_e[@]}"
+  if [ "$chapter_ok" -eq 1 ] && [ -s "$results" ]; then
+    "$py" tools/results.py merge "$results" --chapters "$c" | tee -a "$log/$c-merge.log"
+    chapter_rows+=("| $c | pass | rows merged into reports/benchmarks.json |")
+  elif [ "$chapter_ok" -eq 1 ]; then
+    chapter_rows+=("| $c | pass | no rows recorded |")
+  else
+    chapter_rows+=("| $c | FAIL | stored rows kept; this run's rows in results-ch$c.json |")
+  fi
+  pack
+done
+[ -z "${LESSONS_ONLY:-}" ] && step all helpers "$py" -m pytest -q -p no:cacheprovider tests/test_helpers.py
 t_total=$(( $(date +%s) - t_start ))
 
-"$py" - "$report" "$t_total" "${steps[@]}" <<'PYEOF'
-import sys, json, subprocess, platform
+"$py" - "$report" "$t_total" "${#rows[@]}" "${rows[@]}" "${chapter_rows[@]}" <<'PYEOF'
+import sys, json, subprocess, datetime
 sys.path.insert(0, ".")
 import cudabook as cb
-path, total, rows = sys.argv[1], sys.argv[2], sys.argv[3:]
+path, total, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows, chapters = sys.argv[4:4 + n], sys.argv[4 + n:]
 d = cb.env.info()
 try:
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
-except Exception:
+except Exception:  # noqa: BLE001
     smi = "?"
 try:
     ex = json.load(open("reports/.last_execute.json"))
-except Exception:
+except Exception:  # noqa: BLE001
     ex = []
-lines = [f"# GPU lane report, {__import__('datetime').date.today().isoformat()}", "",
+lines = [f"# GPU lane report, {datetime.date.today().isoformat()}", "",
          f"- GPU: {d.name} ({d.arch}, {d.sms} SMs, {d.mem_gb:.0f} GiB)",
          f"- driver {smi} (CUDA {d.driver}), runtime {d.runtime}",
          "- packages: " + ", ".join(f"{k} {v}" for k, v in d.packages.items() if v),
          f"- wall time: {total} s", "",
-         "| step | result | time | summary |", "|---|---|---|---|", *rows, "",
-         "| notebook | executed | seconds |", "|---|---|---|",
-         *[f"| {e['notebook']} | {'ok' if e['ok'] else 'FAILED: ' + e['error']} | {e['seconds']} |"
-           for e in ex], ""]
+         "| chapter | result | benchmark rows |", "|---|---|---|", *chapters, "",
+         "| chapter | step | result | time | summary |", "|---|---|---|---|---|", *rows, ""]
 open(path, "w").write("\n".join(lines))
 print("\n".join(lines))
 PYEOF
 rm -f reports/.last_execute.json
-
-if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/lane.tgz" lessons solutions exercises reports
-  tar czf "$OUT/logs.tgz" -C "$log" .
-fi
+pack
 exit $status

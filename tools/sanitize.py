@@ -1,79 +1,88 @@
 #!/usr/bin/env python3
-"""compute-sanitizer over the book's CUDA C++ kernels (GPU lane, step 6).
+"""compute-sanitizer over the book's CUDA C++ kernels (the GPU lane's sanitizer step).
 
-    python tools/sanitize.py 01 02        racecheck and memcheck on these chapters' targets
+    python tools/sanitize.py 03 04        racecheck and memcheck on the kernels of these chapters
+    python tools/sanitize.py              every target
+    python tools/sanitize.py --list       which targets exist, and their chapters
 
-Each target launches one kernel once, on a small ragged size, through CuPy. memcheck runs with
-CuPy's memory pool off (``cp.cuda.set_allocator(None)``): with the pool on, an out-of-bounds
-access usually lands in another pooled buffer and goes unseen. racecheck finds shared-memory
-hazards (a missing ``__syncthreads()``), which the simulator cannot.
+The registry is collected in one place, here, from the kernels themselves: every
+``kernels/<name>.py`` that defines ``sanitize_targets()`` contributes its (name, launch) pairs
+(each launches one kernel once, on a small ragged size, through CuPy). A kernel's chapters are
+the notebooks that load its op (``load_cuda("op")``, ``load_launch("op")``,
+``show_source("op.cu")``), so a new chapter's kernels are covered as soon as its launch module
+defines the function.
+
+memcheck runs with CuPy's memory pool off (``cp.cuda.set_allocator(None)``): with the pool on,
+an out-of-bounds access usually lands in another pooled buffer and goes unseen. racecheck finds
+shared-memory hazards (a missing ``__syncthreads()``), which a run's numbers may not show.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+KERNELS = ROOT / "kernels"
+_USES = (r'(?:load_cuda|load_launch|load_numba|load_module)\(\\?["\']{op}\\?["\']'
+         r'|show_source\(\\?["\']{op}\.cu')
 
 
-def _ch01():
+def registry() -> dict[str, list[str]]:
+    """{module stem: chapters that use its op} for every kernels/*.py with sanitize_targets()."""
+    notebooks = sorted((ROOT / "lessons").glob("*.ipynb")) + \
+        sorted((ROOT / "solutions").glob("*.ipynb"))
+    texts = {p: p.read_text() for p in notebooks}
+    out = {}
+    for p in sorted(KERNELS.glob("*.py")):
+        if not re.search(r"^def sanitize_targets\(", p.read_text(), re.M):
+            continue
+        op = re.sub(r"_launch$", "", p.stem)
+        pat = re.compile(_USES.format(op=re.escape(op)))
+        out[p.stem] = sorted({nb.name[:2] for nb, t in texts.items() if pat.search(t)})
+    return out
+
+
+def modules_for(chapters: list[str]) -> list[str]:
+    reg = registry()
+    if not chapters:
+        return sorted(reg)
+    return sorted(m for m, chs in reg.items() if set(chs) & set(chapters))
+
+
+def inner(modules: list[str]) -> None:
     import cupy as cp
-    import numpy as np
 
     import cudabook as cb
 
-    mod = cb.load_cuda("vector_add")
-    n = 1000
-    x, y, z = (cp.random.rand(n, dtype=np.float32) for _ in range(3))
-    yield "vector_add_v1", lambda: mod.vector_add_v1((4,), (256,), (x, y, z, np.int32(n)))
-    yield "vector_add_v2", lambda: mod.vector_add_v2((2,), (128,), (x, y, z, np.int32(n)))
-
-
-def _from_kernels(op: str):
-    """Targets a chapter declares in kernels/<op>.py as ``sanitize_targets()``."""
-    def gen():
-        import cudabook as cb
-
-        m = cb.load_numba(op)
-        yield from m.sanitize_targets()
-    return gen
-
-
-TARGETS = {"01": [_ch01]}
-for _ch, _ops in {"02": ["copy", "transpose"], "03": ["reduce", "softmax", "layernorm", "conv"],
-                  "04": ["matmul"]}.items():
-    for _op in _ops:
-        if (ROOT / "kernels" / f"{_op}.py").is_file() and "def sanitize_targets" in \
-                (ROOT / "kernels" / f"{_op}.py").read_text():
-            TARGETS.setdefault(_ch, []).append(_from_kernels(_op))
-
-
-def inner(chapters: list[str]) -> None:
-    import cupy as cp
-
     cp.cuda.set_allocator(None)      # pooled buffers would hide out-of-bounds accesses
-    for ch in chapters:
-        for gen in TARGETS.get(ch, []):
-            for name, launch in gen():
-                launch()
-                cp.cuda.Device().synchronize()
-                print(f"launched {name}", flush=True)
+    for stem in modules:
+        for name, launch in cb.load_module(stem).sanitize_targets():
+            launch()
+            cp.cuda.Device().synchronize()
+            print(f"launched {name}", flush=True)
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--inner":
         inner(argv[1:])
         return 0
-    chapters = [c for c in (argv or sorted(TARGETS)) if TARGETS.get(c)]
-    if not chapters:
+    if argv and argv[0] == "--list":
+        print(json.dumps(registry(), indent=1))
+        return 0
+    modules = modules_for(argv)
+    if not modules:
         print(f"sanitize: no targets for chapters {' '.join(argv)}")
         return 0
     bad = 0
     for tool in ("racecheck", "memcheck"):
         r = subprocess.run(["compute-sanitizer", "--tool", tool, "--error-exitcode", "7",
-                            sys.executable, __file__, "--inner", *chapters],
+                            sys.executable, __file__, "--inner", *modules],
                            capture_output=True, text=True, cwd=ROOT)
         n = r.stdout.count("launched ")
         errs = [ln for ln in r.stdout.splitlines() if "ERROR SUMMARY" in ln or "Race" in ln
@@ -81,7 +90,7 @@ def main(argv: list[str]) -> int:
         ok = r.returncode == 0
         bad += not ok
         print(f"{tool}: {'clean' if ok else 'ERRORS'} over {n} kernel launches "
-              f"(chapters {' '.join(chapters)})")
+              f"({', '.join(modules)})")
         if not ok:
             print("\n".join(errs) or (r.stdout[-2000:] + r.stderr[-2000:]))
     return 1 if bad else 0

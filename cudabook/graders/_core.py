@@ -4,23 +4,39 @@ tail, and failure messages that name the case and the likely mistake.
 A grader prints exactly ``PASS exNN.k`` on success and raises ``GradeError`` otherwise: nbval
 compares the printed line with the one stored in the notebook, and a raised error fails the
 cell whatever was stored.
+
+Also here: ``count_launches`` (did the answer launch a Numba kernel at all?), ``close`` and
+the named tolerances, and ``error_summary`` (what is known about a wrong output, when no
+specific mistake can be named). Static source checks are ``_static``; race checks ``_race``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .. import env
-from ..check import to_numpy
+from ..check import close, to_numpy
+from ..launch import ceil_div
 
 __all__ = ["GradeError", "passed", "fresh_rng", "ragged_sizes", "guarded", "canary_ok",
-           "call", "diagnose_1d", "xp", "to_device", "sync", "need_gpu", "compile_kernel"]
+           "call", "diagnose_1d", "xp", "to_device", "sync", "need_gpu", "compile_kernel",
+           "count_launches", "need_launch", "close", "error_summary", "looks_like_low_precision",
+           "ceil_div", "CANARY",
+           "ELEMENTWISE_TOL", "SIM_BEYOND_ONE_BLOCK"]
 
 CANARY = 4096  # NaN elements after each output: a write past the end lands here
+
+#: (atol, rtol) of graders that check one float32 operation per element
+ELEMENTWISE_TOL = (1e-5, 1e-5)
+
+#: a length every simulator run includes: more than two blocks of 1024 threads and more than
+#: eight of 256, so a launcher that assumes one block (or a fixed grid) fails in the simulator too
+SIM_BEYOND_ONE_BLOCK = 2 * 1024 + 3
 
 
 class GradeError(AssertionError):
@@ -37,11 +53,18 @@ def fresh_rng() -> tuple[np.random.Generator, int]:
     return np.random.default_rng(seed), seed
 
 
-def ragged_sizes(block: int, big: int | None = None) -> list[int]:
-    """1, block +- 1, a non-power of two, several blocks with a tail; smaller in the simulator."""
+def ragged_sizes(block: int, big: int | None = None,
+                 sim_big: int | None = SIM_BEYOND_ONE_BLOCK) -> list[int]:
+    """1, block +- 1, a non-power of two, several blocks with a tail; ``big`` on a GPU only.
+
+    In the simulator ``sim_big`` (cheap, but beyond one block of 1024 threads) replaces ``big``,
+    so a launcher with sizes hard-coded for small inputs fails there too.
+    """
     sizes = [1, block - 1, block, block + 1, 3 * block + 7, 1000]
     if big and not env.SIM:
         sizes.append(big)
+    if sim_big and env.SIM:
+        sizes.append(sim_big)
     return sorted(set(s for s in sizes if s > 0))
 
 
@@ -51,16 +74,78 @@ def need_gpu(ex: str, what: str = "CUDA C++ runs through CuPy") -> None:
         raise GradeError(f"{ex}: needs a CUDA GPU ({what})")
 
 
-def compile_kernel(ex: str, src: str, name: str):
+def compile_kernel(ex: str, src: str, name: str, options: tuple[str, ...] = ()):
     """The kernel ``name`` of the student's source; compile errors become a GradeError."""
     from ..compile import compile_source
 
+    if not isinstance(src, str):
+        raise GradeError(f"{ex}: expected the CUDA C++ source as a str, got "
+                         f"{type(src).__name__}")
     try:
-        return compile_source(src, name=f"{ex} source").get(name)
+        return compile_source(src, options, name=f"{ex} source").get(name)
     except AttributeError as e:
         raise GradeError(f"{ex}: {e}") from None
     except RuntimeError as e:
         raise GradeError(f"{ex}: does not compile:\n{e}") from None
+
+
+@contextlib.contextmanager
+def count_launches() -> Iterator[list[int]]:
+    """Count the Numba kernel launches made inside the block: ``with count_launches() as n:``
+    then ``n[0]`` is the number (on a GPU and in the simulator)."""
+    n = [0]
+    if env.SIM:
+        from numba.cuda.simulator.kernel import FakeCUDAKernel as cls
+
+        attr = "__call__"
+    else:
+        from numba.cuda.dispatcher import CUDADispatcher as cls
+
+        attr = "call"
+    orig = getattr(cls, attr)
+
+    def counted(self, *a, **k):
+        if not getattr(self, "_device", False):
+            n[0] += 1
+        return orig(self, *a, **k)
+
+    setattr(cls, attr, counted)
+    try:
+        yield n
+    finally:
+        setattr(cls, attr, orig)
+
+
+def need_launch(ex: str, case: str, launches: int, what: str) -> None:
+    """GradeError unless the answer launched at least one kernel."""
+    if launches == 0:
+        raise GradeError(f"{ex}: {case}: the output is filled, but no kernel was launched (an "
+                         f"array expression in NumPy or CuPy?): the exercise asks for {what}")
+
+
+def error_summary(o: np.ndarray, r: np.ndarray, bad: np.ndarray) -> str:
+    """What is known about a wrong output: how many, the first, how large the errors are."""
+    idx = np.argwhere(bad)
+    first = tuple(int(v) for v in idx[0])
+    at = first if len(first) > 1 else first[0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        err = np.abs(o - r)[bad]
+        rel = err / np.maximum(np.abs(r[bad]), 1e-30)
+    finite = np.isfinite(err)
+    size = (f"largest error {err[finite].max():.3g} (relative {rel[finite].max():.2g})"
+            if finite.any() else "the wrong values are NaN or inf")
+    return (f"{int(bad.sum())} of {r.size} wrong, first at {at}: got {o[first]:.6g}, expected "
+            f"{r[first]:.6g}; {size}")
+
+
+def looks_like_low_precision(o: np.ndarray, r: np.ndarray, bad: np.ndarray) -> bool:
+    """Errors in most elements, all small next to the values (under 2% typically): half-precision
+    arithmetic or accumulation. A wrong index or a race gives errors of the values' own size."""
+    if bad.mean() < 0.2 or not np.isfinite(o[bad]).all():
+        return False
+    scale = float(np.abs(r).mean()) or 1.0
+    err = np.abs(o - r)[bad]
+    return float(np.median(err)) < 2e-2 * scale and float(err.max()) < 0.2 * scale
 
 
 def xp():
@@ -139,10 +224,10 @@ def diagnose_1d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, atol=1e-5
         if nan[first:].all():
             raise GradeError(f"{ex}: {case}: elements {first}..{n - 1} never written: the grid "
                              "is too small or the loop stops early (round the block count up: "
-                             "(n + threads - 1) // threads)?")
+                             "ceil_div(n, threads) = (n + threads - 1) // threads)?")
         raise GradeError(f"{ex}: {case}: {int(nan.sum())} elements never written, first at "
                          f"{first}: wrong index or stride?")
-    bad = np.abs(o - r) > atol + rtol * np.abs(r)
+    bad = ~close(o, r, atol, rtol)
     if bad.any():
         i = int(np.argmax(bad))
         raise GradeError(f"{ex}: {case}: wrong at {i}: got {o[i]:.6g}, expected {r[i]:.6g} "

@@ -1,0 +1,115 @@
+"""Reference solutions for the tests, read from ``solutions/*.ipynb``: never a pasted copy.
+
+    from solution_cells import Solution
+
+    sol = Solution("03")                        # solutions/03_*.ipynb
+    layernorm = sol.get("ex03.4", "layernorm")  # the reference answer of ex03.4
+    src = sol.get("ex03.2", "sum_atomic_src")   # a CUDA C++ answer is a string variable
+    # a wrong answer is the reference with an edit: each `old` must occur in the solution's
+    # cells exactly once (count=n: n times; count=0: at least once), or the test stops with a
+    # message, so a solution that changes cannot leave a test checking nothing
+    racy = sol.get("ex03.4", "layernorm",
+                   edits=[("    cuda.syncthreads()   # before reuse\\n", "")])
+
+The cells that hold ``BEGIN SOLUTION exNN.k`` markers run after the notebook's import
+statements, in a namespace of their own; each cell's text is registered with ``linecache`` so
+``inspect.getsource`` (and with it every static check of a grader) sees the edited code.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+Edit = tuple  # (old, new) or (old, new, count)
+
+
+class SolutionError(AssertionError):
+    """The solution notebook does not hold what a test expects (it changed)."""
+
+
+def _code(cell_source: str) -> str:
+    """Python of a cell: IPython magics and shell lines dropped."""
+    return "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln
+                     for ln in cell_source.splitlines())
+
+
+@lru_cache(maxsize=None)
+def _notebook(chapter: str) -> tuple[str, tuple[str, ...]]:
+    paths = sorted((ROOT / "solutions").glob(f"{chapter}_*.ipynb"))
+    if len(paths) != 1:
+        raise SolutionError(f"expected one solutions/{chapter}_*.ipynb, found {paths}")
+    nb = nbformat.read(str(paths[0]), as_version=4)
+    return str(paths[0].relative_to(ROOT)), tuple(_code(c.source) for c in nb.cells
+                                                   if c.cell_type == "code")
+
+
+class Solution:
+    """The reference solutions of one chapter's notebook."""
+
+    def __init__(self, chapter: str):
+        self.chapter = chapter
+        self.path, self.code = _notebook(chapter)
+
+    def imports(self) -> str:
+        """Every top-level import statement of the notebook, in order."""
+        out = []
+        for src in self.code:
+            try:
+                tree = ast.parse(src)
+            except SyntaxError:
+                continue
+            out += [ast.get_source_segment(src, n) for n in tree.body
+                    if isinstance(n, (ast.Import, ast.ImportFrom))]
+        return "\n".join(dict.fromkeys(out))
+
+    def cells(self, ex: str) -> list[str]:
+        """The code cells that hold ``BEGIN SOLUTION <ex>``."""
+        pat = re.compile(rf"BEGIN SOLUTION {re.escape(ex)}\b")
+        found = [src for src in self.code if pat.search(src)]
+        if not found:
+            raise SolutionError(f"{self.path} has no cell marked BEGIN SOLUTION {ex}")
+        return found
+
+    def source(self, ex: str, edits: tuple[Edit, ...] = ()) -> str:
+        """The text of ``ex``'s cells, with ``edits`` applied (each checked to apply)."""
+        text = "\n\n".join(self.cells(ex))
+        for e in edits:
+            old, new = e[0], e[1]
+            count = e[2] if len(e) > 2 else 1
+            n = text.count(old)
+            if (count == 0 and n == 0) or (count and n != count):
+                want = "at least once" if count == 0 else f"{count} time(s)"
+                raise SolutionError(f"edit of {ex} expects {old!r} {want} in {self.path}, found "
+                                    f"{n}: the solution changed; update the wrong answer")
+            text = text.replace(old, new)
+        return text
+
+    def namespace(self, ex: str, edits: tuple[Edit, ...] = ()) -> dict:
+        return _namespace(self.chapter, ex, tuple(tuple(e) for e in edits))
+
+    def get(self, ex: str, name: str, edits=()) -> object:
+        """The object ``name`` defined by ``ex``'s cells (after ``edits``)."""
+        ns = self.namespace(ex, tuple(edits))
+        if name not in ns:
+            raise SolutionError(f"{ex}'s cells in {self.path} define no {name!r}")
+        return ns[name]
+
+
+@lru_cache(maxsize=None)
+def _namespace(chapter: str, ex: str, edits: tuple) -> dict:
+    sol = Solution(chapter)
+    text = sol.imports() + "\n\n" + sol.source(ex, edits)
+    tag = "ref" if not edits else f"variant {abs(hash(edits)) % 10**8}"
+    fname = f"<{sol.path} {ex} {tag}>"
+    linecache.cache[fname] = (len(text), None, text.splitlines(keepends=True), fname)
+    ns: dict = {"__name__": f"solution_{chapter}_{ex.replace('.', '_')}"}
+    exec(compile(text, fname, "exec"), ns)  # noqa: S102 - the book's own solution cells
+    return ns

@@ -1,0 +1,417 @@
+// attention_backward.cu: gradients of O = softmax(scale * Q K^T) V (Chapter 9).
+//
+// Inputs as in attention_forward.cu: Q (BH, Nq, D), K and V (BH, Nk, D), O and dO (BH, Nq, D),
+// lse (BH, Nq) float32 from the forward. Outputs dQ (BH, Nq, D), dK and dV (BH, Nk, D).
+// Nothing N x N is stored: P is recomputed tile by tile from Q, K and the saved lse,
+//     P = exp(S - lse),  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - Di),  Di = rowsum(dO * O),
+//     dQ = scale dS K,  dK = scale dS^T Q
+// (Di = sum_j P[i, j] dP[i, j], the softmax's backward, is cheaper as rowsum(dO * O)).
+//
+// versions, simplest first (each line: what changed)
+//   attention_bwd_v1_*   fp32, three kernels: preprocess (Di), dkdv (one block per 32 keys, loops
+//                        over the queries: dK, dV in registers, no atomics) and dq (one block per
+//                        32 queries, loops over the keys). S and dP are computed twice, once per
+//                        kernel, which buys a deterministic dQ without atomics
+//   attention_bwd_v2_*   tensor cores (mma.sync, fp16/bf16, fp32 accumulate), the FA2 split: one
+//                        block per 128 keys holds K, V and dK, dV; it loops over query tiles of 64
+//                        (double-buffered by cp.async), computes S^T, dP^T, dV, dK with the keys as
+//                        the rows of every product, puts dS^T in shared memory and adds its share
+//                        of dQ = dS K into a float32 buffer with atomicAdd. A last kernel scales
+//                        dQ and rounds it to 16 bits
+//
+// work (non-causal): 10 Nq Nk D flops (five products: S, dP, dV, dK, dQ); causal about half.
+#include "attention.cuh"
+
+// ======================================================================================= v1
+// launch: block 128 (4 warps, one row each), grid ceil(BH * Nq / 4). Di = sum_c dO[i, c] O[i, c].
+extern "C" __global__ void attention_bwd_v1_preprocess(const float* __restrict__ O,
+                                                       const float* __restrict__ dO,
+                                                       float* __restrict__ Di, int rows, int D) {
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    float acc = 0.f;
+    for (int c = lane; c < D; c += 32) acc += O[(size_t)r * D + c] * dO[(size_t)r * D + c];
+    acc = warp_sum(acc);
+    if (lane == 0) Di[r] = acc;
+}
+
+// launch: block 128 = 32 keys x 4 threads, grid (ceil(Nk / 32), BH), static shared memory
+// 2 * 32 * D + 64 floats. Thread (r = tid / 4, part) holds elements part, part + 4, ... of its
+// key's k, v, dk and dv (the interleaving of attention_v2). Per query i of a tile (Q, dO, lse,
+// Di in shared memory, read by every thread at once: broadcasts):
+//   p = exp(scale q_i . k - lse_i),  dv += p dO_i,  dp = dO_i . v,  dk += p (dp - Di) q_i
+template <int D>
+__device__ __forceinline__ void bwd_dkdv_fp32(const float* __restrict__ Q,
+                                              const float* __restrict__ K,
+                                              const float* __restrict__ V,
+                                              const float* __restrict__ dO,
+                                              const float* __restrict__ lse,
+                                              const float* __restrict__ Di, float* __restrict__ dK,
+                                              float* __restrict__ dV, int Nq, int Nk, float scale,
+                                              int causal) {
+    constexpr int BR = 32, BC = 32, P = 4, DP = D / P;
+    __shared__ float Qs[BR][D], dOs[BR][D], ls[BR], ds[BR];
+    int r = threadIdx.x / P, part = threadIdx.x % P;
+    int bh = blockIdx.y, key = blockIdx.x * BC + r;
+    size_t kr = (size_t)bh * Nk + min(key, Nk - 1);
+    float k[DP], v[DP], dk[DP], dv[DP];
+#pragma unroll
+    for (int c = 0; c < DP; c++) {
+        k[c] = K[kr * D + part + P * c] * scale;
+        v[c] = V[kr * D + part + P * c];
+        dk[c] = dv[c] = 0.f;
+    }
+    int i_begin = causal ? (blockIdx.x * BC / BR) * BR : 0;   // causal: earlier queries see none
+    for (int i0 = i_begin; i0 < Nq; i0 += BR) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < BR * D; e += blockDim.x) {
+            int ii = e / D, c = e % D;
+            bool ok = i0 + ii < Nq;
+            size_t g = ((size_t)bh * Nq + i0 + ii) * D + c;
+            Qs[ii][c] = ok ? Q[g] : 0.f;
+            dOs[ii][c] = ok ? dO[g] : 0.f;
+        }
+        if (threadIdx.x < BR) {
+            bool ok = i0 + threadIdx.x < Nq;
+            ls[threadIdx.x] = ok ? lse[(size_t)bh * Nq + i0 + threadIdx.x] : 0.f;
+            ds[threadIdx.x] = ok ? Di[(size_t)bh * Nq + i0 + threadIdx.x] : 0.f;
+        }
+        __syncthreads();
+        int n = min(BR, Nq - i0);
+        for (int ii = 0; ii < n; ii++) {
+            float s = 0.f, dp = 0.f;
+#pragma unroll
+            for (int c = 0; c < DP; c++) {
+                s += k[c] * Qs[ii][part + P * c];
+                dp += v[c] * dOs[ii][part + P * c];
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            dp += __shfl_xor_sync(0xffffffffu, dp, 1);
+            dp += __shfl_xor_sync(0xffffffffu, dp, 2);
+            bool seen = key < Nk && !(causal && key > i0 + ii);
+            float p = seen ? __expf(s - ls[ii]) : 0.f;
+            float dsv = p * (dp - ds[ii]);
+#pragma unroll
+            for (int c = 0; c < DP; c++) {
+                dv[c] += p * dOs[ii][part + P * c];
+                dk[c] += dsv * Qs[ii][part + P * c];
+            }
+        }
+    }
+    if (key < Nk) {
+#pragma unroll
+        for (int c = 0; c < DP; c++) {
+            dK[kr * D + part + P * c] = dk[c] * scale;
+            dV[kr * D + part + P * c] = dv[c];
+        }
+    }
+}
+
+// launch: block 128 = 32 queries x 4 threads, grid (ceil(Nq / 32), BH), static shared memory
+// 2 * 32 * D floats. The mirror image of dkdv: a query's q, dO and dq in registers, K and V
+// tiles in shared memory; dq += p (dp - Di) k_j over the keys it sees.
+template <int D>
+__device__ __forceinline__ void bwd_dq_fp32(const float* __restrict__ Q, const float* __restrict__ K,
+                                            const float* __restrict__ V,
+                                            const float* __restrict__ dO,
+                                            const float* __restrict__ lse,
+                                            const float* __restrict__ Di, float* __restrict__ dQ,
+                                            int Nq, int Nk, float scale, int causal) {
+    constexpr int BR = 32, BC = 32, P = 4, DP = D / P;
+    __shared__ float Ks[BC][D], Vs[BC][D];
+    int r = threadIdx.x / P, part = threadIdx.x % P;
+    int bh = blockIdx.y, row = blockIdx.x * BR + r;
+    size_t qr = (size_t)bh * Nq + min(row, Nq - 1);
+    float q[DP], g[DP], dq[DP];
+#pragma unroll
+    for (int c = 0; c < DP; c++) {
+        q[c] = Q[qr * D + part + P * c] * scale;
+        g[c] = dO[qr * D + part + P * c];
+        dq[c] = 0.f;
+    }
+    float l = lse[qr], di = Di[qr];
+    int kv_end = causal ? min(Nk, min(Nq, (int)(blockIdx.x + 1) * BR)) : Nk;
+    for (int j0 = 0; j0 < kv_end; j0 += BC) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < BC * D; e += blockDim.x) {
+            int jj = e / D, c = e % D;
+            bool ok = j0 + jj < Nk;
+            size_t gi = ((size_t)bh * Nk + j0 + jj) * D + c;
+            Ks[jj][c] = ok ? K[gi] : 0.f;
+            Vs[jj][c] = ok ? V[gi] : 0.f;
+        }
+        __syncthreads();
+        int n = min(BC, Nk - j0);
+        for (int jj = 0; jj < n; jj++) {
+            float s = 0.f, dp = 0.f;
+#pragma unroll
+            for (int c = 0; c < DP; c++) {
+                s += q[c] * Ks[jj][part + P * c];
+                dp += g[c] * Vs[jj][part + P * c];
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            dp += __shfl_xor_sync(0xffffffffu, dp, 1);
+            dp += __shfl_xor_sync(0xffffffffu, dp, 2);
+            bool seen = !(causal && j0 + jj > row);
+            float p = seen ? __expf(s - l) : 0.f;
+            float dsv = p * (dp - di);
+#pragma unroll
+            for (int c = 0; c < DP; c++) dq[c] += dsv * Ks[jj][part + P * c];
+        }
+    }
+    if (row < Nq) {
+#pragma unroll
+        for (int c = 0; c < DP; c++) dQ[qr * D + part + P * c] = dq[c] * scale;
+    }
+}
+
+#define ATTN_BWD_V1(D)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) attention_bwd_v1_dkdv_d##D(                \
+        const float* Q, const float* K, const float* V, const float* dO, const float* lse,      \
+        const float* Di, float* dK, float* dV, int Nq, int Nk, float scale, int causal) {        \
+        bwd_dkdv_fp32<D>(Q, K, V, dO, lse, Di, dK, dV, Nq, Nk, scale, causal);                    \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) attention_bwd_v1_dq_d##D(                  \
+        const float* Q, const float* K, const float* V, const float* dO, const float* lse,      \
+        const float* Di, float* dQ, int Nq, int Nk, float scale, int causal) {                   \
+        bwd_dq_fp32<D>(Q, K, V, dO, lse, Di, dQ, Nq, Nk, scale, causal);                          \
+    }
+ATTN_BWD_V1(64)
+ATTN_BWD_V1(128)
+
+// ======================================================================================= v2
+// launch: block 128 (4 warps, one row each), grid ceil(BH * Nq / 4). Di = rowsum(dO * O) in
+// fp32, and the row of the fp32 dQ accumulator zeroed (the main kernel adds into it).
+template <typename T>
+__device__ __forceinline__ void bwd_preprocess(const T* __restrict__ O, const T* __restrict__ dO,
+                                               float* __restrict__ Di, float* __restrict__ dQacc,
+                                               int rows, int D) {
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    float acc = 0.f;
+    for (int c = lane; c < D; c += 32) {
+        acc += Mma<T>::to_float(O[(size_t)r * D + c]) * Mma<T>::to_float(dO[(size_t)r * D + c]);
+        dQacc[(size_t)r * D + c] = 0.f;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) Di[r] = acc;
+}
+
+// launch: block 256, grid ceil(n / 256). dQ = scale * dQacc, rounded to 16 bits.
+template <typename T>
+__device__ __forceinline__ void bwd_convert(const float* __restrict__ dQacc, T* __restrict__ dQ,
+                                            size_t n, float scale) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dQ[i] = Mma<T>::from_float(dQacc[i] * scale);
+}
+
+// launch: block NW * 32 = 256, grid (ceil(Nk / BC), BH), dynamic shared memory
+// (2 BC D + 4 BR D + BC BR) * 2 + 4 BR * 4 bytes (145 KiB at D = 128: needs cc 8.0's 163 KiB).
+// Warp w owns keys [16 w, 16 w + 16) of the block's BC = 16 NW: per query tile it computes
+// S^T = K_w Q^T and dP^T = V_w dO^T (16 x BR accumulators each), P^T and dS^T from them, then
+// dV += P^T dO and dK += dS^T Q with P^T and dS^T as A operands straight from the accumulators.
+// dS^T goes to shared memory; after a barrier, warp w computes a 16 x (D / (NW / (BR / 16)))
+// piece of dQ_i = dS K and adds it to dQacc with atomicAdd (other key blocks add theirs).
+template <typename T, int D, int BC, int BR, int NW>
+__device__ __forceinline__ void flash_bwd_mma(const T* __restrict__ Q, const T* __restrict__ K,
+                                              const T* __restrict__ V, const T* __restrict__ dO,
+                                              const float* __restrict__ lse,
+                                              const float* __restrict__ Di,
+                                              float* __restrict__ dQacc, T* __restrict__ dK,
+                                              T* __restrict__ dV, int Nq, int Nk, float scale,
+                                              int causal) {
+    constexpr int NT = NW * 32, KD = D / 16, NQ = BR / 8, ND = D / 8;
+    constexpr int QM = BR / 16, DG = NW / QM, DC = D / DG;   // dQ split: QM row tiles x DG groups
+    static_assert(BC == 16 * NW && NW % QM == 0 && DC % 16 == 0 && BR % 64 == 0, "tile shape");
+    extern __shared__ __align__(1024) unsigned char attn_smem[];
+    T* Ks = reinterpret_cast<T*>(attn_smem);      // BC x D
+    T* Vs = Ks + BC * D;                          // BC x D
+    T* Qs = Vs + BC * D;                          // 2 x BR x D (double buffer)
+    T* dOs = Qs + 2 * BR * D;                     // 2 x BR x D
+    T* dSs = dOs + 2 * BR * D;                    // BC x BR: dS^T, keys as rows
+    float* ls = reinterpret_cast<float*>(dSs + BC * BR);   // 2 x BR: lse in log2 units
+    float* dis = ls + 2 * BR;                     // 2 x BR: Di
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int bh = blockIdx.y, j0 = blockIdx.x * BC, kw = warp * 16;
+    float scale_log2 = scale * ATTN_LOG2E;
+    const T* Qh = Q + (size_t)bh * Nq * D;
+    const T* dOh = dO + (size_t)bh * Nq * D;
+    const float* lh = lse + (size_t)bh * Nq;
+    const float* dh = Di + (size_t)bh * Nq;
+
+    int i_begin = causal ? (j0 / BR) * BR : 0;    // causal: queries before j0 see none of these keys
+    int n_tiles = Nq > i_begin ? ceil_div(Nq - i_begin, BR) : 0;
+    auto fetch = [&](int i0, int buf) {           // the query tile i0 into buffer buf
+        load_tile<T, BR, D, NT>(Qs + buf * BR * D, Qh, i0, Nq);
+        load_tile<T, BR, D, NT>(dOs + buf * BR * D, dOh, i0, Nq);
+        if (threadIdx.x < BR) {                   // past the end: lse = +inf makes P = 0 there
+            int i = i0 + threadIdx.x;
+            float l = i < Nq ? lh[i] : INFINITY;
+            ls[buf * BR + threadIdx.x] = l == -INFINITY ? INFINITY : l * ATTN_LOG2E;
+            dis[buf * BR + threadIdx.x] = i < Nq ? dh[i] : 0.f;
+        }
+    };
+    load_tile<T, BC, D, NT>(Ks, K + (size_t)bh * Nk * D, j0, Nk);
+    load_tile<T, BC, D, NT>(Vs, V + (size_t)bh * Nk * D, j0, Nk);
+    if (n_tiles > 0) fetch(i_begin, 0);
+    cp_async_commit();
+
+    float dk[ND][4], dv[ND][4];
+#pragma unroll
+    for (int nd = 0; nd < ND; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[nd][e] = dv[nd][e] = 0.f;
+    // per-lane ldmatrix addresses (see attention_forward.cu: k steps flip bit 5, d steps bit 4)
+    unsigned ka_addr = smem_u32(Ks + swz<D>(kw + lane % 16, 8 * (lane / 16)));   // A = K_w
+    unsigned va_addr = smem_u32(Vs + swz<D>(kw + lane % 16, 8 * (lane / 16)));   // A = V_w
+    unsigned qb_off = 2 * swz<D>(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2)); // B = Q^T, dO^T
+    unsigned qt_off = 2 * swz<D>(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16)); // B = Q, dO
+    int qm = warp % QM, dg = warp / QM;           // this warp's piece of dQ
+    unsigned dsa_addr = smem_u32(dSs + swz<BR>(lane % 8 + 8 * (lane / 16), qm * 16 + 8 * ((lane / 8) % 2)));
+    unsigned kb_addr = smem_u32(Ks + swz<D>(lane % 8 + 8 * ((lane / 8) % 2), dg * DC + 8 * (lane / 16)));
+
+    for (int it = 0; it < n_tiles; it++) {
+        int i0 = i_begin + it * BR, buf = it & 1;
+        cp_async_wait<0>();
+        __syncthreads();                          // tile it has landed; dSs and buffer buf^1 are free
+        if (it + 1 < n_tiles) {                   // the next tile arrives during this one's math
+            fetch(i0 + BR, buf ^ 1);
+            cp_async_commit();
+        }
+        unsigned q_addr = smem_u32(Qs + buf * BR * D), do_addr = smem_u32(dOs + buf * BR * D);
+        const float* lsb = ls + buf * BR;
+        const float* dsb = dis + buf * BR;
+
+        // S^T = K_w Q_i^T and dP^T = V_w dO_i^T: 16 keys x BR queries each
+        float st[NQ][4], dpt[NQ][4];
+#pragma unroll
+        for (int nq = 0; nq < NQ; nq++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[nq][e] = dpt[nq][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            unsigned ak[4], av[4];
+            ldmatrix_x4(ak, ka_addr ^ (kk << 5));
+            ldmatrix_x4(av, va_addr ^ (kk << 5));
+#pragma unroll
+            for (int nq = 0; nq < NQ; nq += 2) {
+                unsigned bq[4], bo[4];            // Q and dO are (N, K) with K contiguous
+                ldmatrix_x4(bq, (q_addr + qb_off + nq * 8 * D * 2) ^ (kk << 5));
+                ldmatrix_x4(bo, (do_addr + qb_off + nq * 8 * D * 2) ^ (kk << 5));
+                Mma<T>::mma(st[nq], ak, bq);
+                Mma<T>::mma(st[nq + 1], ak, bq + 2);
+                Mma<T>::mma(dpt[nq], av, bo);
+                Mma<T>::mma(dpt[nq + 1], av, bo + 2);
+            }
+        }
+        // P^T = exp2(S^T scale log2e - lse2) and dS^T = P^T (dP^T - Di), in place
+        bool mask = j0 + BC > Nk || (causal && j0 + BC - 1 > i0);
+#pragma unroll
+        for (int nq = 0; nq < NQ; nq++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = j0 + kw + g + 8 * (e / 2), qc = nq * 8 + 2 * t + (e % 2);
+                float p = exp2f(fmaf(st[nq][e], scale_log2, -lsb[qc]));
+                if (mask && (key >= Nk || (causal && key > i0 + qc))) p = 0.f;
+                st[nq][e] = p;
+                dpt[nq][e] = p * (dpt[nq][e] - dsb[qc]);
+            }
+        // dV += P^T dO_i and dK += dS^T Q_i: k runs over the tile's queries
+#pragma unroll
+        for (int kq = 0; kq < BR / 16; kq++) {
+            unsigned pa[4], sa[4];
+            acc_to_a<T>(pa, st[2 * kq], st[2 * kq + 1]);
+            acc_to_a<T>(sa, dpt[2 * kq], dpt[2 * kq + 1]);
+#pragma unroll
+            for (int nd = 0; nd < ND; nd += 2) {  // dO and Q as (K, N), N contiguous: .trans
+                unsigned bo[4], bq[4];
+                ldmatrix_x4_trans(bo, ((do_addr + qt_off) ^ (nd << 4)) + kq * 16 * D * 2);
+                ldmatrix_x4_trans(bq, ((q_addr + qt_off) ^ (nd << 4)) + kq * 16 * D * 2);
+                Mma<T>::mma(dv[nd], pa, bo);
+                Mma<T>::mma(dv[nd + 1], pa, bo + 2);
+                Mma<T>::mma(dk[nd], sa, bq);
+                Mma<T>::mma(dk[nd + 1], sa, bq + 2);
+            }
+            // dS^T rows kw + g, kw + g + 8 of this 16-query slice, for the dQ product
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int rr = kw + g + 8 * h;
+                *reinterpret_cast<unsigned*>(dSs + swz<BR>(rr, kq * 16 + 2 * t)) = sa[h];
+                *reinterpret_cast<unsigned*>(dSs + swz<BR>(rr, kq * 16 + 8 + 2 * t)) = sa[2 + h];
+            }
+        }
+        __syncthreads();                          // all of dS^T is in shared memory
+        // dQ_i[16 qm.., DC dg..] += dS K: A = dS, stored transposed (.trans); B = K as (K, N)
+        float dq[DC / 8][4];
+#pragma unroll
+        for (int nd = 0; nd < DC / 8; nd++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dq[nd][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            unsigned a[4];
+            ldmatrix_x4_trans(a, dsa_addr + kk * 16 * BR * 2);
+#pragma unroll
+            for (int nd = 0; nd < DC / 8; nd += 2) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, (kb_addr ^ (nd << 4)) + kk * 16 * D * 2);
+                Mma<T>::mma(dq[nd], a, b);
+                Mma<T>::mma(dq[nd + 1], a, b + 2);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = i0 + qm * 16 + g + 8 * h;
+            if (row < Nq) {
+                float* out = dQacc + ((size_t)bh * Nq + row) * D + dg * DC + 2 * t;
+#pragma unroll
+                for (int nd = 0; nd < DC / 8; nd++) {
+                    atomicAdd(out + nd * 8, dq[nd][2 * h]);
+                    atomicAdd(out + nd * 8 + 1, dq[nd][2 * h + 1]);
+                }
+            }
+        }
+    }
+    // dK = scale dS^T Q, dV: rows kw + g (+ 8) of the block, straight from the accumulators
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int row = j0 + kw + g + 8 * h;
+        if (row < Nk) {
+            size_t base = ((size_t)bh * Nk + row) * D + 2 * t;
+            unsigned* pk = reinterpret_cast<unsigned*>(dK + base);
+            unsigned* pv = reinterpret_cast<unsigned*>(dV + base);
+#pragma unroll
+            for (int nd = 0; nd < ND; nd++) {
+                pk[nd * 4] = Mma<T>::pack(dk[nd][2 * h] * scale, dk[nd][2 * h + 1] * scale);
+                pv[nd * 4] = Mma<T>::pack(dv[nd][2 * h], dv[nd][2 * h + 1]);
+            }
+        }
+    }
+}
+
+#define ATTN_BWD_V2_TYPE(TN, T)                                                                  \
+    extern "C" __global__ void attention_bwd_v2_preprocess_##TN(                                 \
+        const T* O, const T* dO, float* Di, float* dQacc, int rows, int D) {                     \
+        bwd_preprocess<T>(O, dO, Di, dQacc, rows, D);                                            \
+    }                                                                                            \
+    extern "C" __global__ void attention_bwd_v2_convert_##TN(const float* dQacc, T* dQ,         \
+                                                            size_t n, float scale) {             \
+        bwd_convert<T>(dQacc, dQ, n, scale);                                                     \
+    }
+#define ATTN_BWD_V2(TN, T, D, BC, BR)                                                            \
+    extern "C" __global__ void __launch_bounds__(BC * 2) attention_bwd_v2_##TN##_d##D(           \
+        const T* Q, const T* K, const T* V, const T* dO, const float* lse, const float* Di,     \
+        float* dQacc, T* dK, T* dV, int Nq, int Nk, float scale, int causal) {                   \
+        flash_bwd_mma<T, D, BC, BR, BC / 16>(Q, K, V, dO, lse, Di, dQacc, dK, dV, Nq, Nk, scale, \
+                                             causal);                                            \
+    }
+ATTN_BWD_V2_TYPE(f16, __half)
+ATTN_BWD_V2_TYPE(bf16, __nv_bfloat16)
+ATTN_BWD_V2(f16, __half, 64, 128, 64)
+ATTN_BWD_V2(bf16, __nv_bfloat16, 64, 128, 64)
+ATTN_BWD_V2(f16, __half, 128, 128, 64)
+ATTN_BWD_V2(bf16, __nv_bfloat16, 128, 128, 64)

@@ -1,0 +1,365 @@
+"""Launch helpers of kernels/attention_forward.cu and attention_backward.cu (Chapter 9), and the
+PyTorch op built on them.
+
+    al = cb.load_launch("attention")
+    o, lse = al.forward(q, k, v, causal=True, version="v3")      # q, k, v: torch CUDA tensors
+    dq, dk, dv = al.backward(q, k, v, o, lse, do, causal=True)   # (or CuPy arrays, fp16/fp32)
+    o = al.flash_attention(q, k, v, causal=True)                 # differentiable (autograd)
+
+Inputs: q (B, H, Nq, D) or (BH, Nq, D), k and v (..., Nk, D), one dtype, C-contiguous, on the
+GPU; any Nq, Nk >= 1; D = 64 or 128. Forward v1 (naive, three kernels) and v2 (fp32 flash) take
+float32, v3 (tensor cores) float16 or bfloat16; backward v1 float32, v2 float16/bfloat16. Every
+assumption is checked before a launch, with a message that names the argument.
+
+16-bit tensors reach the kernels as raw device pointers: CuPy 14 has no bfloat16 dtype, so a
+bfloat16 tensor cannot cross into CuPy through DLPack (float16 and float32 could). The kernels run
+on PyTorch's current stream when the inputs are torch tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+import cudabook as cb
+
+LOG2E = 1.4426950408889634
+#: attention_v3 tiles (queries per block BR, keys per tile BC) per head dimension; the same
+#: numbers as the ATTN_V3 lines of attention_forward.cu (tests/test_ch09.py compares them)
+V3_TILES = {64: (128, 128), 128: (128, 64)}
+#: attention_bwd_v2 tiles (keys per block BC, queries per tile BR), as in ATTN_BWD_V2
+BWD_V2_TILES = {64: (128, 64), 128: (128, 64)}
+HEAD_DIMS = (64, 128)           # every CUDA version is compiled for these
+SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+FWD_DTYPES = {"v1": ("float32",), "v2": ("float32",), "v3": ("float16", "bfloat16")}
+BWD_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16")}
+
+
+# ============================================================================== checks
+def _lib(a) -> str:
+    m = type(a).__module__
+    return "torch" if m.startswith("torch") else ("cupy" if m.startswith("cupy") else m)
+
+
+def dtype_name(a) -> str:
+    """'float32', 'float16', 'bfloat16' for torch, CuPy and NumPy arrays."""
+    return str(a.dtype).replace("torch.", "")
+
+
+def _check_array(a, name: str) -> None:
+    """A C-contiguous array on the GPU (torch CUDA tensor or CuPy array)."""
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise TypeError(f"{name}: expected a torch CUDA tensor or a CuPy array, got "
+                        f"{type(a).__name__}")
+    lib = _lib(a)
+    on_gpu = a.is_cuda if lib == "torch" else lib == "cupy"
+    if not on_gpu:
+        raise TypeError(f"{name}: expected a GPU array (a torch tensor on 'cuda' or a CuPy "
+                        f"array), got {type(a).__module__}.{type(a).__name__} on the host")
+    ok = a.is_contiguous() if lib == "torch" else bool(a.flags["C_CONTIGUOUS"])
+    if not ok:
+        raise ValueError(f"{name}: expected a C-contiguous array (a strided view, such as a "
+                         "transpose of (B, N, H, D), would be read as if it were dense); pass "
+                         ".contiguous()")
+
+
+def check_qkv(q, k, v, dtypes, head_dims=HEAD_DIMS) -> tuple[int, int, int, int]:
+    """(BH, Nq, Nk, D) of attention inputs, or a clear error (see the module's docstring)."""
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        _check_array(a, name)
+        if len(a.shape) not in (3, 4):
+            raise ValueError(f"{name}: expected (B, H, N, D) or (BH, N, D), got shape "
+                             f"{tuple(a.shape)}")
+    dt = [dtype_name(a) for a in (q, k, v)]
+    if len(set(dt)) > 1:
+        raise TypeError(f"q, k and v must share one dtype, got {dt[0]}, {dt[1]}, {dt[2]}")
+    if dt[0] not in dtypes:
+        raise TypeError(f"dtype {dt[0]} is not supported by this version; it takes "
+                        f"{' or '.join(dtypes)}")
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if len(q.shape) != len(k.shape) or tuple(q.shape[:-2]) != tuple(k.shape[:-2]):
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same batch "
+                         "and head dimensions")
+    D = int(q.shape[-1])
+    if int(k.shape[-1]) != D:
+        raise ValueError(f"q and k must have the same head dimension, got {D} and "
+                         f"{int(k.shape[-1])}")
+    if D not in head_dims:
+        raise ValueError(f"head dimension {D} is not supported: the kernels are compiled for "
+                         f"{', '.join(map(str, head_dims))}")
+    Nq, Nk = int(q.shape[-2]), int(k.shape[-2])
+    if Nq < 1 or Nk < 1:
+        raise ValueError(f"empty sequence: Nq = {Nq}, Nk = {Nk}")
+    BH = int(np.prod([int(x) for x in q.shape[:-2]]))
+    if BH > 65535:
+        raise cb.LaunchError(f"batch x heads = {BH} exceeds the grid's y limit (65535)")
+    if max(Nq, Nk) * D >= 2**31:
+        raise cb.LaunchError("a sequence of 2^31 or more elements per head is not supported")
+    return BH, Nq, Nk, D
+
+
+def _check_like(a, name: str, dt: str, shape: tuple) -> None:
+    _check_array(a, name)
+    if dtype_name(a) != dt:
+        raise TypeError(f"{name}: expected dtype {dt}, got {dtype_name(a)}")
+    if tuple(int(x) for x in a.shape) != tuple(int(x) for x in shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(a.shape)}")
+
+
+# ============================================================================== launch description
+def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None) -> dict:
+    """Kernel names, grid, block and dynamic shared memory of a forward version (dt: 'f16',
+    'bf16' for v3)."""
+    cd = cb.ceil_div
+    if version == "v1":
+        return {"scores": {"kernel": "attention_v1_scores", "grid": (cd(Nk, 32), cd(Nq, 8), BH),
+                           "block": (32, 8), "shared": 0},
+                "softmax": {"kernel": "attention_v1_softmax", "grid": (cd(BH * Nq, 4),),
+                            "block": (128,), "shared": 0},
+                "pv": {"kernel": "attention_v1_pv", "grid": (cd(D, 32), cd(Nq, 8), BH),
+                       "block": (32, 8), "shared": 0}}
+    if version == "v2":
+        return {"kernel": f"attention_v2_d{D}", "grid": (cd(Nq, 32), BH), "block": (128,),
+                "shared": 0}
+    if version == "v3":
+        br, bc = V3_TILES[D]
+        return {"kernel": f"attention_v3_{dt}_d{D}", "grid": (cd(Nq, br), BH), "block": (128,),
+                "shared": (br + 2 * bc) * D * 2}
+    raise ValueError(f"unknown forward version {version!r} (v1, v2, v3)")
+
+
+def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None) -> dict:
+    """Kernel names, grid, block and dynamic shared memory of a backward version."""
+    cd = cb.ceil_div
+    pre = {"kernel": "attention_bwd_v1_preprocess" if version == "v1"
+           else f"attention_bwd_v2_preprocess_{dt}", "grid": (cd(BH * Nq, 4),), "block": (128,),
+           "shared": 0}
+    if version == "v1":
+        return {"preprocess": pre,
+                "dkdv": {"kernel": f"attention_bwd_v1_dkdv_d{D}", "grid": (cd(Nk, 32), BH),
+                         "block": (128,), "shared": 0},
+                "dq": {"kernel": f"attention_bwd_v1_dq_d{D}", "grid": (cd(Nq, 32), BH),
+                       "block": (128,), "shared": 0}}
+    if version == "v2":
+        bc, br = BWD_V2_TILES[D]
+        return {"preprocess": pre,
+                "main": {"kernel": f"attention_bwd_v2_{dt}_d{D}", "grid": (cd(Nk, bc), BH),
+                         "block": (2 * bc,),
+                         "shared": (2 * bc * D + 4 * br * D + bc * br) * 2 + 4 * br * 4},
+                "convert": {"kernel": f"attention_bwd_v2_convert_{dt}",
+                            "grid": (cd(BH * Nq * D, 256),), "block": (256,), "shared": 0}}
+    raise ValueError(f"unknown backward version {version!r} (v1, v2)")
+
+
+def flops(BH: int, Nq: int, Nk: int, D: int, causal: bool = False,
+          backward: bool = False) -> float:
+    """4 BH Nq Nk D forward (two products of 2 Nq Nk D), 2.5 times that backward (five).
+    Causal: the same count halved, FlashAttention's benchmark convention (and PyTorch's)."""
+    f = 4.0 * BH * Nq * Nk * D * (2.5 if backward else 1.0)
+    return f / 2 if causal else f
+
+
+# ============================================================================== launchers
+_MODS: dict[str, Any] = {}
+
+
+def module(which: str):
+    """kernels/attention_{forward,backward}.cu, compiled once per process."""
+    if which not in _MODS:
+        _MODS[which] = cb.load_cuda(f"attention_{which}")
+    return _MODS[which]
+
+
+def _require(what: str, dt: str, shared: int) -> None:
+    """Refuse on a GPU that cannot run the kernel (LaunchError with the reason)."""
+    need = {"bfloat16": (8, 0), "float16": (7, 5)}.get(dt, (0, 0))
+    cb.need_cc(*need, what=f"{what} in {dt}")
+    if shared:
+        import cupy
+
+        limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+        if shared > limit:
+            raise cb.LaunchError(f"{what} needs {shared // 1024} KiB of shared memory per block; "
+                                 f"this GPU allows {limit // 1024} KiB")
+
+
+def _ptr(a) -> np.uint64:
+    return np.uint64(a.data_ptr() if _lib(a) == "torch" else a.data.ptr)
+
+
+def _empty(like, shape, dt: str):
+    """An uninitialised array on the GPU, from the library of ``like`` (torch or CuPy)."""
+    if _lib(like) == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dt), device=like.device)
+    import cupy
+
+    return cupy.empty(shape, dtype=dt)
+
+
+def _stream(like):
+    """PyTorch's current stream for torch inputs (CuPy launches on the current CuPy stream)."""
+    import contextlib
+
+    import cupy
+
+    if _lib(like) == "torch":
+        import torch
+
+        return cupy.cuda.ExternalStream(torch.cuda.current_stream(like.device).cuda_stream)
+    return contextlib.nullcontext()
+
+
+def _launch(mod, cfg: dict, args: tuple) -> None:
+    k = mod.get(cfg["kernel"])
+    if cfg["shared"] > 48 * 1024:             # above 48 KiB a kernel must opt in
+        k.max_dynamic_shared_size_bytes = cfg["shared"]
+    k(cfg["grid"], cfg["block"], args, shared_mem=cfg["shared"])
+
+
+def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | None = None):
+    """(o, lse) of softmax(scale q k^T) v with the CUDA C++ forward ``version`` (v1, v2, v3).
+
+    Outputs are allocated by the inputs' library: o like q, lse (..., Nq) float32.
+    """
+    if version not in FWD_DTYPES:
+        raise ValueError(f"unknown forward version {version!r} (v1, v2, v3)")
+    BH, Nq, Nk, D = check_qkv(q, k, v, FWD_DTYPES[version])
+    cb.need_cc(7, 5, f"attention_{version}")
+    dt = dtype_name(q)
+    cfg = fwd_config(version, BH, Nq, Nk, D, SHORT[dt])
+    if version == "v3":
+        _require("attention_v3", dt, cfg["shared"])
+    s = 1 / math.sqrt(D) if scale is None else float(scale)
+    mod = module("forward")
+    o = _empty(q, tuple(q.shape), dt)
+    lse = _empty(q, tuple(q.shape[:-1]), "float32")
+    Q, K, V, O, L = (_ptr(a) for a in (q, k, v, o, lse))
+    n_q, n_k, c = np.int32(Nq), np.int32(Nk), np.int32(bool(causal))
+    with _stream(q):
+        if version == "v1":
+            S = _empty(q, (BH, Nq, Nk), "float32")   # the N x N score matrix: O(N^2) memory
+            _launch(mod, cfg["scores"], (Q, K, _ptr(S), n_q, n_k, np.int32(D), np.float32(s), c))
+            _launch(mod, cfg["softmax"], (_ptr(S), L, np.int32(BH * Nq), n_k))
+            _launch(mod, cfg["pv"], (_ptr(S), V, O, n_q, n_k, np.int32(D)))
+            _keep_alive(q, [S])                      # S must outlive its readers
+        else:
+            _launch(mod, cfg, (Q, K, V, O, L, n_q, n_k, np.float32(s * LOG2E), c))
+    return o, lse
+
+
+def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
+             scale: float | None = None):
+    """(dq, dk, dv) of softmax(scale q k^T) v given the forward's o and lse and the gradient do
+    of o: v1 float32, v2 float16/bfloat16."""
+    if version not in BWD_DTYPES:
+        raise ValueError(f"unknown backward version {version!r} (v1, v2)")
+    BH, Nq, Nk, D = check_qkv(q, k, v, BWD_DTYPES[version])
+    cb.need_cc(7, 5, f"attention_bwd_{version}")
+    dt = dtype_name(q)
+    _check_like(o, "o", dt, q.shape)
+    _check_like(do, "do", dt, q.shape)
+    _check_like(lse, "lse", "float32", q.shape[:-1])
+    cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt])
+    if version == "v2":
+        _require("attention_bwd_v2", dt, cfg["main"]["shared"])
+    s = 1 / math.sqrt(D) if scale is None else float(scale)
+    mod = module("backward")
+    dq, dk, dv = (_empty(q, tuple(a.shape), dt) for a in (q, k, v))
+    Di = _empty(q, (BH, Nq), "float32")
+    Q, K, V, O, L, dO, dQ, dK, dV, DI = (_ptr(a) for a in (q, k, v, o, lse, do, dq, dk, dv, Di))
+    n_q, n_k, c, sc = np.int32(Nq), np.int32(Nk), np.int32(bool(causal)), np.float32(s)
+    keep = [Di]
+    with _stream(q):
+        if version == "v1":
+            _launch(mod, cfg["preprocess"], (O, dO, DI, np.int32(BH * Nq), np.int32(D)))
+            _launch(mod, cfg["dkdv"], (Q, K, V, dO, L, DI, dK, dV, n_q, n_k, sc, c))
+            _launch(mod, cfg["dq"], (Q, K, V, dO, L, DI, dQ, n_q, n_k, sc, c))
+        else:
+            acc = _empty(q, (BH, Nq, D), "float32")  # dQ in fp32, summed over key blocks
+            keep.append(acc)
+            A = _ptr(acc)
+            _launch(mod, cfg["preprocess"], (O, dO, DI, A, np.int32(BH * Nq), np.int32(D)))
+            _launch(mod, cfg["main"], (Q, K, V, dO, L, DI, A, dK, dV, n_q, n_k, sc, c))
+            _launch(mod, cfg["convert"], (A, dQ, np.uint64(BH * Nq * D), sc))
+        _keep_alive(q, keep)
+    return dq, dk, dv
+
+
+def _keep_alive(like, bufs: list) -> None:
+    """Workspace freed on return must not be reused before the kernels that read it finish."""
+    if _lib(like) == "torch":
+        import torch
+
+        st = torch.cuda.current_stream(like.device)
+        for b in bufs:
+            b.record_stream(st)
+    else:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
+# ============================================================================== PyTorch op
+def _torch_function():
+    import torch
+
+    class FlashAttention(torch.autograd.Function):
+        """softmax(scale q k^T) v with this chapter's kernels: float32 through forward v2 and
+        backward v1, float16 / bfloat16 through forward v3 and backward v2."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, causal=False, scale=None):
+            q, k, v = (t.contiguous() for t in (q, k, v))
+            o, lse = forward(q, k, v, causal, "v2" if q.dtype == torch.float32 else "v3", scale)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal, ctx.scale = causal, scale
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            grads = backward(q, k, v, o, lse, do.contiguous(), ctx.causal,
+                             "v1" if q.dtype == torch.float32 else "v2", ctx.scale)
+            return (*grads, None, None)
+
+    return FlashAttention
+
+
+_FA = None
+
+
+def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
+    """The PyTorch op: ``F.scaled_dot_product_attention(q, k, v, is_causal=causal)`` for CUDA
+    tensors (B, H, N, D), D = 64 or 128, float32 / float16 / bfloat16, differentiable."""
+    global _FA
+    if _FA is None:
+        _FA = _torch_function()
+    return _FA.apply(q, k, v, causal, scale)
+
+
+# ============================================================================== sanitizer
+def sanitize_targets():
+    """(name, launch) pairs for tools/sanitize.py: every CUDA kernel, small ragged sizes
+    (Nq = 70, Nk = 45: no multiple of any tile), causal."""
+    import cupy as cp
+
+    g = cp.random.default_rng(0)
+    BH, N, M, D = 2, 70, 45, 64
+    q = g.standard_normal((BH, N, D), dtype=cp.float32)
+    k = g.standard_normal((BH, M, D), dtype=cp.float32)
+    v = g.standard_normal((BH, M, D), dtype=cp.float32)
+    for ver in ("v1", "v2"):
+        yield f"attention_{ver}", lambda ver=ver: forward(q, k, v, True, ver)
+    o, lse = forward(q, k, v, True, "v2")
+    yield "attention_bwd_v1", lambda: backward(q, k, v, o, lse, o, True, "v1")
+    if cb.cc() >= (8, 0):
+        qh, kh, vh = (x.astype(cp.float16) for x in (q, k, v))
+        oh, lh = forward(qh, kh, vh, True, "v3")
+        yield "attention_v3 f16", lambda: forward(qh, kh, vh, True, "v3")
+        yield "attention_bwd_v2 f16", lambda: backward(qh, kh, vh, oh, lh, oh, True, "v2")

@@ -222,10 +222,12 @@ def _launch(mod, cfg: dict, args: tuple) -> None:
     k(cfg["grid"], cfg["block"], args, shared_mem=cfg["shared"])
 
 
-def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | None = None):
+def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | None = None,
+            out: tuple | None = None):
     """(o, lse) of softmax(scale q k^T) v with the CUDA C++ forward ``version`` (v1, v2, v3).
 
-    Outputs are allocated by the inputs' library: o like q, lse (..., Nq) float32.
+    Outputs are allocated by the inputs' library (o like q, lse (..., Nq) float32), or given as
+    ``out = (o, lse)`` (NaN-prefilled by a check, say).
     """
     if version not in FWD_DTYPES:
         raise ValueError(f"unknown forward version {version!r} (v1, v2, v3)")
@@ -237,8 +239,11 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
         _require("attention_v3", dt, cfg["shared"])
     s = 1 / math.sqrt(D) if scale is None else float(scale)
     mod = module("forward")
-    o = _empty(q, tuple(q.shape), dt)
-    lse = _empty(q, tuple(q.shape[:-1]), "float32")
+    if out is None:
+        out = (_empty(q, tuple(q.shape), dt), _empty(q, tuple(q.shape[:-1]), "float32"))
+    o, lse = out
+    _check_like(o, "o", dt, q.shape)
+    _check_like(lse, "lse", "float32", q.shape[:-1])
     Q, K, V, O, L = (_ptr(a) for a in (q, k, v, o, lse))
     n_q, n_k, c = np.int32(Nq), np.int32(Nk), np.int32(bool(causal))
     with _stream(q):
@@ -254,9 +259,9 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
 
 
 def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
-             scale: float | None = None):
+             scale: float | None = None, out: tuple | None = None):
     """(dq, dk, dv) of softmax(scale q k^T) v given the forward's o and lse and the gradient do
-    of o: v1 float32, v2 float16/bfloat16."""
+    of o: v1 float32, v2 float16/bfloat16. ``out = (dq, dk, dv)`` gives the outputs."""
     if version not in BWD_DTYPES:
         raise ValueError(f"unknown backward version {version!r} (v1, v2)")
     BH, Nq, Nk, D = check_qkv(q, k, v, BWD_DTYPES[version])
@@ -270,7 +275,11 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
         _require("attention_bwd_v2", dt, cfg["main"]["shared"])
     s = 1 / math.sqrt(D) if scale is None else float(scale)
     mod = module("backward")
-    dq, dk, dv = (_empty(q, tuple(a.shape), dt) for a in (q, k, v))
+    if out is None:
+        out = tuple(_empty(q, tuple(a.shape), dt) for a in (q, k, v))
+    dq, dk, dv = out
+    for name, a, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        _check_like(a, name, dt, like.shape)
     Di = _empty(q, (BH, Nq), "float32")
     Q, K, V, O, L, dO, dQ, dK, dV, DI = (_ptr(a) for a in (q, k, v, o, lse, do, dq, dk, dv, Di))
     n_q, n_k, c, sc = np.int32(Nq), np.int32(Nk), np.int32(bool(causal)), np.float32(s)

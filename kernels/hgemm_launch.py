@@ -1,0 +1,641 @@
+"""kernels/hgemm_launch.py: the launch helpers of kernels/hgemm.cu (Chapter 8): C = A @ B^T on the tensor cores.
+
+A is (M, K), B is (N, K) (nn.Linear's weight layout: ``y = x @ W.T``), C is (M, N); fp16 (or
+bf16), row-major, contiguous; products accumulated in fp32, C rounded once.
+
+Numba has no tensor-core API: no WMMA, no ``mma.sync``, no ``wgmma`` and no inline PTX, so this
+chapter has no Numba twins. The interop route instead: ``matmul``/``launch`` take CuPy arrays,
+PyTorch CUDA tensors (fp16 and bf16) and Numba device arrays alike, read their device pointers
+(no copy) and launch on the stream their library is using.
+
+  VERSIONS, WHAT, MIN_CC        the ladder, one line per step, and the architecture each needs
+  load(cc)                      hgemm.cu compiled for this GPU (-arch=sm_90a on Hopper)
+  check_operands(A, B, C)       dtype / shape / layout / alignment checks with clear errors
+  require(version, cc, dtype)   refuse a version the GPU cannot run, naming the minimum cc
+  config(version, M, N, K)      grid, block and dynamic shared memory of a launch
+  launch(mod, version, A, B, C) check, then launch (tensor maps built for v8/v9 on Hopper)
+  matmul(A, B, version)         the friendly entry point: pads K to a multiple of 8 if needed
+  tensor_map(...)               a TMA descriptor through cuda.bindings' cuTensorMapEncodeTiled
+  autotune(n, candidates)       v9: time the template's candidates against cuBLAS, keep the best
+  tolerance(A, B, K, dtype)     the per-element error bound of fp32 accumulation (check())
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cudabook.launch import LaunchError
+
+VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9")
+
+#: what each step changes (one line each, for tables and plots)
+WHAT = {
+    "v1": "WMMA, fragments from global memory",
+    "v2": "WMMA, 128x128 shared-memory tiles",
+    "v3": "mma.sync + ldmatrix (PTX)",
+    "v4": "+ XOR swizzle (no bank conflicts)",
+    "v5": "+ cp.async 3-stage pipeline",
+    "v6": "+ 64x64 warp tiles, register double buffer",
+    "v7": "wgmma from shared memory (cp.async loads)",
+    "v8": "TMA + mbarriers + warp specialisation",
+    "v9": "autotuned final version",
+}
+
+#: the lowest compute capability each version runs on
+MIN_CC = {"v1": (7, 0), "v2": (7, 0), "v3": (7, 5), "v4": (7, 5), "v5": (8, 0), "v6": (8, 0),
+          "v7": (9, 0), "v8": (9, 0), "v9": (7, 5)}
+#: versions built from sm_90a instructions (wgmma, setmaxnreg): Hopper (cc 9.0) only
+HOPPER_ONLY = ("v7", "v8")
+#: versions with a bf16 kernel (bf16 tensor-core instructions start at cc 8.0)
+BF16 = ("v3", "v4", "v5", "v6", "v7", "v8", "v9")
+
+#: block tiles (rows, cols of C), threads and stages of the fixed versions
+_FIXED = {"v3": (128, 128, 256, 1), "v4": (128, 128, 256, 1), "v5": (128, 128, 256, 3),
+          "v6": (128, 256, 256, 3), "v7": (128, 128, 256, 4), "v8": (128, 256, 384, 4)}
+BK = 64
+MAX_STATIC_SHARED = 48 * 1024
+
+#: v9's defaults per architecture before (or without) autotuning
+DEFAULT_SM90 = dict(BN=256, STAGES=4, PERSIST=1)
+DEFAULT_SM80 = dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8)
+DEFAULT_SM75 = dict(BM=128, BN=128, WM=64, WN=32, STAGES=1, DBUF=1, GROUP=8)
+
+_TUNED: dict[tuple, dict] = {}   # (cc, dtype) -> the parameters autotune() found best
+
+
+class UnsupportedError(LaunchError):
+    """This GPU lacks the instructions a kernel needs (the message names the minimum cc)."""
+
+
+# ============================================================================ operands
+
+_DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
+
+
+@dataclass
+class Operand:
+    """What a launch needs to know about an array, whatever library made it."""
+    name: str
+    ptr: int
+    shape: tuple
+    dtype: str
+    contiguous: bool
+    lib: str          # "cupy", "torch", "numba", "numpy"
+    obj: Any
+
+
+def _describe(x: Any, name: str) -> Operand:
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        if not x.is_cuda:
+            raise TypeError(f"{name}: a PyTorch tensor on the host; move it with .to('cuda')")
+        return Operand(name, int(x.data_ptr()), tuple(x.shape), str(x.dtype).replace("torch.", ""),
+                       bool(x.is_contiguous()), "torch", x)
+    if mod.startswith("cupy"):
+        return Operand(name, int(x.data.ptr), tuple(x.shape), str(x.dtype),
+                       bool(x.flags.c_contiguous), "cupy", x)
+    if isinstance(x, np.ndarray):
+        from cudabook import env
+
+        if env.HAS_GPU:
+            raise TypeError(f"{name}: a NumPy array lives on the host; move it with "
+                            "cupy.asarray(...) first")
+        return Operand(name, int(x.ctypes.data), x.shape, str(x.dtype),
+                       bool(x.flags.c_contiguous), "numpy", x)
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is None:
+        raise TypeError(f"{name}: expected a GPU array (CuPy, PyTorch CUDA tensor, Numba device "
+                        f"array), got {mod}.{type(x).__name__}")
+    shape = tuple(cai["shape"])
+    dt = str(np.dtype(cai["typestr"]))
+    strides = cai.get("strides")
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    dense = strides is None or tuple(strides) == tuple(
+        int(np.prod(shape[i + 1:])) * itemsize for i in range(len(shape)))
+    return Operand(name, int(cai["data"][0]), shape, dt, dense, "numba", x)
+
+
+def check_operands(A: Any, B: Any, C: Any | None = None) -> tuple[int, int, int, str]:
+    """(M, N, K, dtype) of C = A @ B^T, or TypeError/ValueError saying what is wrong.
+
+    A (M, K) and B (N, K) must share a 16-bit dtype (float16 or bfloat16) and be C-contiguous
+    with 16-byte aligned starts; K must be a multiple of 8 (16-byte rows: ``matmul`` pads it).
+    C (M, N) has their dtype and a 4-byte aligned start.
+    """
+    a, b = _describe(A, "A"), _describe(B, "B")
+    ops = [a, b] + ([_describe(C, "C")] if C is not None else [])
+    for o in ops:
+        if len(o.shape) != 2:
+            raise ValueError(f"{o.name}: expected a 2D matrix, got shape {o.shape}")
+        if o.dtype not in _DTYPES:
+            raise TypeError(f"{o.name}: dtype {o.dtype} is not supported: the tensor-core kernels "
+                            "take float16 or bfloat16 (convert with .astype(cupy.float16) or "
+                            ".half() / .bfloat16())")
+        if not o.contiguous:
+            raise ValueError(f"{o.name}: expected a C-contiguous matrix (a strided view would be "
+                             "read as if it were dense); pass a contiguous copy")
+    if a.dtype != b.dtype:
+        raise TypeError(f"A is {a.dtype} but B is {b.dtype}: both inputs must have one dtype")
+    (M, K), (N, K2) = a.shape, b.shape
+    if K != K2:
+        raise ValueError(f"A is {M}x{K} and B is {N}x{K2}: B must be (N, K) (C = A @ B^T, B in "
+                         "nn.Linear's weight layout), so their second dimensions must match")
+    if min(M, N, K) < 1:
+        raise ValueError(f"empty problem M, N, K = {M}, {N}, {K}")
+    if K % 8:
+        raise ValueError(f"K = {K} is not a multiple of 8: rows of A and B must be 16-byte "
+                         "multiples for 16-byte loads, cp.async and TMA. hgemm.matmul() pads K "
+                         "with zeros (one copy of A and B)")
+    for o in (a, b):
+        if o.ptr % 16:
+            raise ValueError(f"{o.name}: its data starts at an address that is not 16-byte "
+                             f"aligned (0x{o.ptr:x}): a view at an odd offset? Pass a fresh copy")
+    if C is not None:
+        c = ops[2]
+        if c.dtype != a.dtype:
+            raise TypeError(f"C is {c.dtype} but the inputs are {a.dtype}: C must match them")
+        if c.shape != (M, N):
+            raise ValueError(f"C must be {M}x{N} (M x N), got {c.shape}")
+        if c.ptr % 4:
+            raise ValueError(f"C: its data is not 4-byte aligned (0x{c.ptr:x})")
+    return M, N, K, a.dtype
+
+
+def require(version: str, cc: tuple[int, int], dtype: str = "float16") -> None:
+    """Raise ``UnsupportedError`` (naming the minimum compute capability) unless ``version`` with
+    ``dtype`` inputs runs on a GPU of compute capability ``cc``."""
+    if version not in VERSIONS:
+        raise ValueError(f"unknown version {version!r}; the ladder is {', '.join(VERSIONS)}")
+    need = MIN_CC[version]
+    if version in HOPPER_ONLY and tuple(cc) != (9, 0):
+        raise UnsupportedError(
+            f"hgemm_{version} needs compute capability 9.0 exactly (Hopper, sm_90a: wgmma, TMA, "
+            f"setmaxnreg); this GPU is {cc[0]}.{cc[1]}. The sm_90a instructions exist on no other "
+            "architecture: use v6 (cc 8.0+) or v9, which picks its family for your GPU")
+    if tuple(cc) < need:
+        raise UnsupportedError(f"hgemm_{version} needs compute capability {need[0]}.{need[1]} or "
+                               f"newer ({WHAT[version]}); this GPU is {cc[0]}.{cc[1]}")
+    if dtype == "bfloat16":
+        if version not in BF16:
+            raise UnsupportedError(f"hgemm_{version} has no bf16 kernel (WMMA versions are fp16 "
+                                   f"only); bf16 versions: {', '.join(BF16)}")
+        if tuple(cc) < (8, 0):
+            raise UnsupportedError(f"bf16 tensor-core instructions need compute capability 8.0 "
+                                   f"or newer; this GPU is {cc[0]}.{cc[1]}")
+
+
+# ============================================================================ configuration
+
+def v9_family(cc: tuple[int, int]) -> str:
+    """The template v9 instantiates on this architecture: "tma" (cc 9.0) or "mma"."""
+    return "tma" if tuple(cc) == (9, 0) else "mma"
+
+
+def v9_params(cc: tuple[int, int], dtype: str = "float16", params: dict | None = None) -> dict:
+    """v9's parameters: ``params``, else what autotune() found here, else the defaults."""
+    if params is not None:
+        return dict(params)
+    if (tuple(cc), dtype) in _TUNED:
+        return dict(_TUNED[(tuple(cc), dtype)])
+    if (tuple(cc), "float16") in _TUNED:
+        return dict(_TUNED[(tuple(cc), "float16")])
+    if v9_family(cc) == "tma":
+        return dict(DEFAULT_SM90)
+    return dict(DEFAULT_SM80 if tuple(cc) >= (8, 0) else DEFAULT_SM75)
+
+
+def template_name(family: str, p: dict, dtype: str = "float16") -> str:
+    """The C++ name of one instantiation (CuPy name expression)."""
+    t = _DTYPES[dtype]
+    b = lambda x: "true" if x else "false"   # noqa: E731
+    if family == "tma":
+        return f"hgemm_tma_t<{p['BN']}, {p['STAGES']}, {b(p['PERSIST'])}, {t}>"
+    return (f"hgemm_mma_t<{p['BM']}, {p['BN']}, {p['WM']}, {p['WN']}, {p['STAGES']}, "
+            f"{b(p['DBUF'])}, {p['GROUP']}, {t}>")
+
+
+def check_params(family: str, p: dict) -> None:
+    """ValueError naming the rule a v9 parameter set breaks."""
+    if family == "tma":
+        if set(p) != set(DEFAULT_SM90):
+            raise ValueError(f"tma parameters are {sorted(DEFAULT_SM90)}, got {sorted(p)}")
+        if p["BN"] not in (64, 128, 256):
+            raise ValueError("BN must be 64, 128 or 256 (the wgmma wrappers of mma.cuh)")
+        if not 2 <= p["STAGES"] <= 8:
+            raise ValueError("STAGES must be 2..8")
+        return
+    if set(p) != set(DEFAULT_SM80):
+        raise ValueError(f"mma parameters are {sorted(DEFAULT_SM80)}, got {sorted(p)}")
+    bm, bn, wm, wn = p["BM"], p["BN"], p["WM"], p["WN"]
+    threads = (bm // wm) * (bn // wn) * 32 if wm and wn else 0
+    rules = [(bm % wm == 0 and bn % wn == 0, "the warp tile WMxWN must divide BMxBN"),
+             (wm % 16 == 0 and wn % 16 == 0, "WM and WN must be multiples of 16"),
+             (32 <= threads <= 1024, "a block must have 1..32 warps"),
+             (threads and (bm * 8) % threads == 0 and (bn * 8) % threads == 0,
+              "the 16-byte chunks of a tile (8 per row) must divide among the threads"),
+             (p["STAGES"] >= 1, "STAGES >= 1"), (p["GROUP"] >= 1, "GROUP >= 1")]
+    for ok, why in rules:
+        if not ok:
+            raise ValueError(f"{p}: {why}")
+
+
+def shared_bytes(version: str, cc: tuple[int, int] = (9, 0), params: dict | None = None,
+                 dtype: str = "float16") -> int:
+    """Dynamic shared memory of one block (bytes)."""
+    if version in ("v1", "v2"):
+        return 0
+    if version == "v9":
+        p = v9_params(cc, dtype, params)
+        if v9_family(cc) == "tma":
+            return p["STAGES"] * (128 + p["BN"]) * BK * 2 + 1024
+        return p["STAGES"] * (p["BM"] + p["BN"]) * BK * 2
+    bm, bn, _, stages = _FIXED[version]
+    extra = 1024 if version in HOPPER_ONLY else 0
+    return stages * (bm + bn) * BK * 2 + extra
+
+
+def config(version: str, M: int, N: int, K: int, cc: tuple[int, int] = (9, 0),
+           params: dict | None = None, sms: int = 132, dtype: str = "float16") -> dict:
+    """{"grid", "block", "shared", "kernel"} of a launch; ``sms`` sizes v9's persistent grid."""
+    cdiv = lambda a, b: (a + b - 1) // b   # noqa: E731
+    if version == "v1":
+        return dict(grid=(cdiv(N, 32), cdiv(M, 32)), block=(128,), shared=0, kernel="hgemm_v1")
+    if version == "v2":
+        return dict(grid=(cdiv(N, 128), cdiv(M, 128)), block=(256,), shared=0, kernel="hgemm_v2")
+    sfx = "_bf16" if dtype == "bfloat16" else ""
+    if version == "v9":
+        fam, p = v9_family(cc), v9_params(cc, dtype, params)
+        check_params(fam, p)
+        if fam == "tma":
+            tiles = cdiv(M, 128) * cdiv(N, p["BN"])
+            grid = min(tiles, sms) if p["PERSIST"] else tiles
+            return dict(grid=(grid,), block=(384,), shared=shared_bytes("v9", cc, p),
+                        kernel=template_name("tma", p, dtype), params=p)
+        threads = (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
+        return dict(grid=(cdiv(M, p["BM"]) * cdiv(N, p["BN"]),), block=(threads,),
+                    shared=shared_bytes("v9", cc, p), kernel=template_name("mma", p, dtype),
+                    params=p)
+    if version not in _FIXED:
+        raise ValueError(f"unknown version {version!r}; the ladder is {', '.join(VERSIONS)}")
+    bm, bn, threads, _ = _FIXED[version]
+    return dict(grid=(cdiv(M, bm) * cdiv(N, bn),), block=(threads,),
+                shared=shared_bytes(version), kernel=f"hgemm_{version}{sfx}")
+
+
+# ============================================================================ compiling
+
+_MODULES: dict = {}
+
+
+def arch_options(cc: tuple[int, int]) -> tuple[str, ...]:
+    """NVRTC options: sm_90a on Hopper (wgmma and setmaxnreg are 'a' features), else default."""
+    return ("-arch=sm_90a",) if tuple(cc) == (9, 0) else ()
+
+
+def load(cc: tuple[int, int] | None = None, name_expressions: tuple[str, ...] = ()):
+    """kernels/hgemm.cu compiled for this GPU, with v9's template instantiations (cached)."""
+    import cudabook as cb
+
+    cc = tuple(cc or cb.cc())
+    exprs = tuple(name_expressions) or _default_exprs(cc)
+    key = (cc, exprs)
+    if key not in _MODULES:
+        mod = cb.load_cuda("hgemm", options=arch_options(cc), name_expressions=exprs)
+        mod.cc, mod.sm90a, mod.exprs = cc, cc == (9, 0), exprs
+        _MODULES[key] = mod
+    return _MODULES[key]
+
+
+def _default_exprs(cc: tuple[int, int]) -> tuple[str, ...]:
+    fam = v9_family(cc)
+    dts = ("float16", "bfloat16") if tuple(cc) >= (8, 0) else ("float16",)
+    return tuple(dict.fromkeys(template_name(fam, v9_params(cc, d), d) for d in dts))
+
+
+# ============================================================================ TMA descriptors
+
+_TMAPS: dict = {}
+
+
+def tensor_map(ptr: int, rows: int, cols: int, box_rows: int, dtype: str = "float16",
+               box_cols: int = BK) -> np.void:
+    """A TMA descriptor (CUtensorMap, 128 bytes) of a row-major (rows, cols) 16-bit matrix at
+    ``ptr``: boxes of ``box_rows`` x ``box_cols``, 128-byte swizzle, zeros outside the matrix.
+
+    Built with ``cuda.bindings.driver.cuTensorMapEncodeTiled`` (pip install cuda-bindings) and
+    returned as a NumPy ``np.void``, which CuPy passes by value to a
+    ``const __grid_constant__ TmaDesc`` parameter.
+    """
+    key = (ptr, rows, cols, box_rows, box_cols, dtype)
+    if key in _TMAPS:
+        return _TMAPS[key]
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError as e:
+        raise UnsupportedError("TMA descriptors are built with the CUDA driver API from Python: "
+                               "pip install cuda-bindings") from e
+    import ctypes
+
+    if cols * 2 % 16 or ptr % 16:
+        raise ValueError("TMA needs 16-byte aligned rows and start address")
+    dt = {"float16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+          "bfloat16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}[dtype]
+    err, tm = cu.cuTensorMapEncodeTiled(
+        dt, 2, ptr, [cu.cuuint64_t(cols), cu.cuuint64_t(rows)], [cu.cuuint64_t(cols * 2)],
+        [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if int(err) != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err}")
+    raw = bytes((ctypes.c_char * 128).from_address(tm.getPtr()))
+    val = np.frombuffer(raw, dtype=np.dtype((np.void, 128)))[0]
+    if len(_TMAPS) > 256:
+        _TMAPS.clear()
+    _TMAPS[key] = val
+    return val
+
+
+# ============================================================================ launching
+
+def _stream_for(ops: list[Operand]):
+    """The stream of the operands' library: PyTorch's current stream for torch tensors."""
+    import cupy
+
+    if any(o.lib == "torch" for o in ops):
+        import torch
+
+        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    return cupy.cuda.get_current_stream()
+
+
+def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None) -> dict:
+    """Check the operands and the GPU, then launch ``version`` computing C = A @ B^T.
+
+    Returns the launch configuration. Refuses (UnsupportedError) a version this GPU cannot run,
+    and (TypeError/ValueError) bad operands, before anything reaches the GPU.
+    """
+    M, N, K, dtype = check_operands(A, B, C)
+    cc = tuple(getattr(mod, "cc", None) or _cc())
+    require(version, cc, dtype)
+    needs_90a = version in HOPPER_ONLY or (version == "v9" and v9_family(cc) == "tma")
+    if needs_90a and not getattr(mod, "sm90a", False):
+        raise UnsupportedError(f"hgemm_{version} was not compiled for sm_90a: load the module "
+                               "with hgemm.load() (it passes -arch=sm_90a on Hopper)")
+    cfg = config(version, M, N, K, cc, params, sms=_sms(), dtype=dtype)
+    if version == "v9":
+        name = cfg["kernel"]
+        if name not in getattr(mod, "exprs", ()):
+            mod = load(cc, (*getattr(mod, "exprs", ()), name))
+    kern = kernel(mod, cfg["kernel"])
+    if cfg["shared"] > MAX_STATIC_SHARED:
+        kern.max_dynamic_shared_size_bytes = cfg["shared"]
+    ops = [_describe(x, n) for x, n in ((A, "A"), (B, "B"), (C, "C"))]
+    a, b, c = (np.uint64(o.ptr) for o in ops)
+    dims = (np.int32(M), np.int32(N), np.int32(K))
+    if version == "v8" or (version == "v9" and v9_family(cc) == "tma"):
+        bn = 256 if version == "v8" else cfg["params"]["BN"]
+        args = (tensor_map(ops[0].ptr, M, K, 128, dtype), tensor_map(ops[1].ptr, N, K, bn, dtype),
+                c, *dims)
+    else:
+        args = (a, b, c, *dims)
+    with _stream_for(ops):
+        kern(cfg["grid"], cfg["block"], args, shared_mem=cfg["shared"])
+    return cfg
+
+
+def kernel(mod, name: str):
+    """The RawKernel ``name`` of a module from load()."""
+    return mod.raw.get_function(name)
+
+
+def resources(mod, name: str) -> dict:
+    """Registers per thread, static shared bytes, local (spill) bytes of kernel ``name``."""
+    a = kernel(mod, name).attributes
+    return {"registers": a["num_regs"], "shared_bytes": a["shared_size_bytes"],
+            "local_bytes": a["local_size_bytes"]}
+
+
+def _cc() -> tuple[int, int]:
+    import cudabook as cb
+
+    return cb.cc()
+
+
+def _sms() -> int:
+    import cudabook as cb
+
+    return cb.env.info().sms or 132
+
+
+def pad_k(X: Any, K8: int):
+    """X (R, K) copied into a zero-filled (R, K8) matrix (same library, same dtype)."""
+    if type(X).__module__.startswith("torch"):
+        import torch
+
+        return torch.nn.functional.pad(X, (0, K8 - X.shape[1]))
+    import cupy
+
+    Y = cupy.zeros((X.shape[0], K8), dtype=X.dtype)
+    Y[:, :X.shape[1]] = cupy.asarray(X)
+    return Y
+
+
+def matmul(A: Any, B: Any, version: str = "v9", out: Any | None = None, mod=None):
+    """C = A @ B^T with the chosen version, for CuPy arrays or PyTorch CUDA tensors.
+
+    K not a multiple of 8 is padded with zeros (a copy of A and B: 2(M + N)K bytes read and
+    written once more, which the timings of the lesson count). ``out`` defaults to a new array of
+    the inputs' library and dtype.
+    """
+    K = A.shape[1] if hasattr(A, "shape") and len(A.shape) == 2 else None
+    if K is not None and K % 8 and B.shape[-1] == K:
+        K8 = (K + 7) // 8 * 8
+        A, B = pad_k(A, K8), pad_k(B, K8)
+    if out is None:
+        M, N = A.shape[0], B.shape[0]
+        if type(A).__module__.startswith("torch"):
+            import torch
+
+            out = torch.empty((M, N), dtype=A.dtype, device=A.device)
+        else:
+            import cupy
+
+            out = cupy.empty((M, N), dtype=A.dtype)
+    launch(mod or load(), version, A, B, out)
+    return out
+
+
+# ============================================================================ correctness
+
+#: unit roundoff of each format (half an ulp at 1): fp16 and TF32 keep 10 mantissa bits, bf16 7
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "tf32": 2.0 ** -11,
+                 "float32": 2.0 ** -24}
+
+
+def tolerance(absprod, ref, K: int, out_dtype: str = "float16", acc: str = "float32",
+              lam: float = 4.0):
+    """Per-element error bound of C = A @ B^T with 16-bit inputs, ``acc`` accumulation and a
+    result rounded to ``out_dtype``: ``u_out |ref| + lam sqrt(K) u_acc (|A| |B|^T)``.
+
+    The products of two fp16 (or bf16) values are exact in fp32, so the error comes from the
+    additions (a random walk of K roundings: sqrt(K), Higham and Mary 2019; ``lam`` = 4 covers
+    the tails, and u_acc is doubled for the tensor cores' truncating adders) and from rounding C.
+    ``absprod`` = |A| @ |B|^T and ``ref`` the float64 product, same shape.
+    """
+    u_acc = 2 * UNIT_ROUNDOFF[acc]
+    return UNIT_ROUNDOFF[out_dtype] * abs(ref) + lam * math.sqrt(K) * u_acc * absprod
+
+
+def check(C: Any, A: Any, B: Any, rows: slice | None = None, name: str = "C",
+          acc: str = "float32") -> float:
+    """Raise ``cudabook.CheckError`` unless C = A @ B^T within ``tolerance``; returns the largest
+    error relative to the bound (< 1 passes). ``rows`` restricts the check to a band of rows."""
+    import cudabook as cb
+    from cudabook.check import CheckError
+
+    a, b, c = (_as_f64(x) for x in (A, B, C))
+    if rows is not None:
+        a, c = a[rows], c[rows]
+    xp = _xp(a)
+    ref = a @ b.T
+    bound = tolerance(xp.abs(a) @ xp.abs(b).T, ref, a.shape[1], _describe(C, "C").dtype, acc)
+    err = xp.abs(c - ref)
+    bad = ~(err <= bound)
+    if bool(bad.any()):
+        idx = cb.to_numpy(xp.argwhere(bad))
+        i, j = (int(v) for v in idx[0])
+        n_nan = int(xp.isnan(c).sum())
+        raise CheckError(
+            f"{name}: {len(idx)} of {c.size} elements outside the fp32-accumulation bound"
+            + (f" ({n_nan} NaN: never written)" if n_nan else "")
+            + f"; first at ({i}, {j}): got {float(c[i, j]):.6g}, expected {float(ref[i, j]):.6g}"
+              f" +- {float(bound[i, j]):.2g}")
+    return float((err / (bound + 1e-300)).max())
+
+
+def _xp(x):
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _as_f64(x):
+    """float64 copy of a CuPy/NumPy/torch (bf16 too) matrix, on the GPU when there is one."""
+    if type(x).__module__.startswith("torch"):
+        t = x.detach().double()
+        if t.is_cuda:
+            import cupy
+
+            return cupy.asarray(t)
+        return t.numpy()
+    if type(x).__module__.startswith("cupy"):
+        return x.astype("float64")
+    if hasattr(x, "copy_to_host"):
+        return x.copy_to_host().astype(np.float64)
+    return np.asarray(x, dtype=np.float64)
+
+
+def flops(M: int, N: int, K: int) -> float:
+    return 2.0 * M * N * K
+
+
+# ============================================================================ autotuning
+
+def candidates(cc: tuple[int, int]) -> list[dict]:
+    """The parameter sets autotune() tries on this architecture (each fits its shared memory)."""
+    if v9_family(cc) == "tma":
+        return [dict(BN=bn, STAGES=s, PERSIST=p) for bn, ss in ((256, (3, 4)), (128, (4, 6)))
+                for s in ss for p in (0, 1)]
+    if tuple(cc) >= (8, 0):
+        return [dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8),
+                dict(BM=128, BN=256, WM=64, WN=64, STAGES=4, DBUF=1, GROUP=8),
+                dict(BM=128, BN=128, WM=64, WN=64, STAGES=4, DBUF=1, GROUP=8),
+                dict(BM=256, BN=128, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8),
+                dict(BM=128, BN=128, WM=64, WN=32, STAGES=3, DBUF=1, GROUP=8),
+                dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=0, GROUP=8)]
+    return [dict(BM=128, BN=128, WM=64, WN=32, STAGES=1, DBUF=d, GROUP=g)
+            for d in (0, 1) for g in (1, 8)] + [
+            dict(BM=64, BN=128, WM=32, WN=64, STAGES=1, DBUF=1, GROUP=8)]
+
+
+def autotune(n: int = 4096, cands: list[dict] | None = None, repeat: int = 10,
+             quiet: bool = False) -> list[dict]:
+    """Compile every candidate of v9's template for this GPU (one NVRTC call), check each on a
+    ragged shape, time it at n x n x n against cuBLAS fp16 in the same run, keep the fastest for
+    v9. Returns one entry per candidate (params, TFLOP/s, ratio or error), best first."""
+    import cupy
+
+    import cudabook as cb
+
+    cc = tuple(cb.cc())
+    fam = v9_family(cc)
+    cands = [dict(c) for c in (cands or candidates(cc))]
+    optin = cupy.cuda.runtime.getDeviceProperties(0).get("sharedMemPerBlockOptin", 227 * 1024)
+    fits = [c for c in cands if shared_bytes("v9", cc, c) <= optin]
+    mod = load(cc, tuple(template_name(fam, c) for c in fits))
+    g = np.random.default_rng(n)
+    a = cupy.asarray(g.standard_normal((n, n), dtype=np.float32)).astype(cupy.float16)
+    b = cupy.asarray(g.standard_normal((n, n), dtype=np.float32)).astype(cupy.float16)
+    ra = cupy.asarray(g.standard_normal((300, 200), dtype=np.float32)).astype(cupy.float16)
+    rb = cupy.asarray(g.standard_normal((77, 200), dtype=np.float32)).astype(cupy.float16)
+    out, rout = cupy.empty((n, n), cupy.float16), cupy.empty((300, 77), cupy.float16)
+    out_ref = cupy.empty((n, n), cupy.float16)
+    res = [dict(params=c, error=f"needs {shared_bytes('v9', cc, c)} B of shared memory, the "
+                f"GPU allows {optin}") for c in cands if c not in fits]
+    base = None
+    for c in fits:
+        e = dict(params=c)
+        try:
+            rout.fill(cupy.nan)
+            launch(mod, "v9", ra, rb, rout, params=c)
+            check(rout, ra, rb, name=f"v9 {c}")
+            t = cb.bench({"v9": lambda c=c: launch(mod, "v9", a, b, out, params=c)},
+                         baseline={"cuBLAS fp16": lambda: cupy.matmul(a, b.T, out=out_ref)},
+                         flops=flops(n, n, n), repeat=repeat, quiet=True)
+            base = t["cuBLAS fp16"].value
+            e.update(tflops=t["v9"].value, ratio=t["v9"].ratio, time_us=t["v9"].time_us,
+                     shared=shared_bytes("v9", cc, c))
+        except Exception as ex:  # noqa: BLE001
+            e["error"] = f"{type(ex).__name__}: {str(ex).splitlines()[0][:120]}"
+        res.append(e)
+    ok = sorted((r for r in res if "tflops" in r), key=lambda r: -r["tflops"])
+    if ok:
+        _TUNED[(cc, "float16")] = dict(ok[0]["params"])
+    if not quiet and base:
+        print(f"cuBLAS fp16 at n = {n}: {base:.1f} TFLOP/s")
+    return ok + [r for r in res if "tflops" not in r]
+
+
+def params_label(p: dict) -> str:
+    if "PERSIST" in p:
+        return f"128x{p['BN']}x64, {p['STAGES']} stages, {'persistent' if p['PERSIST'] else 'one tile/block'}"
+    return (f"{p['BM']}x{p['BN']}x64, warps {p['WM']}x{p['WN']}, {p['STAGES']} stage(s)"
+            f"{', reg. double buffer' if p['DBUF'] else ''}, group {p['GROUP']}")
+
+
+# ============================================================================ sanitizer
+
+def sanitize_targets():
+    """(name, launch) pairs for tools/sanitize.py: the versions that use shared memory, on a
+    ragged shape (racecheck finds a missing barrier, memcheck an unguarded load or store)."""
+    import cupy as cp
+
+    import cudabook as cb
+
+    cc = tuple(cb.cc())
+    mod = load(cc)
+    M, N, K = 131, 67, 72
+    A = cp.random.rand(M, K, dtype=cp.float32).astype(cp.float16)
+    B = cp.random.rand(N, K, dtype=cp.float32).astype(cp.float16)
+    C = cp.empty((M, N), cp.float16)
+    for v in ("v1", "v2", "v3", "v4", "v5", "v6"):
+        if cc >= MIN_CC[v]:
+            yield f"hgemm_{v}", (lambda v=v: launch(mod, v, A, B, C))

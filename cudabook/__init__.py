@@ -28,6 +28,7 @@ from .validate import expect, expect_aligned
 from .launch import LaunchError, ceil_div, grid_1d, grid_2d, need_cc, round_up, row_block
 from . import reference
 from . import plot
+from .tracer import trace  # noqa: F401  (cb.trace; cudabook.tracedraw draws it)
 
 __version__ = "0.1.0"
 

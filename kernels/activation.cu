@@ -3,24 +3,25 @@
 // Shapes: x, y are float32, contiguous; n = number of elements. For the bias versions x and y
 // are (M, N) row-major and b has N elements (one bias per column, as after a Linear layer).
 //
-// kernels, simplest first (one op family: "apply an activation")
+// kernels (one op family, "apply an activation"; versions count within each op)
 //   relu_v1        y = max(x, 0)                                   one thread per element
 //   gelu_v1        GELU, tanh approximation (GPT-2, torch approximate="tanh")
 //   gelu_v2        GELU, exact erf form (torch default)
 //   bias_add_v1    y = x + b[col]: the first of the two unfused kernels (then gelu_v1)
 //   bias_gelu_v1   fused y = gelu_tanh(x + b[col]): one read and one write instead of two each
-//   bias_gelu_v2   bias_gelu_v1 with float4 loads/stores and a grid-stride loop (N % 4 == 0)
+//   bias_gelu_v2   bias_gelu_v1 with float4 loads/stores and a grid-stride loop (when N % 4 == 0
+//                  and x, b, y are 16-byte aligned; otherwise the same loop with scalars)
 //
 // traffic: every kernel reads 4 n and writes 4 n bytes (b is tiny and stays in cache), so all
 // are memory-bound. The unfused pair bias_add_v1 + gelu_v1 moves 16 n bytes (the intermediate
 // x + b goes to memory and comes back); the fused kernel moves 8 n: at best 2x faster.
 #include "common.cuh"
 
-#define GELU_K0 0.7978845608028654f   // sqrt(2 / pi)
-#define GELU_K1 0.044715f
+#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
+#define GELU_CUBIC 0.044715f
 
 __device__ __forceinline__ float gelu_tanh(float v) {
-    return 0.5f * v * (1.0f + tanhf(GELU_K0 * (v + GELU_K1 * v * v * v)));
+    return 0.5f * v * (1.0f + tanhf(GELU_SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v)));
 }
 
 // launch: grid = ceil_div(n, 256), block = 256, no shared memory
@@ -58,11 +59,17 @@ extern "C" __global__ void bias_gelu_v1(const float* x, const float* b, float* y
     if (i < (long long)M * N) y[i] = gelu_tanh(x[i] + b[i % N]);
 }
 
-// launch: grid = min(ceil_div(M * N / 4, 256), 8 * SMs), block = 256; needs N % 4 == 0 and
-// 16-byte aligned x, y (true for CuPy/torch allocations). Each thread moves 16 bytes per load
-// (fewer instructions per byte) and loops over the array (grid-stride), so a grid of a few
-// blocks per SM covers any size.
+// launch: grid = min(ceil_div(M * N / 4, 256), 8 * SMs), block = 256. Each thread moves 16
+// bytes per load (fewer instructions per byte) and loops over the array (grid-stride), so a
+// grid of a few blocks per SM covers any size. float4 needs N % 4 == 0 and 16-byte aligned
+// x, b, y (whole CuPy/torch allocations are); otherwise the same loop runs on scalars.
 extern "C" __global__ void bias_gelu_v2(const float* x, const float* b, float* y, int M, int N) {
+    if ((N & 3) || !aligned16(x) || !aligned16(b) || !aligned16(y)) {   // uniform: no float4
+        for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+             i < (long long)M * N; i += (long long)gridDim.x * blockDim.x)
+            y[i] = gelu_tanh(x[i] + b[i % N]);
+        return;
+    }
     long long n4 = (long long)M * N / 4;
     int N4 = N / 4;
     const float4* x4 = reinterpret_cast<const float4*>(x);

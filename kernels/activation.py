@@ -12,13 +12,13 @@ import math
 
 from numba import cuda
 
-K0 = 0.7978845608028654   # sqrt(2 / pi)
-K1 = 0.044715
+GELU_SQRT_2_OVER_PI = 0.7978845608028654
+GELU_CUBIC = 0.044715
 
 
 @cuda.jit(device=True, inline=True)
 def gelu_tanh(v):
-    return 0.5 * v * (1.0 + math.tanh(K0 * (v + K1 * v * v * v)))
+    return 0.5 * v * (1.0 + math.tanh(GELU_SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v)))
 
 
 @cuda.jit

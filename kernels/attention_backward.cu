@@ -13,8 +13,9 @@
 //                        32 queries, loops over the keys). S and dP are computed twice, once per
 //                        kernel, which buys a deterministic dQ without atomics
 //   attention_bwd_v2_*   tensor cores (mma.sync, fp16/bf16, fp32 accumulate), the FA2 split: one
-//                        block per 128 keys holds K, V and dK, dV; it loops over query tiles of 64
-//                        (double-buffered by cp.async), computes S^T, dP^T, dV, dK with the keys as
+//                        block per 128 keys holds K, V and dK, dV; it loops over query tiles (64
+//                        rows at D = 128, 128 at D = 64; double-buffered by cp.async), computes
+//                        S^T, dP^T, dV, dK with the keys as
 //                        the rows of every product, puts dS^T in shared memory and adds its share
 //                        of dQ = dS K into a float32 buffer with atomicAdd. A last kernel scales
 //                        dQ and rounds it to 16 bits
@@ -411,7 +412,7 @@ __device__ __forceinline__ void flash_bwd_mma(const T* __restrict__ Q, const T* 
     }
 ATTN_BWD_V2_TYPE(f16, __half)
 ATTN_BWD_V2_TYPE(bf16, __nv_bfloat16)
-ATTN_BWD_V2(f16, __half, 64, 128, 64)
-ATTN_BWD_V2(bf16, __nv_bfloat16, 64, 128, 64)
+ATTN_BWD_V2(f16, __half, 64, 128, 128)
+ATTN_BWD_V2(bf16, __nv_bfloat16, 64, 128, 128)
 ATTN_BWD_V2(f16, __half, 128, 128, 64)
 ATTN_BWD_V2(bf16, __nv_bfloat16, 128, 128, 64)

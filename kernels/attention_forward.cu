@@ -164,7 +164,7 @@ ATTN_V2(128)
 
 // ======================================================================================= v3
 // launch: block NW * 32 = 128, grid (ceil(Nq / BR), BH), dynamic shared memory
-// (BR + 2 BC) * D * 2 bytes (Q, K and V tiles; 48 KiB at D = 64, 64 KiB at D = 128).
+// (BR + 2 BC) * D * 2 bytes (Q, K and V tiles; 32 KiB at D = 64, 64 KiB at D = 128).
 // Warp w owns query rows [w * 16 MT, (w + 1) * 16 MT) of the block: MT m16 tiles. Per K/V tile
 // it computes S (MT x BC/8 accumulators of 16 x 8), the online softmax on them (a row's values
 // sit in the 4 lanes of a quad: two shuffles give its max), then O += P V with P taken straight
@@ -326,15 +326,16 @@ __device__ __forceinline__ void flash_mma(const T* __restrict__ Q, const T* __re
         }
 }
 
-// Tile shapes (BR queries per block, BC keys per tile, 4 warps): FA2's choices for these head
-// dimensions. Registers: S takes MT * BC / 2 and O MT * D / 2 floats per thread.
+// Tile shapes (BR queries per block, BC keys per tile, 4 warps), the fastest of those timed by
+// tools/dev/ch09_bench.py --variants on an H100. Registers: S takes MT * BC / 2 and O MT * D / 2
+// floats per thread (MT = 2 m16 tiles per warp).
 #define ATTN_V3(NAME, T, D, BR, BC)                                                              \
     extern "C" __global__ void __launch_bounds__(128) NAME(const T* Q, const T* K, const T* V,   \
                                                          T* O, float* lse, int Nq, int Nk,       \
                                                          float scale_log2, int causal) {         \
         flash_mma<T, D, BR, BC, 4>(Q, K, V, O, lse, Nq, Nk, scale_log2, causal);                 \
     }
-ATTN_V3(attention_v3_f16_d64, __half, 64, 128, 128)
-ATTN_V3(attention_v3_bf16_d64, __nv_bfloat16, 64, 128, 128)
+ATTN_V3(attention_v3_f16_d64, __half, 64, 128, 64)
+ATTN_V3(attention_v3_bf16_d64, __nv_bfloat16, 64, 128, 64)
 ATTN_V3(attention_v3_f16_d128, __half, 128, 128, 64)
 ATTN_V3(attention_v3_bf16_d128, __nv_bfloat16, 128, 128, 64)

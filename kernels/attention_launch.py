@@ -28,9 +28,9 @@ import cudabook as cb
 LOG2E = 1.4426950408889634
 #: attention_v3 tiles (queries per block BR, keys per tile BC) per head dimension; the same
 #: numbers as the ATTN_V3 lines of attention_forward.cu (tests/test_ch09.py compares them)
-V3_TILES = {64: (128, 128), 128: (128, 64)}
+V3_TILES = {64: (128, 64), 128: (128, 64)}
 #: attention_bwd_v2 tiles (keys per block BC, queries per tile BR), as in ATTN_BWD_V2
-BWD_V2_TILES = {64: (128, 64), 128: (128, 64)}
+BWD_V2_TILES = {64: (128, 128), 128: (128, 64)}
 HEAD_DIMS = (64, 128)           # every CUDA version is compiled for these
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 FWD_DTYPES = {"v1": ("float32",), "v2": ("float32",), "v3": ("float16", "bfloat16")}
@@ -111,6 +111,19 @@ def _check_like(a, name: str, dt: str, shape: tuple) -> None:
 
 
 # ============================================================================== launch description
+def kernel_names(which: str) -> list[str]:
+    """Every kernel of attention_{forward,backward}.cu (their macros expand to these names)."""
+    dts = ("f16", "bf16")
+    if which == "forward":
+        return (["attention_v1_scores", "attention_v1_softmax", "attention_v1_pv"]
+                + [f"attention_v2_d{d}" for d in HEAD_DIMS]
+                + [f"attention_v3_{t}_d{d}" for d in HEAD_DIMS for t in dts])
+    return (["attention_bwd_v1_preprocess"]
+            + [f"attention_bwd_v1_{k}_d{d}" for d in HEAD_DIMS for k in ("dkdv", "dq")]
+            + [f"attention_bwd_v2_{k}_{t}" for t in dts for k in ("preprocess", "convert")]
+            + [f"attention_bwd_v2_{t}_d{d}" for d in HEAD_DIMS for t in dts])
+
+
 def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None) -> dict:
     """Kernel names, grid, block and dynamic shared memory of a forward version (dt: 'f16',
     'bf16' for v3)."""
@@ -215,8 +228,20 @@ def _stream(like):
     return contextlib.nullcontext()
 
 
+def kernel(mod, name: str):
+    """The RawKernel ``name`` of a compiled module (straight from CuPy's RawModule)."""
+    return mod.raw.get_function(name)
+
+
+def resources(mod, name: str) -> dict:
+    """Registers per thread, static shared and local (spill) bytes of a kernel."""
+    a = kernel(mod, name).attributes
+    return {"registers": a["num_regs"], "shared_bytes": a["shared_size_bytes"],
+            "local_bytes": a["local_size_bytes"]}
+
+
 def _launch(mod, cfg: dict, args: tuple) -> None:
-    k = mod.get(cfg["kernel"])
+    k = kernel(mod, cfg["kernel"])
     if cfg["shared"] > 48 * 1024:             # above 48 KiB a kernel must opt in
         k.max_dynamic_shared_size_bytes = cfg["shared"]
     k(cfg["grid"], cfg["block"], args, shared_mem=cfg["shared"])

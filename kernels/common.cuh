@@ -1,9 +1,35 @@
-// common.cuh: small helpers shared by the kernels of every chapter.
+// common.cuh: device code shared by the kernels of every chapter, defined once.
 // Inlined by cudabook.load_cuda (and found by nvcc through -I kernels/).
+//
+//   ceil_div(n, b)          blocks needed to cover n items with b per block
+//   aligned16(p)            p is a multiple of 16 bytes (a float4 access is allowed)
+//   warp_sum(v), warp_max(v)      over the 32 lanes of a warp; every lane gets the result
+//   block_sum(v, sbuf), block_max(v, sbuf)
+//                           over the whole block: THE block-reduction contract of the book:
+//                           * every thread of the block must call it (it has barriers);
+//                           * blockDim.x is a multiple of 32, up to 1024 (whole warps: the
+//                             shuffles use the full mask);
+//                           * sbuf is BLOCK_REDUCE_SMEM floats of shared memory;
+//                           * every thread gets the result, and sbuf may be reused (even by
+//                             the next block_sum) as soon as the call returns.
+//   safe_max(m)             a row maximum usable in exp(x - m): 0 for a row of only -inf
+//   INFINITY                for NVRTC, which has no math.h
+//
+// Ladder steps that teach a reduction (reduce_v1..v4 in reduce.cu) keep their own code on
+// purpose; every other kernel reduces a block through block_sum / block_max.
 #pragma once
+
+#ifndef INFINITY  // NVRTC (CuPy) has no math.h: build +inf from its bit pattern
+#define INFINITY __int_as_float(0x7f800000)
+#endif
 
 // blocks needed to cover n items with b per block
 __host__ __device__ inline int ceil_div(int n, int b) { return (n + b - 1) / b; }
+
+// p is 16-byte aligned: float4 loads and stores from it are allowed
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+}
 
 // sum of v over the 32 lanes of a warp; every lane gets the total
 __device__ inline float warp_sum(float v) {
@@ -16,3 +42,44 @@ __device__ inline float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+// shared memory (floats) that block_sum / block_max need: one slot per warp and the result
+#define BLOCK_REDUCE_SMEM 33
+
+// sum of v over the block, returned to every thread (the contract above)
+__device__ __forceinline__ float block_sum(float v, float* sbuf) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    if (lane == 0) sbuf[warp] = v;
+    __syncthreads();                 // every warp's sum is written
+    if (warp == 0) {
+        float w = (lane < nw) ? sbuf[lane] : 0.0f;
+        w = warp_sum(w);
+        if (lane == 0) sbuf[32] = w;
+    }
+    __syncthreads();                 // the total is written
+    float r = sbuf[32];
+    __syncthreads();                 // everyone has read it: sbuf may be reused
+    return r;
+}
+
+// max of v over the block, returned to every thread (the contract above)
+__device__ __forceinline__ float block_max(float v, float* sbuf) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    if (lane == 0) sbuf[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w = (lane < nw) ? sbuf[lane] : -INFINITY;
+        w = warp_max(w);
+        if (lane == 0) sbuf[32] = w;
+    }
+    __syncthreads();
+    float r = sbuf[32];
+    __syncthreads();
+    return r;
+}
+
+// the maximum to subtract before exp: a row of only -inf (fully masked) uses 0, so every
+// exp(-inf - 0) is 0 instead of exp(-inf - (-inf)) = NaN
+__device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0f : m; }

@@ -72,10 +72,17 @@ __device__ __forceinline__ void load_tile(const float* x, float (*tile)[CONV_SME
     }
 }
 
+// the tile holds filters up to CONV_MAX_K; a larger or even K would write past it
+__device__ __forceinline__ bool conv_tile_fits(int K) {
+    return K >= 1 && K <= CONV_MAX_K && (K & 1);
+}
+
 // launch: grid = (ceil_div(W, 16), ceil_div(H, 16)), block = (16, 16), static shared memory
-// 22 * 22 floats (1936 bytes); K odd, K <= 7
+// 22 * 22 floats (1936 bytes); K odd, K <= 7 (the launch helper refuses others; the kernel
+// writes nothing for them rather than overrun its tile)
 extern "C" __global__ void conv2d_v2(const float* x, const float* w, float* y, int H, int W,
                                      int K) {
+    if (!conv_tile_fits(K)) return;
     __shared__ float tile[CONV_SMEM][CONV_SMEM];
     load_tile(x, tile, H, W, K);
     __syncthreads();                                  // the whole tile, halo included, is in
@@ -91,6 +98,7 @@ extern "C" __global__ void conv2d_v2(const float* x, const float* w, float* y, i
 
 // launch: as conv2d_v2; conv_filter[0 .. K*K) holds the filter (row-major K x K)
 extern "C" __global__ void conv2d_v3(const float* x, float* y, int H, int W, int K) {
+    if (!conv_tile_fits(K)) return;
     __shared__ float tile[CONV_SMEM][CONV_SMEM];
     load_tile(x, tile, H, W, K);
     __syncthreads();

@@ -11,8 +11,12 @@
 //
 // traffic: 4 bytes read + 4 bytes written per element -> 8 n bytes; no arithmetic at all, so
 // the best version is as fast as the memory system: its GB/s is the bandwidth peak we use
-// for the roofline. x and y must not overlap. copy_v3/v4 need x and y 16-byte aligned (CuPy
-// and cudaMalloc allocations are 256-byte aligned; a view starting at x[1] is NOT).
+// for the roofline. x and y must not overlap. copy_v3/v4 take their float4 path when x and y
+// are 16-byte aligned (CuPy and cudaMalloc allocations are 256-byte aligned; a view starting
+// at x[1] is NOT) and fall back to copy_v2's scalar loop otherwise.
+//
+// The Numba twins are in copy.py; Numba has no float4, so its unrolled version is a different
+// kernel with its own name (copy_unroll4).
 #include "common.cuh"
 
 // launch: grid = ceil_div(n, 256), block = 256, no shared memory
@@ -31,6 +35,11 @@ extern "C" __global__ void copy_v2(const float* __restrict__ x, float* __restric
 // Each thread moves one float4 (16 bytes) per step: a warp moves 512 contiguous bytes with
 // one load instruction (4 x 128-byte lines). The last n % 4 elements are copied one by one.
 extern "C" __global__ void copy_v3(const float* __restrict__ x, float* __restrict__ y, int n) {
+    if (!aligned16(x) || !aligned16(y)) {             // a misaligned view: no float4
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+            y[i] = x[i];
+        return;
+    }
     int nv = n / 4;                                   // whole float4 vectors
     const float4* x4 = reinterpret_cast<const float4*>(x);
     float4* y4 = reinterpret_cast<float4*>(y);
@@ -46,6 +55,11 @@ extern "C" __global__ void copy_v3(const float* __restrict__ x, float* __restric
 // thread instead of 16, which hides more DRAM latency with the same number of threads.
 #define COPY_V4_UNROLL 4
 extern "C" __global__ void copy_v4(const float* __restrict__ x, float* __restrict__ y, int n) {
+    if (!aligned16(x) || !aligned16(y)) {             // a misaligned view: no float4
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+            y[i] = x[i];
+        return;
+    }
     int nv = n / 4;
     const float4* x4 = reinterpret_cast<const float4*>(x);
     float4* y4 = reinterpret_cast<float4*>(y);

@@ -4,8 +4,9 @@
 versions
   copy_v1       one thread per element, guarded; grid = ceil(n / block)
   copy_v2       grid-stride loop; any grid covers any n
-  copy_v4       4 elements per thread per step, blockDim apart (loads first, then stores);
-                Numba has no float4 load, so this is the closest twin of copy_v3/copy_v4
+  copy_unroll4  4 elements per thread per step, blockDim apart (loads first, then stores);
+                Numba has no float4 load, so this is not CUDA's copy_v3/copy_v4 but its own way
+                to keep more loads in flight than copy_v2
   copy_strided  y[i] = x[i * stride]
   copy_offset   y[i] = x[i + offset]
 """
@@ -31,7 +32,7 @@ def copy_v2(x, y):
 
 
 @cuda.jit
-def copy_v4(x, y):
+def copy_unroll4(x, y):
     # launch: [ceil_div(n, 4 * 256), 256] (or fewer); 4 elements per thread per step
     n = y.size
     chunk = cuda.blockDim.x * UNROLL

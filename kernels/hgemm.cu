@@ -208,42 +208,47 @@ __device__ __forceinline__ void tile_of(int b, int tiles_m, int tiles_n, int& bm
     bn = i / rows;
 }
 
-// One 64-deep step of a warp's (16 FM) x (8 FN) tile: four k16 slices, each FM ldmatrix.x4 of
-// A, FN/2 of B and FM*FN mma.sync. DBUF: the fragments of slice kk+1 are loaded before the mma
-// of slice kk, so the shared-memory latency hides behind the tensor cores.
-template <int FM, int FN, bool SWZ, bool DBUF, typename T>
+// The fragments of k16 slice kk (0..3) of a warp's (16 FM) x (8 FN) tile: FM ldmatrix.x4 of A
+// (lane l points at row l%16, k-chunk l/16: a[0..3] in order), FN/2 of B (two n8 tiles each:
+// n row l%8 (+8 for lanes 16..31), k-chunk (l/8)%2 gives b[0..1] of both).
+template <int FM, int FN, bool SWZ, typename T>
+__device__ __forceinline__ void load_frags(unsigned (&a)[FM][4], unsigned (&b)[FN][2],
+                                           const T* As, const T* Bs, int kk, int wm, int wn,
+                                           int lane) {
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+        ldmatrix_x4(a[i], smem_u32(As + tile_index<SWZ>(wm + 16 * i + (lane & 15),
+                                                        2 * kk + (lane >> 4))));
+#pragma unroll
+    for (int j = 0; j < FN / 2; j++) {
+        unsigned r[4];
+        ldmatrix_x4(r, smem_u32(Bs + tile_index<SWZ>(wn + 16 * j + (lane & 7) + ((lane >> 4) << 3),
+                                                     2 * kk + ((lane >> 3) & 1))));
+        b[2 * j][0] = r[0];
+        b[2 * j][1] = r[1];
+        b[2 * j + 1][0] = r[2];
+        b[2 * j + 1][1] = r[3];
+    }
+}
+
+template <int FM, int FN, typename T>
+__device__ __forceinline__ void mma_frags(float (&acc)[FM][FN][4], const unsigned (&a)[FM][4],
+                                          const unsigned (&b)[FN][2]) {
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++) mma16816<T>(acc[i][j], a[i], b[j]);
+}
+
+// One 64-deep step of a warp's tile: four k16 slices, each loaded, then multiplied.
+template <int FM, int FN, bool SWZ, typename T>
 __device__ __forceinline__ void warp_tile_step(const T* As, const T* Bs, float (&acc)[FM][FN][4],
                                                int wm, int wn, int lane) {
-    unsigned a[DBUF ? 2 : 1][FM][4], b[DBUF ? 2 : 1][FN][2];
-    auto load = [&](int buf, int kk) {
-#pragma unroll
-        for (int i = 0; i < FM; i++)   // rows lane%16, k-chunk lane/16: a[0..3] of the fragment
-            ldmatrix_x4(a[buf][i], smem_u32(As + tile_index<SWZ>(wm + 16 * i + (lane & 15),
-                                                                 2 * kk + (lane >> 4))));
-#pragma unroll
-        for (int j = 0; j < FN / 2; j++) {   // two n8 tiles: n rows lane%8 (+8), k-chunk (lane/8)%2
-            unsigned r[4];
-            ldmatrix_x4(r, smem_u32(Bs + tile_index<SWZ>(wn + 16 * j + (lane & 7) + ((lane >> 4) << 3),
-                                                         2 * kk + ((lane >> 3) & 1))));
-            b[buf][2 * j][0] = r[0];
-            b[buf][2 * j][1] = r[1];
-            b[buf][2 * j + 1][0] = r[2];
-            b[buf][2 * j + 1][1] = r[3];
-        }
-    };
-    if constexpr (DBUF) load(0, 0);
+    unsigned a[FM][4], b[FN][2];
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
-        const int cur = DBUF ? (kk & 1) : 0;
-        if constexpr (DBUF) {
-            if (kk + 1 < 4) load((kk + 1) & 1, kk + 1);
-        } else {
-            load(0, kk);
-        }
-#pragma unroll
-        for (int i = 0; i < FM; i++)
-#pragma unroll
-            for (int j = 0; j < FN; j++) mma16816<T>(acc[i][j], a[cur][i], b[cur][j]);
+        load_frags<FM, FN, SWZ>(a, b, As, Bs, kk, wm, wn, lane);
+        mma_frags<FM, FN, T>(acc, a, b);
     }
 }
 
@@ -274,6 +279,7 @@ __device__ __forceinline__ void store_c(T* C, const float (&acc)[FM][FN][4], int
 // The mma.sync GEMM of v3-v6 and of hgemm_mma_t: a BM x BN tile of C per block, warps of
 // WM x WN, k-steps of 64. STAGES = 1: load, barrier, compute, barrier. STAGES > 1: a cp.async
 // ring of STAGES tiles, STAGES - 1 in flight while one is computed, one barrier per step.
+// DBUF (with STAGES >= 3): fragments double-buffered in registers, across tiles too.
 // Dynamic shared memory: STAGES * (BM + BN) * 64 * sizeof(T) bytes.
 template <int BM, int BN, int WM, int WN, int STAGES, bool SWZ, bool DBUF, int GROUP, typename T>
 __device__ __forceinline__ void gemm_mma(const T* __restrict__ A, const T* __restrict__ B,
@@ -295,34 +301,66 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ A, const T* __res
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
+    auto load_stage = [&](int stage, int kt) {
+        load_tile<BM, THREADS, SWZ, (STAGES > 1)>(As + stage * BM * BK, A, M, K, m0, kt * BK);
+        load_tile<BN, THREADS, SWZ, (STAGES > 1)>(Bs + stage * BN * BK, B, N, K, n0, kt * BK);
+    };
     if constexpr (STAGES == 1) {
         for (int kt = 0; kt < KT; kt++) {
-            load_tile<BM, THREADS, SWZ, false>(As, A, M, K, m0, kt * BK);
-            load_tile<BN, THREADS, SWZ, false>(Bs, B, N, K, n0, kt * BK);
+            load_stage(0, kt);
             __syncthreads();                       // the tile is complete
-            warp_tile_step<FM, FN, SWZ, DBUF>(As, Bs, acc, wm, wn, lane);
+            warp_tile_step<FM, FN, SWZ>(As, Bs, acc, wm, wn, lane);
             __syncthreads();                       // everyone is done reading it
         }
-    } else {
+    } else if constexpr (!DBUF) {
 #pragma unroll
         for (int s = 0; s < STAGES - 1; s++) {     // prologue: STAGES - 1 tiles in flight
-            if (s < KT) {
-                load_tile<BM, THREADS, SWZ, true>(As + s * BM * BK, A, M, K, m0, s * BK);
-                load_tile<BN, THREADS, SWZ, true>(Bs + s * BN * BK, B, N, K, n0, s * BK);
-            }
+            if (s < KT) load_stage(s, s);
             cp_async_commit();
         }
         for (int kt = 0; kt < KT; kt++) {
             cp_async_wait<STAGES - 2>();           // my copies of tile kt have landed
             __syncthreads();                       // everyone's have; stage (kt-1) is free
-            const int nk = kt + STAGES - 1, ns = nk % STAGES;
-            if (nk < KT) {
-                load_tile<BM, THREADS, SWZ, true>(As + ns * BM * BK, A, M, K, m0, nk * BK);
-                load_tile<BN, THREADS, SWZ, true>(Bs + ns * BN * BK, B, N, K, n0, nk * BK);
-            }
+            const int nk = kt + STAGES - 1;
+            if (nk < KT) load_stage(nk % STAGES, nk);
             cp_async_commit();                     // (possibly empty: keeps the group count)
             const int s = kt % STAGES;
-            warp_tile_step<FM, FN, SWZ, DBUF>(As + s * BM * BK, Bs + s * BN * BK, acc, wm, wn, lane);
+            warp_tile_step<FM, FN, SWZ>(As + s * BM * BK, Bs + s * BN * BK, acc, wm, wn, lane);
+        }
+    } else {
+        // Register double buffering: slice kk+1's fragments load while slice kk multiplies,
+        // across tiles too: before the last slice of tile kt, wait for tile kt+1 (one tile less
+        // of prefetch distance than above, hence STAGES - 3 groups left in flight) and load its
+        // first slice, so the barrier's wait hides behind the last slice's mma.
+        static_assert(STAGES >= 3, "register double buffering across tiles needs 3+ stages");
+        unsigned a[2][FM][4], b[2][FN][2];
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; s++) {
+            if (s < KT) load_stage(s, s);
+            cp_async_commit();
+        }
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        load_frags<FM, FN, SWZ>(a[0], b[0], As, Bs, 0, wm, wn, lane);
+        for (int kt = 0; kt < KT; kt++) {
+            const int s = kt % STAGES;
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                if (kk < 3) {
+                    load_frags<FM, FN, SWZ>(a[(kk + 1) & 1], b[(kk + 1) & 1], As + s * BM * BK,
+                                            Bs + s * BN * BK, kk + 1, wm, wn, lane);
+                } else {
+                    cp_async_wait<STAGES - 3>();   // my copies of tile kt+1 have landed
+                    __syncthreads();               // everyone's; stage (kt-1) is free
+                    const int nk = kt + STAGES - 1;
+                    if (nk < KT) load_stage(nk % STAGES, nk);
+                    cp_async_commit();
+                    const int n = (kt + 1) % STAGES;   // (past the last tile: unused reads)
+                    load_frags<FM, FN, SWZ>(a[0], b[0], As + n * BM * BK, Bs + n * BN * BK, 0,
+                                            wm, wn, lane);
+                }
+                mma_frags<FM, FN, T>(acc, a[kk & 1], b[kk & 1]);
+            }
         }
     }
     store_c<FM, FN>(C, acc, M, N, m0 + wm, n0 + wn, lane);

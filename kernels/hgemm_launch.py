@@ -62,7 +62,7 @@ MAX_STATIC_SHARED = 48 * 1024
 #: v9's defaults per architecture before (or without) autotuning
 DEFAULT_SM90 = dict(BN=256, STAGES=4, PERSIST=1)
 DEFAULT_SM80 = dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8)
-DEFAULT_SM75 = dict(BM=128, BN=128, WM=64, WN=32, STAGES=1, DBUF=1, GROUP=8)
+DEFAULT_SM75 = dict(BM=128, BN=128, WM=64, WN=32, STAGES=1, DBUF=0, GROUP=8)
 
 _TUNED: dict[tuple, dict] = {}   # (cc, dtype) -> the parameters autotune() found best
 
@@ -190,8 +190,12 @@ def require(version: str, cc: tuple[int, int], dtype: str = "float16") -> None:
 
 # ============================================================================ configuration
 
-def v9_family(cc: tuple[int, int]) -> str:
-    """The template v9 instantiates on this architecture: "tma" (cc 9.0) or "mma"."""
+def v9_family(cc: tuple[int, int], params: dict | None = None) -> str:
+    """The template v9 instantiates: "tma" (hgemm_tma_t) or "mma" (hgemm_mma_t). Given
+    parameters say which (a tma set has PERSIST); without, the architecture decides (tma on
+    cc 9.0, the only one with wgmma)."""
+    if params is not None:
+        return "tma" if "PERSIST" in params else "mma"
     return "tma" if tuple(cc) == (9, 0) else "mma"
 
 
@@ -206,6 +210,11 @@ def v9_params(cc: tuple[int, int], dtype: str = "float16", params: dict | None =
     if v9_family(cc) == "tma":
         return dict(DEFAULT_SM90)
     return dict(DEFAULT_SM80 if tuple(cc) >= (8, 0) else DEFAULT_SM75)
+
+
+def _family(cc: tuple[int, int], dtype: str, params: dict | None) -> tuple[str, dict]:
+    p = v9_params(cc, dtype, params)
+    return v9_family(cc, p), p
 
 
 def template_name(family: str, p: dict, dtype: str = "float16") -> str:
@@ -237,7 +246,9 @@ def check_params(family: str, p: dict) -> None:
              (32 <= threads <= 1024, "a block must have 1..32 warps"),
              (threads and (bm * 8) % threads == 0 and (bn * 8) % threads == 0,
               "the 16-byte chunks of a tile (8 per row) must divide among the threads"),
-             (p["STAGES"] >= 1, "STAGES >= 1"), (p["GROUP"] >= 1, "GROUP >= 1")]
+             (p["STAGES"] >= 1, "STAGES >= 1"), (p["GROUP"] >= 1, "GROUP >= 1"),
+             (not p["DBUF"] or p["STAGES"] == 1 or p["STAGES"] >= 3,
+              "register double buffering (DBUF=1) needs STAGES >= 3 (or 1, where it is off)")]
     for ok, why in rules:
         if not ok:
             raise ValueError(f"{p}: {why}")
@@ -249,8 +260,8 @@ def shared_bytes(version: str, cc: tuple[int, int] = (9, 0), params: dict | None
     if version in ("v1", "v2"):
         return 0
     if version == "v9":
-        p = v9_params(cc, dtype, params)
-        if v9_family(cc) == "tma":
+        fam, p = _family(cc, dtype, params)
+        if fam == "tma":
             return p["STAGES"] * (128 + p["BN"]) * BK * 2 + 1024
         return p["STAGES"] * (p["BM"] + p["BN"]) * BK * 2
     bm, bn, _, stages = _FIXED[version]
@@ -268,7 +279,7 @@ def config(version: str, M: int, N: int, K: int, cc: tuple[int, int] = (9, 0),
         return dict(grid=(cdiv(N, 128), cdiv(M, 128)), block=(256,), shared=0, kernel="hgemm_v2")
     sfx = "_bf16" if dtype == "bfloat16" else ""
     if version == "v9":
-        fam, p = v9_family(cc), v9_params(cc, dtype, params)
+        fam, p = _family(cc, dtype, params)
         check_params(fam, p)
         if fam == "tma":
             tiles = cdiv(M, 128) * cdiv(N, p["BN"])
@@ -311,9 +322,8 @@ def load(cc: tuple[int, int] | None = None, name_expressions: tuple[str, ...] = 
 
 
 def _default_exprs(cc: tuple[int, int]) -> tuple[str, ...]:
-    fam = v9_family(cc)
     dts = ("float16", "bfloat16") if tuple(cc) >= (8, 0) else ("float16",)
-    return tuple(dict.fromkeys(template_name(fam, v9_params(cc, d), d) for d in dts))
+    return tuple(dict.fromkeys(template_name(*_family(cc, d, None), d) for d in dts))
 
 
 # ============================================================================ TMA descriptors
@@ -383,7 +393,11 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
     M, N, K, dtype = check_operands(A, B, C)
     cc = tuple(getattr(mod, "cc", None) or _cc())
     require(version, cc, dtype)
-    needs_90a = version in HOPPER_ONLY or (version == "v9" and v9_family(cc) == "tma")
+    fam = _family(cc, dtype, params)[0] if version == "v9" else None
+    if fam == "tma" and cc != (9, 0):
+        raise UnsupportedError(f"v9's tma family (wgmma, TMA) needs compute capability 9.0 "
+                               f"exactly; this GPU is {cc[0]}.{cc[1]}: give mma parameters")
+    needs_90a = version in HOPPER_ONLY or fam == "tma"
     if needs_90a and not getattr(mod, "sm90a", False):
         raise UnsupportedError(f"hgemm_{version} was not compiled for sm_90a: load the module "
                                "with hgemm.load() (it passes -arch=sm_90a on Hopper)")
@@ -398,7 +412,7 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
     ops = [_describe(x, n) for x, n in ((A, "A"), (B, "B"), (C, "C"))]
     a, b, c = (np.uint64(o.ptr) for o in ops)
     dims = (np.int32(M), np.int32(N), np.int32(K))
-    if version == "v8" or (version == "v9" and v9_family(cc) == "tma"):
+    if version == "v8" or fam == "tma":
         bn = 256 if version == "v8" else cfg["params"]["BN"]
         args = (tensor_map(ops[0].ptr, M, K, 128, dtype), tensor_map(ops[1].ptr, N, K, bn, dtype),
                 c, *dims)
@@ -549,25 +563,26 @@ def flops(M: int, N: int, K: int) -> float:
 
 # ============================================================================ autotuning
 
-def candidates(cc: tuple[int, int]) -> list[dict]:
-    """The parameter sets autotune() tries on this architecture (each fits its shared memory)."""
-    if v9_family(cc) == "tma":
+def candidates(cc: tuple[int, int], family: str | None = None) -> list[dict]:
+    """The parameter sets autotune() tries on this architecture (``family`` "mma" on Hopper:
+    the mma.sync template's); autotune() skips those that need more shared memory than it has."""
+    if (family or v9_family(cc)) == "tma":
         return [dict(BN=bn, STAGES=s, PERSIST=p) for bn, ss in ((256, (3, 4)), (128, (4, 6)))
                 for s in ss for p in (0, 1)]
     if tuple(cc) >= (8, 0):
         return [dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8),
                 dict(BM=128, BN=256, WM=64, WN=64, STAGES=4, DBUF=1, GROUP=8),
-                dict(BM=128, BN=128, WM=64, WN=64, STAGES=4, DBUF=1, GROUP=8),
+                dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=0, GROUP=8),
                 dict(BM=256, BN=128, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8),
-                dict(BM=128, BN=128, WM=64, WN=32, STAGES=3, DBUF=1, GROUP=8),
-                dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=0, GROUP=8)]
-    return [dict(BM=128, BN=128, WM=64, WN=32, STAGES=1, DBUF=d, GROUP=g)
-            for d in (0, 1) for g in (1, 8)] + [
-            dict(BM=64, BN=128, WM=32, WN=64, STAGES=1, DBUF=1, GROUP=8)]
+                dict(BM=128, BN=128, WM=64, WN=64, STAGES=4, DBUF=1, GROUP=8),
+                dict(BM=128, BN=128, WM=64, WN=32, STAGES=3, DBUF=1, GROUP=8)]
+    return [dict(BM=128, BN=128, WM=64, WN=32, STAGES=1, DBUF=0, GROUP=g) for g in (1, 8)] + [
+            dict(BM=128, BN=128, WM=64, WN=64, STAGES=1, DBUF=0, GROUP=8),
+            dict(BM=64, BN=128, WM=32, WN=64, STAGES=1, DBUF=0, GROUP=8)]
 
 
 def autotune(n: int = 4096, cands: list[dict] | None = None, repeat: int = 10,
-             quiet: bool = False) -> list[dict]:
+             quiet: bool = False, family: str | None = None) -> list[dict]:
     """Compile every candidate of v9's template for this GPU (one NVRTC call), check each on a
     ragged shape, time it at n x n x n against cuBLAS fp16 in the same run, keep the fastest for
     v9. Returns one entry per candidate (params, TFLOP/s, ratio or error), best first."""
@@ -576,8 +591,8 @@ def autotune(n: int = 4096, cands: list[dict] | None = None, repeat: int = 10,
     import cudabook as cb
 
     cc = tuple(cb.cc())
-    fam = v9_family(cc)
-    cands = [dict(c) for c in (cands or candidates(cc))]
+    cands = [dict(c) for c in (cands or candidates(cc, family))]
+    fam = v9_family(cc, cands[0])
     optin = cupy.cuda.runtime.getDeviceProperties(0).get("sharedMemPerBlockOptin", 227 * 1024)
     fits = [c for c in cands if shared_bytes("v9", cc, c) <= optin]
     mod = load(cc, tuple(template_name(fam, c) for c in fits))
@@ -607,7 +622,7 @@ def autotune(n: int = 4096, cands: list[dict] | None = None, repeat: int = 10,
             e["error"] = f"{type(ex).__name__}: {str(ex).splitlines()[0][:120]}"
         res.append(e)
     ok = sorted((r for r in res if "tflops" in r), key=lambda r: -r["tflops"])
-    if ok:
+    if ok and fam == v9_family(cc):      # v9 keeps the best of its own family
         _TUNED[(cc, "float16")] = dict(ok[0]["params"])
     if not quiet and base:
         print(f"cuBLAS fp16 at n = {n}: {base:.1f} TFLOP/s")

@@ -56,9 +56,7 @@ __device__ __forceinline__ void store4(float* __restrict__ p, int row, int col, 
     if (col + 3 < cols) q[col + 3] = v.w;
 }
 
-__device__ __forceinline__ bool aligned16(const void* p) {
-    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
-}
+// aligned16(p) is in common.cuh
 
 // ------------------------------------------------------------------------------------ v1, v2
 // (-DMM_ONLY_TUNED compiles matmul_v10 alone: the autotuning sweep builds many variants of it)

@@ -12,18 +12,20 @@
 //   reduce_v4      warp shuffles (__shfl_down_sync) for the last 32 partials: no shared memory
 //                  and no __syncthreads inside a warp
 //   reduce_v5      grid-stride loop with float4 loads over the whole vector, one block-level
-//                  shuffle reduction, then ONE atomicAdd per block into out[0] (out zeroed first)
-//   reduce_max_v5  reduce_v5 for the maximum: -inf as identity, atomicMax through atomicCAS
+//                  shuffle reduction (block_sum), then ONE atomicAdd per block into out[0]
+//                  (out zeroed first)
+//   reduce_max_v1  the maximum, the way reduce_v5 sums: grid-stride float4 loop, block_max,
+//                  one atomic per block (there is no float atomicMax: a compare-and-swap loop)
+//
+// v1-v4 teach the block reduction step by step, so each writes its tree (or its shuffles) out in
+// full, on purpose. v5 and reduce_max_v1 use block_sum / block_max of common.cuh, the one block
+// reduction every other kernel of the book uses.
 //
 // traffic: 4 n bytes read, nothing written but the partials: the ceiling is read bandwidth.
 // Order: a float32 sum's rounding depends on the order of the additions. v1-v4 are
 // deterministic (fixed tree); v5's atomics add the block results in arrival order, so its last
 // bits can change from run to run.
 #include "common.cuh"
-
-#ifndef INFINITY  // NVRTC (CuPy) has no math.h: build +inf from its bit pattern
-#define INFINITY __int_as_float(0x7f800000)
-#endif
 
 // launch: grid = ceil_div(n, 256), block = 256, static shared memory 256 floats
 // (the block size must be 256, a power of two)
@@ -70,37 +72,33 @@ extern "C" __global__ void reduce_v3(const float* x, float* partial, int n) {
     if (tid == 0) partial[blockIdx.x] = s[0];
 }
 
-// sum over the block; the result is valid in thread 0. Shared memory: one float per warp.
-__device__ __forceinline__ float block_sum(float v, float* warp_sums) {
+// launch: grid = ceil_div(n, 2 * 256), block = 256 (any multiple of 32 up to 1024),
+// static shared memory 32 floats
+// Two levels of shuffles: each warp sums its 32 values in registers (lane 0 gets the sum),
+// the warp sums meet in shared memory, and the first warp sums those.
+extern "C" __global__ void reduce_v4(const float* x, float* partial, int n) {
+    __shared__ float warp_sums[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int i = blockIdx.x * (2 * blockDim.x) + threadIdx.x;
+    float v = (i < n) ? x[i] : 0.0f;
+    if (i + blockDim.x < n) v += x[i + blockDim.x];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);  // lane 0 has it
     if (lane == 0) warp_sums[warp] = v;
     __syncthreads();                                   // all warp sums written before reading
     if (warp == 0) {
-        int nw = blockDim.x >> 5;
-        v = (lane < nw) ? warp_sums[lane] : 0.0f;
+        v = (lane < (int)(blockDim.x >> 5)) ? warp_sums[lane] : 0.0f;
         for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+        if (lane == 0) partial[blockIdx.x] = v;
     }
-    return v;
 }
 
-// launch: grid = ceil_div(n, 2 * 256), block = 256 (any multiple of 32 up to 1024),
-// static shared memory 32 floats
-extern "C" __global__ void reduce_v4(const float* x, float* partial, int n) {
-    __shared__ float warp_sums[32];
-    int i = blockIdx.x * (2 * blockDim.x) + threadIdx.x;
-    float v = (i < n) ? x[i] : 0.0f;
-    if (i + blockDim.x < n) v += x[i + blockDim.x];
-    v = block_sum(v, warp_sums);
-    if (threadIdx.x == 0) partial[blockIdx.x] = v;
-}
-
-// launch: grid = 2 * SMs .. 8 * SMs (a few resident blocks per SM), block = 512,
-// static shared memory 32 floats; out[0] must be 0 before the launch.
+// launch: grid = 2 * SMs .. 8 * SMs (a few resident blocks per SM), block = 512 (a multiple
+// of 32), static shared memory 33 floats; out[0] must be 0 before the launch; x 16-byte aligned
+// (the launch helper, kernels/reduce_launch.py, checks it).
 // Each thread sums a strided slice with float4 loads (4 independent accumulators keep several
 // loads in flight), then the block reduces with shuffles and adds once to out[0].
 extern "C" __global__ void reduce_v5(const float* x, float* out, int n) {
-    __shared__ float warp_sums[32];
+    __shared__ float sbuf[BLOCK_REDUCE_SMEM];
     const float4* x4 = reinterpret_cast<const float4*>(x);
     int n4 = n / 4;
     int stride = gridDim.x * blockDim.x;
@@ -114,21 +112,8 @@ extern "C" __global__ void reduce_v5(const float* x, float* out, int n) {
     float v = (a0 + a1) + (a2 + a3);
     int t = 4 * n4 + blockIdx.x * blockDim.x + threadIdx.x;   // the n % 4 tail elements
     if (t < n) v += x[t];
-    v = block_sum(v, warp_sums);
+    v = block_sum(v, sbuf);                            // common.cuh: every thread gets it
     if (threadIdx.x == 0) atomicAdd(out, v);           // one atomic per block
-}
-
-// max over the block; the result is valid in thread 0
-__device__ __forceinline__ float block_max(float v, float* warp_max_s) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_max(v);                                   // common.cuh: all lanes get the max
-    if (lane == 0) warp_max_s[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = (lane < (int)(blockDim.x >> 5)) ? warp_max_s[lane] : -INFINITY;
-        v = warp_max(v);
-    }
-    return v;
 }
 
 // There is no atomicMax for float: compare-and-swap until our value is in or a larger one is.
@@ -143,8 +128,8 @@ __device__ __forceinline__ void atomic_max_float(float* addr, float v) {
 }
 
 // launch: as reduce_v5; out[0] must be -inf before the launch. NaNs are ignored.
-extern "C" __global__ void reduce_max_v5(const float* x, float* out, int n) {
-    __shared__ float warp_max_s[32];
+extern "C" __global__ void reduce_max_v1(const float* x, float* out, int n) {
+    __shared__ float sbuf[BLOCK_REDUCE_SMEM];
     const float4* x4 = reinterpret_cast<const float4*>(x);
     int n4 = n / 4;
     float m = -INFINITY;
@@ -154,6 +139,6 @@ extern "C" __global__ void reduce_max_v5(const float* x, float* out, int n) {
     }
     int t = 4 * n4 + blockIdx.x * blockDim.x + threadIdx.x;
     if (t < n) m = fmaxf(m, x[t]);
-    m = block_max(m, warp_max_s);
+    m = block_max(m, sbuf);
     if (threadIdx.x == 0) atomic_max_float(out, m);
 }

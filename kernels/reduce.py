@@ -5,8 +5,10 @@ versions (block size TPB = 256 for v1-v3, fixed at compile time by the shared ar
   reduce_v2      sequential addressing
   reduce_v3      first add during load (grid = ceil_div(n, 2 * TPB))
   reduce_v4      warp shuffles for the last 32 partials (GPU only: the simulator has no shuffles)
-  reduce_v5      grid-stride loop, shared tree, one atomic add per block into out[0]
-  reduce_max_v5  reduce_v5 for the maximum (cuda.atomic.max; out[0] = -inf first)
+  reduce_atomic_tree      grid-stride loop, shared-memory tree, one atomic add per block into
+                         out[0] (CUDA's reduce_v5 adds float4 loads and a shuffle reduction:
+                         a different kernel, hence the name)
+  reduce_max_atomic_tree the same for the maximum (cuda.atomic.max; out[0] = -inf first)
 """
 
 import math
@@ -102,7 +104,7 @@ def reduce_v4(x, partial):
 
 
 @cuda.jit
-def reduce_v5(x, out):
+def reduce_atomic_tree(x, out):
     # launch: [a few blocks per SM, TPB]; out[0] = 0 before the launch
     s = cuda.shared.array(TPB, float32)
     tid = cuda.threadIdx.x
@@ -122,8 +124,8 @@ def reduce_v5(x, out):
 
 
 @cuda.jit
-def reduce_max_v5(x, out):
-    # launch: as reduce_v5; out[0] = -inf before the launch
+def reduce_max_atomic_tree(x, out):
+    # launch: as reduce_atomic_tree; out[0] = -inf before the launch
     s = cuda.shared.array(TPB, float32)
     tid = cuda.threadIdx.x
     m = NEG_INF
@@ -139,25 +141,3 @@ def reduce_max_v5(x, out):
         stride //= 2
     if tid == 0:
         cuda.atomic.max(out, 0, s[0])
-
-
-def sanitize_targets():
-    """(name, launch) pairs of the CUDA C++ versions on a ragged length, for tools/sanitize.py
-    (compute-sanitizer racecheck finds a missing __syncthreads() in the shared-memory trees)."""
-    import cupy as cp
-    import numpy as np
-
-    import cudabook as cb
-
-    mod = cb.load_cuda("reduce")
-    n = 3 * 512 + 77
-    x = cp.random.rand(n, dtype=cp.float32)
-    partial = cp.zeros(cb.ceil_div(n, 256), cp.float32)
-    out = cp.zeros(1, cp.float32)
-    for v in (1, 2, 4):
-        yield f"reduce_v{v}", (lambda v=v: mod.get(f"reduce_v{v}")(
-            (cb.ceil_div(n, 256),), (256,), (x, partial, np.int32(n))))
-    yield "reduce_v3", lambda: mod.reduce_v3((cb.ceil_div(n, 512),), (256,),
-                                             (x, partial, np.int32(n)))
-    for name in ("reduce_v5", "reduce_max_v5"):
-        yield name, (lambda name=name: mod.get(name)((4,), (512,), (x, out, np.int32(n))))

@@ -17,52 +17,17 @@
 //   softmax_v4   online softmax: ONE pass computes max and sum together (running max m and
 //                running sum d, rescaled by exp(m_old - m_new) when the max grows), then one
 //                pass writes. Reads x twice instead of three times. float4 when N % 4 == 0
-//   softmax_v5   v4's statistics with the row held in registers (up to 32 floats per thread):
-//                x is read from memory exactly once. Needs N % 4 == 0 and N <= 32 * blockDim.x
+//   softmax_v5   the row held in registers: x is read from memory exactly once. float4 when
+//                N % 4 == 0 and x, y are 16-byte aligned (up to 32 floats per thread), scalar
+//                loads otherwise (up to 16); a longer row does not fit and is streamed twice
+//                instead (softmax_row_online, v4's body), so any N is right
+//
+// The block reductions are common.cuh's block_max / block_sum; block_online merges (max, sum)
+// pairs, which only the online softmax needs.
 //
 // traffic: at best 4 MN bytes read + 4 MN written = 8 MN (v5). v2/v3 read x three times and v4
 // twice; the re-reads hit L1/L2 when the rows in flight fit there, and DRAM when they do not.
 #include "common.cuh"
-
-#ifndef INFINITY  // NVRTC (CuPy) has no math.h: build +inf from its bit pattern
-#define INFINITY __int_as_float(0x7f800000)
-#endif
-
-__device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0f : m; }
-
-// max over the block, returned to every thread. sbuf: 33 floats of shared memory
-__device__ __forceinline__ float block_allmax(float v, float* sbuf) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    if (lane == 0) sbuf[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float w = (lane < nw) ? sbuf[lane] : -INFINITY;
-        w = warp_max(w);
-        if (lane == 0) sbuf[32] = w;
-    }
-    __syncthreads();
-    float r = sbuf[32];
-    __syncthreads();                 // sbuf may be reused by the next reduction
-    return r;
-}
-
-// sum over the block, returned to every thread. sbuf: 33 floats of shared memory
-__device__ __forceinline__ float block_allsum(float v, float* sbuf) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
-    if (lane == 0) sbuf[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float w = (lane < nw) ? sbuf[lane] : 0.0f;
-        w = warp_sum(w);
-        if (lane == 0) sbuf[32] = w;
-    }
-    __syncthreads();
-    float r = sbuf[32];
-    __syncthreads();
-    return r;
-}
 
 // launch: grid = ceil_div(M, 128), block = 128, no shared memory
 extern "C" __global__ void softmax_v1(const float* x, float* y, int M, int N) {
@@ -81,15 +46,15 @@ extern "C" __global__ void softmax_v1(const float* x, float* y, int M, int N) {
 
 // launch: grid = M, block = 256 (a multiple of 32, <= 1024), static shared memory 33 floats
 extern "C" __global__ void softmax_v2(const float* x, float* y, int M, int N) {
-    __shared__ float sbuf[33];
+    __shared__ float sbuf[BLOCK_REDUCE_SMEM];
     const float* xr = x + (size_t)blockIdx.x * N;
     float* yr = y + (size_t)blockIdx.x * N;
     float m = -INFINITY;
     for (int j = threadIdx.x; j < N; j += blockDim.x) m = fmaxf(m, xr[j]);
-    m = safe_max(block_allmax(m, sbuf));
+    m = safe_max(block_max(m, sbuf));                    // common.cuh
     float d = 0.0f;
     for (int j = threadIdx.x; j < N; j += blockDim.x) d += __expf(xr[j] - m);
-    d = block_allsum(d, sbuf);
+    d = block_sum(d, sbuf);
     float inv = d > 0.0f ? 1.0f / d : 0.0f;
     for (int j = threadIdx.x; j < N; j += blockDim.x) yr[j] = __expf(xr[j] - m) * inv;
 }
@@ -147,15 +112,15 @@ __device__ __forceinline__ void block_online(float& m, float& d, float* sbuf) {
     __syncthreads();
     m = sbuf[64];
     d = sbuf[65];
+    __syncthreads();                       // everyone has read them: sbuf may be reused
 }
 
-// launch: grid = M, block = 256 (multiple of 32, <= 1024), static shared memory 66 floats
-extern "C" __global__ void softmax_v4(const float* x, float* y, int M, int N) {
-    __shared__ float sbuf[66];
-    const float* xr = x + (size_t)blockIdx.x * N;
-    float* yr = y + (size_t)blockIdx.x * N;
+// One row of the online softmax, by the whole block: one pass for (max, sum), one to write.
+// float4 when the row and y are 16-byte aligned (N % 4 == 0 and aligned bases). sbuf: 66 floats
+__device__ __forceinline__ void softmax_row_online(const float* xr, float* yr, int N,
+                                                   float* sbuf) {
     float m = -INFINITY, d = 0.0f;
-    bool vec = (N & 3) == 0;               // rows start 16-byte aligned: float4 is safe
+    bool vec = (N & 3) == 0 && aligned16(xr) && aligned16(yr);   // uniform over the block
     if (vec) {
         const float4* x4 = reinterpret_cast<const float4*>(xr);
         for (int j = threadIdx.x; j < N / 4; j += blockDim.x) {
@@ -183,39 +148,77 @@ extern "C" __global__ void softmax_v4(const float* x, float* y, int M, int N) {
     }
 }
 
-#define SOFTMAX_V5_VEC 8                   // float4 per thread held in registers (32 floats)
+// launch: grid = M, block = 256 (multiple of 32, <= 1024), static shared memory 66 floats
+extern "C" __global__ void softmax_v4(const float* x, float* y, int M, int N) {
+    __shared__ float sbuf[66];
+    softmax_row_online(x + (size_t)blockIdx.x * N, y + (size_t)blockIdx.x * N, N, sbuf);
+}
 
-// launch: grid = M, block = T with N / 4 <= 8 T (T a multiple of 32, <= 1024, e.g.
-// T = clamp(round_up(N / 16, 32), 32, 1024)), static shared memory 66 floats; N % 4 == 0.
-// The row is loaded once into registers; the statistics and the output come from there.
+#define SOFTMAX_V5_REGS 32                 // floats of the row each thread holds in registers
+#define SOFTMAX_V5_REGS_SCALAR 16          // the same without float4 (an index per element)
+
+// launch: grid = M, block = T, a multiple of 32 <= 1024 with N <= 16 T for the row to stay in
+// registers (T = row_block(N) = clamp(round_up(N / 16, 32), 32, 1024) does that up to N = 16384;
+// the float4 path holds up to 32 T); static shared memory 66 floats. Any N is right: a longer
+// row is streamed.
 extern "C" __global__ void __launch_bounds__(1024) softmax_v5(const float* x, float* y, int M,
                                                                  int N) {
     __shared__ float sbuf[66];
-    const float4* x4 = reinterpret_cast<const float4*>(x + (size_t)blockIdx.x * N);
-    float4* y4 = reinterpret_cast<float4*>(y + (size_t)blockIdx.x * N);
-    int N4 = N / 4;
-    float4 r[SOFTMAX_V5_VEC];
-    float m = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < SOFTMAX_V5_VEC; k++) {       // unrolled: r[] stays in registers
-        int j = threadIdx.x + k * blockDim.x;
-        r[k] = (j < N4) ? x4[j] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-        m = fmaxf(m, fmaxf(fmaxf(r[k].x, r[k].y), fmaxf(r[k].z, r[k].w)));
+    const float* xr = x + (size_t)blockIdx.x * N;
+    float* yr = y + (size_t)blockIdx.x * N;
+    bool vec = (N & 3) == 0 && aligned16(x) && aligned16(y);        // uniform over the grid
+    if (N > (vec ? SOFTMAX_V5_REGS : SOFTMAX_V5_REGS_SCALAR) * (int)blockDim.x) {
+        softmax_row_online(xr, yr, N, sbuf);          // does not fit in registers: v4's way
+        return;
     }
-    // with the row in registers, max then sum costs no extra memory traffic
-    m = safe_max(block_allmax(m, sbuf));
-    float d = 0.0f;
+    float d = 0.0f, m = -INFINITY;
+    if (vec) {                                        // float4: 8 vectors per thread
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        float4* y4 = reinterpret_cast<float4*>(yr);
+        int N4 = N / 4;
+        float4 r[SOFTMAX_V5_REGS / 4];
 #pragma unroll
-    for (int k = 0; k < SOFTMAX_V5_VEC; k++) {
-        r[k].x = __expf(r[k].x - m); r[k].y = __expf(r[k].y - m);
-        r[k].z = __expf(r[k].z - m); r[k].w = __expf(r[k].w - m);
-        d += (r[k].x + r[k].y) + (r[k].z + r[k].w);
-    }
-    d = block_allsum(d, sbuf);
-    float inv = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int k = 0; k < SOFTMAX_V5_REGS / 4; k++) {      // unrolled: r[] stays in registers
+            int j = threadIdx.x + k * blockDim.x;
+            r[k] = (j < N4) ? x4[j] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+            m = fmaxf(m, fmaxf(fmaxf(r[k].x, r[k].y), fmaxf(r[k].z, r[k].w)));
+        }
+        // with the row in registers, max then sum costs no extra memory traffic
+        m = safe_max(block_max(m, sbuf));
 #pragma unroll
-    for (int k = 0; k < SOFTMAX_V5_VEC; k++) {
-        int j = threadIdx.x + k * blockDim.x;
-        if (j < N4) y4[j] = make_float4(r[k].x * inv, r[k].y * inv, r[k].z * inv, r[k].w * inv);
+        for (int k = 0; k < SOFTMAX_V5_REGS / 4; k++) {
+            r[k].x = __expf(r[k].x - m); r[k].y = __expf(r[k].y - m);
+            r[k].z = __expf(r[k].z - m); r[k].w = __expf(r[k].w - m);
+            d += (r[k].x + r[k].y) + (r[k].z + r[k].w);
+        }
+        d = block_sum(d, sbuf);
+        float inv = d > 0.0f ? 1.0f / d : 0.0f;
+#pragma unroll
+        for (int k = 0; k < SOFTMAX_V5_REGS / 4; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < N4) y4[j] = make_float4(r[k].x * inv, r[k].y * inv, r[k].z * inv,
+                                            r[k].w * inv);
+        }
+    } else {                                                // rows not 16-byte aligned: scalars
+        float r[SOFTMAX_V5_REGS_SCALAR];
+#pragma unroll
+        for (int k = 0; k < SOFTMAX_V5_REGS_SCALAR; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            r[k] = (j < N) ? xr[j] : -INFINITY;
+            m = fmaxf(m, r[k]);
+        }
+        m = safe_max(block_max(m, sbuf));
+#pragma unroll
+        for (int k = 0; k < SOFTMAX_V5_REGS_SCALAR; k++) {
+            r[k] = __expf(r[k] - m);
+            d += r[k];
+        }
+        d = block_sum(d, sbuf);
+        float inv = d > 0.0f ? 1.0f / d : 0.0f;
+#pragma unroll
+        for (int k = 0; k < SOFTMAX_V5_REGS_SCALAR; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < N) yr[j] = r[k] * inv;
+        }
     }
 }

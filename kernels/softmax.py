@@ -17,12 +17,6 @@ TPB = 128
 NEG_INF = float32(-math.inf)
 
 
-def v5_threads(N: int) -> int:
-    """Block size for softmax_v5 / layernorm_v3 (CUDA): N / 4 <= 8 * T, T a multiple of 32."""
-    t = -(-N // 16)
-    return max(32, min(1024, -(-t // 32) * 32))
-
-
 @cuda.jit
 def softmax_v1(x, y):
     # launch: [ceil_div(M, 128), 128]

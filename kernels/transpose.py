@@ -59,22 +59,3 @@ def transpose_v3(a, out):
         c, r = bx + ty + j, by + tx
         if c < cols and r < rows:
             out[c, r] = tile[tx, ty + j]    # bank (tx + ty + j) % 32: all different
-
-
-def sanitize_targets():
-    """(name, launch) pairs of the CUDA C++ versions on a ragged shape, for tools/sanitize.py
-    (compute-sanitizer racecheck finds a missing __syncthreads() in the shared-memory tiles)."""
-    import cupy as cp
-    import numpy as np
-
-    import cudabook as cb
-
-    mod = cb.load_cuda("transpose")
-    rows, cols = 67, 45
-    a = cp.random.rand(rows, cols, dtype=cp.float32)
-    out = cp.empty((cols, rows), cp.float32)
-    args = (a, out, np.int32(rows), np.int32(cols))
-    for v, (tc, tr) in {1: (32, 32), 2: (32, 32), 3: (32, 32), 4: (32, 64), 5: (64, 64)}.items():
-        grid = (cb.ceil_div(cols, tc), cb.ceil_div(rows, tr))
-        yield f"transpose_v{v}", (lambda v=v, grid=grid: mod.get(f"transpose_v{v}")(
-            grid, (32, 8), args))

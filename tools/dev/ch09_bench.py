@@ -62,10 +62,12 @@ def reference(q, k, v, do, causal, heads):
 
 
 def rel(a, b) -> float:
+    """||a - b|| / ||b||, with ||b|| floored at 1e-3 sqrt(n): a gradient that is exactly zero
+    (one visible key: softmax of one element) leaves only rounding noise, not a relative error."""
     a = a.double()
     if not torch.isfinite(a).all():
         return math.inf
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+    return float((a - b).norm() / b.norm().clamp_min(1e-3 * math.sqrt(b.numel())))
 
 
 def nan_like(x, shape=None, dtype=None):
@@ -221,11 +223,10 @@ def timings(variants: dict, B=8, H=16, N=4096) -> None:
 def make_variants() -> dict:
     """Other tile shapes of v3 and bwd v2, compiled from the same source with extra
     instantiations: {("fwd"|"bwd", D): {name: fn}}."""
-    fwd = [("var_f64_128x64", 64, 128, 64, 4), ("var_f64_64x64", 64, 64, 64, 4),
+    fwd = [("var_f64_128x128", 64, 128, 128, 4), ("var_f64_64x64", 64, 64, 64, 4),
            ("var_f64_128x128w8", 64, 128, 128, 8), ("var_f128_128x32", 128, 128, 32, 4),
            ("var_f128_128x64w8", 128, 128, 64, 8), ("var_f128_64x64", 128, 64, 64, 4)]
-    bwd = [("var_b64_64x64", 64, 64, 64), ("var_b128_64x64", 128, 64, 64),
-           ("var_b64_128x128", 64, 128, 128)]
+    bwd = [("var_b64_128x64", 64, 128, 64), ("var_b128_64x64", 128, 64, 64)]
     extra = []
     for name, D, br, bc, nw in fwd:
         extra.append(f'extern "C" __global__ void __launch_bounds__({nw * 32}) {name}('
@@ -253,7 +254,7 @@ def make_variants() -> dict:
 
     def fwd_fn(name, D, br, bc, nw):
         smem = (br + 2 * bc) * D * 2
-        kern = mods["forward"].get(name)
+        kern = al.kernel(mods["forward"], name)
         kern.max_dynamic_shared_size_bytes = smem
 
         def f(q, k, v, causal):
@@ -268,10 +269,10 @@ def make_variants() -> dict:
 
     def bwd_fn(name, D, bc, br):
         smem = (2 * bc * D + 4 * br * D + bc * br) * 2 + 4 * br * 4
-        kern = mods["backward"].get(name)
+        kern = al.kernel(mods["backward"], name)
         kern.max_dynamic_shared_size_bytes = smem
-        pre = mods["backward"].get("attention_bwd_v2_preprocess_bf16")
-        conv = mods["backward"].get("attention_bwd_v2_convert_bf16")
+        pre = al.kernel(mods["backward"], "attention_bwd_v2_preprocess_bf16")
+        conv = al.kernel(mods["backward"], "attention_bwd_v2_convert_bf16")
 
         def f(q, k, v, o, lse, do, causal):
             B, H, N, _ = q.shape
@@ -290,11 +291,11 @@ def make_variants() -> dict:
         return f
 
     for name, D, br, bc, nw in fwd:
-        r = mods["forward"].resources(name)
+        r = al.resources(mods["forward"], name)
         log(f"variant {name}: {r['registers']} registers, {r['local_bytes']} local bytes")
         out.setdefault(("fwd", D), {})[name] = fwd_fn(name, D, br, bc, nw)
     for name, D, bc, br in bwd:
-        r = mods["backward"].resources(name)
+        r = al.resources(mods["backward"], name)
         log(f"variant {name}: {r['registers']} registers, {r['local_bytes']} local bytes")
         out.setdefault(("bwd", D), {})[name] = bwd_fn(name, D, bc, br)
     # a variant must compute the same thing: compare with v3 / bwd v2 once
@@ -321,8 +322,8 @@ def main() -> int:
     log(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
     for which in ("forward", "backward"):
         m = al.module(which)
-        for name in cb.compile.kernel_names(m.source):
-            r = m.resources(name)
+        for name in al.kernel_names(which):
+            r = al.resources(m, name)
             log(f"{name:32s} {r['registers']:4d} registers {r['local_bytes']:4d} local bytes "
                 f"{r['shared_bytes']:6d} static shared")
     if not a.no_check:

@@ -1,4 +1,4 @@
-"""Numba twins of kernels/layernorm.cu: LayerNorm and RMSNorm forward, float32 (M, N) (Chapter 3).
+"""Numba twins of kernels/norm.cu: LayerNorm and RMSNorm forward, float32 (M, N) (Chapter 3).
 
 versions (TPB = 128 threads per block for the block-per-row kernels)
   layernorm_v1  one thread per row, two-pass statistics, then the affine write

@@ -1,0 +1,255 @@
+// norm.cu: the normalisations of a row, LayerNorm and RMSNorm, forward (Chapter 3).
+//
+// x, y: float32 (M, N) row-major, contiguous; gamma, beta: (N,). For each row r:
+//   LayerNorm  y = (x - mean) / sqrt(var + eps) * gamma + beta   (var biased, as in torch)
+//   RMSNorm    y = x / sqrt(mean(x^2) + eps) * gamma
+//
+// kernels, simplest first (each line: what changed)
+//   layernorm_v1  naive: one thread per row, two passes for the statistics and one to write;
+//                 uncoalesced (neighbouring threads read addresses N apart)
+//   layernorm_v2  one block per row, Welford: one pass gives count, mean and M2 per thread,
+//                 merged across the block (Chan's formula); a second pass writes with the
+//                 affine transform fused (gamma, beta applied in the same pass)
+//   layernorm_v3  the row held in registers (up to 32 floats per thread): x is read once, the
+//                 exact two-pass statistics come from registers, the fused affine pass writes
+//                 y. float4 when N % 4 == 0 and x, y, gamma, beta are 16-byte aligned (rows
+//                 up to 32 * blockDim.x), scalar loads otherwise (up to 16 * blockDim.x); a
+//                 longer row is streamed through v2's body
+//   rmsnorm_v1    RMSNorm, one block per row, any N (one statistic: no mean to subtract)
+//   rmsnorm_v2    RMSNorm with the row in registers, as layernorm_v3 (longer rows: v1's body)
+//
+// Sums over the block are common.cuh's block_sum; layernorm_v2 merges Welford triples
+// (count, mean, M2) instead, which only it needs.
+//
+// traffic: 4 MN read + 4 MN written (+ 8 N for gamma, beta) at best (v3, rmsnorm_v2).
+// Accuracy: var = E[x^2] - E[x]^2 in one pass cancels catastrophically when |mean| >> std;
+// Welford and the two-pass form do not.
+#include "common.cuh"
+
+// launch: grid = ceil_div(M, 128), block = 128, no shared memory
+extern "C" __global__ void layernorm_v1(const float* x, const float* gamma, const float* beta,
+                                        float* y, int M, int N, float eps) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= M) return;
+    const float* xr = x + (size_t)r * N;
+    float* yr = y + (size_t)r * N;
+    float s = 0.0f;
+    for (int j = 0; j < N; j++) s += xr[j];
+    float mean = s / N;
+    float q = 0.0f;
+    for (int j = 0; j < N; j++) { float c = xr[j] - mean; q += c * c; }
+    float rstd = rsqrtf(q / N + eps);
+    for (int j = 0; j < N; j++) yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+}
+
+// Welford state of a set of values: count, mean, M2 = sum (v - mean)^2
+struct Welford { float n, mean, m2; };
+
+__device__ __forceinline__ void welford_add(Welford& w, float v) {
+    w.n += 1.0f;
+    float delta = v - w.mean;
+    w.mean += delta / w.n;
+    w.m2 += delta * (v - w.mean);
+}
+
+// Chan et al.: merge two Welford states
+__device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
+    float n = a.n + b.n;
+    if (n == 0.0f) return a;
+    float delta = b.mean - a.mean, fb = b.n / n;
+    Welford r;
+    r.n = n;
+    r.mean = a.mean + delta * fb;
+    r.m2 = a.m2 + b.m2 + delta * delta * a.n * fb;
+    return r;
+}
+
+__device__ __forceinline__ Welford welford_shfl(Welford w, int o) {
+    Welford r;
+    r.n = __shfl_xor_sync(0xffffffffu, w.n, o);
+    r.mean = __shfl_xor_sync(0xffffffffu, w.mean, o);
+    r.m2 = __shfl_xor_sync(0xffffffffu, w.m2, o);
+    return r;
+}
+
+// One row of LayerNorm by the whole block: Welford in one pass, merged across the block, then
+// the fused normalise + affine pass. sbuf: 99 floats
+__device__ __forceinline__ void layernorm_row_welford(const float* xr, const float* gamma,
+                                                      const float* beta, float* yr, int N,
+                                                      float eps, float* sbuf) {
+    Welford w = {0.0f, 0.0f, 0.0f};
+    for (int j = threadIdx.x; j < N; j += blockDim.x) welford_add(w, xr[j]);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) w = welford_merge(w, welford_shfl(w, o));
+    if (lane == 0) { sbuf[warp] = w.n; sbuf[33 + warp] = w.mean; sbuf[66 + warp] = w.m2; }
+    __syncthreads();
+    if (warp == 0) {
+        w.n = lane < nw ? sbuf[lane] : 0.0f;
+        w.mean = lane < nw ? sbuf[33 + lane] : 0.0f;
+        w.m2 = lane < nw ? sbuf[66 + lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) w = welford_merge(w, welford_shfl(w, o));
+        if (lane == 0) { sbuf[32] = w.mean; sbuf[65] = rsqrtf(w.m2 / N + eps); }
+    }
+    __syncthreads();
+    float mean = sbuf[32], rstd = sbuf[65];
+    for (int j = threadIdx.x; j < N; j += blockDim.x)       // fused: normalise and affine
+        yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+}
+
+// launch: grid = M, block = 256 (multiple of 32, <= 1024), static shared memory 99 floats
+extern "C" __global__ void layernorm_v2(const float* x, const float* gamma, const float* beta,
+                                        float* y, int M, int N, float eps) {
+    __shared__ float sbuf[3 * 33];
+    layernorm_row_welford(x + (size_t)blockIdx.x * N, gamma, beta, y + (size_t)blockIdx.x * N,
+                          N, eps, sbuf);
+}
+
+#define NORM_REGS 32                       // floats of the row each thread holds in registers
+#define NORM_REGS_SCALAR 16                // the same without float4 (32 would spill: the
+                                           // scalar path needs an index per element)
+
+// launch: grid = M, block = T, a multiple of 32 <= 1024 with N <= 16 T for the row to stay in
+// registers (T = row_block(N) does that up to N = 16384; the float4 path holds up to 32 T);
+// static shared memory 99 floats. Any N is right: a longer row is streamed.
+extern "C" __global__ void __launch_bounds__(1024) layernorm_v3(
+        const float* x, const float* gamma, const float* beta, float* y, int M, int N,
+        float eps) {
+    __shared__ float sbuf[3 * 33];
+    const float* xr = x + (size_t)blockIdx.x * N;
+    float* yr = y + (size_t)blockIdx.x * N;
+    bool vec = (N & 3) == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) &&
+               aligned16(beta);                                    // uniform over the grid
+    if (N > (vec ? NORM_REGS : NORM_REGS_SCALAR) * (int)blockDim.x) {
+        layernorm_row_welford(xr, gamma, beta, yr, N, eps, sbuf);   // does not fit: stream it
+        return;
+    }
+    if (vec) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        float4* y4 = reinterpret_cast<float4*>(yr);
+        const float4* g4 = reinterpret_cast<const float4*>(gamma);
+        const float4* b4 = reinterpret_cast<const float4*>(beta);
+        int N4 = N / 4;
+        float4 r[NORM_REGS / 4];
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_REGS / 4; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            r[k] = (j < N4) ? x4[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+            s += (r[k].x + r[k].y) + (r[k].z + r[k].w);
+        }
+        float mean = block_sum(s, sbuf) / N;
+        float q = 0.0f;                    // second pass over registers: sum (x - mean)^2
+#pragma unroll
+        for (int k = 0; k < NORM_REGS / 4; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < N4) {
+                float a = r[k].x - mean, b = r[k].y - mean, c = r[k].z - mean, d = r[k].w - mean;
+                q += (a * a + b * b) + (c * c + d * d);
+            }
+        }
+        float rstd = rsqrtf(block_sum(q, sbuf) / N + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_REGS / 4; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < N4) {
+                float4 g = g4[j], b = b4[j], v = r[k];
+                v.x = (v.x - mean) * rstd * g.x + b.x;
+                v.y = (v.y - mean) * rstd * g.y + b.y;
+                v.z = (v.z - mean) * rstd * g.z + b.z;
+                v.w = (v.w - mean) * rstd * g.w + b.w;
+                y4[j] = v;
+            }
+        }
+    } else {                               // rows not 16-byte aligned: the same with scalars
+        float r[NORM_REGS_SCALAR];
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_REGS_SCALAR; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            r[k] = (j < N) ? xr[j] : 0.0f;
+            s += r[k];
+        }
+        float mean = block_sum(s, sbuf) / N;
+        float q = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_REGS_SCALAR; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < N) { float c = r[k] - mean; q += c * c; }
+        }
+        float rstd = rsqrtf(block_sum(q, sbuf) / N + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_REGS_SCALAR; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < N) yr[j] = (r[k] - mean) * rstd * gamma[j] + beta[j];
+        }
+    }
+}
+
+// One row of RMSNorm by the whole block, streamed: sum of squares, then the scaled write.
+// sbuf: 33 floats
+__device__ __forceinline__ void rmsnorm_row(const float* xr, const float* gamma, float* yr,
+                                            int N, float eps, float* sbuf) {
+    float q = 0.0f;
+    for (int j = threadIdx.x; j < N; j += blockDim.x) q += xr[j] * xr[j];
+    float rrms = rsqrtf(block_sum(q, sbuf) / N + eps);
+    for (int j = threadIdx.x; j < N; j += blockDim.x) yr[j] = xr[j] * rrms * gamma[j];
+}
+
+// launch: grid = M, block = 256 (multiple of 32, <= 1024), static shared memory 33 floats
+extern "C" __global__ void rmsnorm_v1(const float* x, const float* gamma, float* y, int M, int N,
+                                      float eps) {
+    __shared__ float sbuf[BLOCK_REDUCE_SMEM];
+    rmsnorm_row(x + (size_t)blockIdx.x * N, gamma, y + (size_t)blockIdx.x * N, N, eps, sbuf);
+}
+
+// launch: as layernorm_v3 (block T = row_block(N) keeps the row in registers); any N is right
+extern "C" __global__ void __launch_bounds__(1024) rmsnorm_v2(
+        const float* x, const float* gamma, float* y, int M, int N, float eps) {
+    __shared__ float sbuf[BLOCK_REDUCE_SMEM];
+    const float* xr = x + (size_t)blockIdx.x * N;
+    float* yr = y + (size_t)blockIdx.x * N;
+    bool vec = (N & 3) == 0 && aligned16(x) && aligned16(y) && aligned16(gamma);
+    if (N > (vec ? NORM_REGS : NORM_REGS_SCALAR) * (int)blockDim.x) {
+        rmsnorm_row(xr, gamma, yr, N, eps, sbuf);
+        return;
+    }
+    if (vec) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        float4* y4 = reinterpret_cast<float4*>(yr);
+        const float4* g4 = reinterpret_cast<const float4*>(gamma);
+        int N4 = N / 4;
+        float4 r[NORM_REGS / 4];
+        float q = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_REGS / 4; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            r[k] = (j < N4) ? x4[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+            q += (r[k].x * r[k].x + r[k].y * r[k].y) + (r[k].z * r[k].z + r[k].w * r[k].w);
+        }
+        float rrms = rsqrtf(block_sum(q, sbuf) / N + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_REGS / 4; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < N4) {
+                float4 g = g4[j], v = r[k];
+                y4[j] = make_float4(v.x * rrms * g.x, v.y * rrms * g.y, v.z * rrms * g.z,
+                                    v.w * rrms * g.w);
+            }
+        }
+    } else {
+        float r[NORM_REGS_SCALAR];
+        float q = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_REGS_SCALAR; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            r[k] = (j < N) ? xr[j] : 0.0f;
+            q += r[k] * r[k];
+        }
+        float rrms = rsqrtf(block_sum(q, sbuf) / N + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_REGS_SCALAR; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < N) yr[j] = r[k] * rrms * gamma[j];
+        }
+    }
+}

@@ -27,8 +27,10 @@ from .bench import BenchError, bench, sweep
 from .validate import expect, expect_aligned
 from .launch import LaunchError, ceil_div, grid_1d, grid_2d, need_cc, round_up, row_block
 from . import reference
+from . import roofline
 from . import plot
 from .tracer import trace  # noqa: F401  (cb.trace; cudabook.tracedraw draws it)
+from . import graphs, ncu, occupancy, torchtrace  # Chapter 5: profiling helpers
 
 __version__ = "0.1.0"
 
@@ -38,7 +40,7 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
            "kernel_source", "cuda_include_dir", "cuda_ptx", "ptx_mix",
            "bench", "sweep", "record", "BenchError", "plot", "ceil_div", "round_up", "grid_1d",
            "grid_2d", "row_block", "need_cc", "LaunchError", "expect", "expect_aligned",
-           "reference"]
+           "reference", "roofline"]
 
 
 def _gpu_cell(line: str, cell: str):

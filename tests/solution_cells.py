@@ -10,6 +10,8 @@
     # message, so a solution that changes cannot leave a test checking nothing
     racy = sol.get("ex03.4", "layernorm",
                    edits=[("    cuda.syncthreads()   # before reuse\\n", "")])
+    stub = sol.stub("ex03.4", "layernorm")      # what the exercise notebook holds (generated
+                                                # by tools/nbtools.py from the same cells)
 
 The cells that hold ``BEGIN SOLUTION exNN.k`` markers run after the notebook's import
 statements, in a namespace of their own; each cell's text is registered with ``linecache`` so
@@ -21,12 +23,15 @@ from __future__ import annotations
 import ast
 import linecache
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from nbtools import strip_solutions  # noqa: E402  (the generator of the exercise notebooks)
 
 Edit = tuple  # (old, new) or (old, new, count)
 
@@ -97,17 +102,27 @@ class Solution:
 
     def get(self, ex: str, name: str, edits=()) -> object:
         """The object ``name`` defined by ``ex``'s cells (after ``edits``)."""
-        ns = self.namespace(ex, tuple(edits))
+        ns = self.namespace(ex, tuple(tuple(e) for e in edits))
         if name not in ns:
             raise SolutionError(f"{ex}'s cells in {self.path} define no {name!r}")
         return ns[name]
 
+    def stub(self, ex: str, name: str) -> object:
+        """``name`` as the exercise notebook defines it: the solution regions stripped."""
+        ns = _namespace(self.chapter, ex, (), stub=True)
+        if name not in ns:
+            raise SolutionError(f"{ex}'s stub in {self.path} defines no {name!r}")
+        return ns[name]
+
 
 @lru_cache(maxsize=None)
-def _namespace(chapter: str, ex: str, edits: tuple) -> dict:
+def _namespace(chapter: str, ex: str, edits: tuple, stub: bool = False) -> dict:
     sol = Solution(chapter)
-    text = sol.imports() + "\n\n" + sol.source(ex, edits)
-    tag = "ref" if not edits else f"variant {abs(hash(edits)) % 10**8}"
+    body = sol.source(ex, edits)
+    if stub:
+        body = strip_solutions(body, where=f"{sol.path} {ex}")
+    text = sol.imports() + "\n\n" + body
+    tag = "stub" if stub else "ref" if not edits else f"variant {abs(hash(edits)) % 10**8}"
     fname = f"<{sol.path} {ex} {tag}>"
     linecache.cache[fname] = (len(text), None, text.splitlines(keepends=True), fname)
     ns: dict = {"__name__": f"solution_{chapter}_{ex.replace('.', '_')}"}

@@ -1,155 +1,155 @@
-"""Chapter 1 graders: the reference passes, stubs and plausible wrong answers fail with a hint."""
+"""Chapter 1 graders: the reference passes, stubs and plausible wrong answers fail with the hint
+that names their mistake. References come from solutions/01_first_kernel.ipynb; wrong answers are
+edits of them (tests/solution_cells.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from numba import cuda
+from solution_cells import Solution
 
 import cudabook as cb
 from cudabook.graders import GradeError, ex01_1, ex01_2, ex01_3, ex01_4
 
-
-@cuda.jit
-def _saxpy(a, x, y, out):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = a * x[i] + y[i]
+SOL = Solution("01")
 
 
-@cuda.jit
-def _saxpy_no_guard(a, x, y, out):
-    i = cuda.grid(1)
-    out[i] = a * x[i] + y[i]
+def saxpy_launcher(*edits):
+    return SOL.get("ex01.1", "launch_saxpy", edits=edits)
 
 
-def _launch(kernel, blocks_of=lambda n: cb.ceil_div(n, 256)):
-    return lambda a, x, y, out: kernel[blocks_of(out.size), 256](a, x, y, out)
-
-
+# ----------------------------------------------------------------------------- ex01.1
 def test_ex01_1_reference_passes(capsys):
-    ex01_1(_launch(_saxpy))
+    ex01_1(saxpy_launcher())
     assert capsys.readouterr().out == "PASS ex01.1\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (_launch(_saxpy_no_guard), "missing bounds guard"),
-    (_launch(_saxpy, lambda n: n // 256), "never written"),                 # floor, not ceil
-    (lambda a, x, y, out: _saxpy[cb.ceil_div(out.size, 256), 256](a, y, x, out), "wrong at"),
-    (lambda a, x, y, out: None, "output never written"),                    # no launch at all
-])
-def test_ex01_1_wrong_answers_fail(wrong, hint):
+@pytest.mark.parametrize("edits, hint", [
+    ([("    if i < out.size:\n        out[i] = a * x[i] + y[i]", "    out[i] = a * x[i] + y[i]")],
+     "missing bounds guard"),
+    ([("blocks = (out.size + threads - 1) // threads", "blocks = out.size // threads")],
+     "launched with no threads"),                        # floor, not ceil: 0 blocks for n=1
+    ([("saxpy[blocks, threads](a, x, y, out)", "saxpy[blocks, threads](a, y, x, out)")],
+     "is it a\\*x\\[i\\] \\+ y\\[i\\]"),                                 # x and y swapped
+    # sizes hard-coded for small inputs: one block of 1024 threads (n = 2051 in the simulator)
+    ([("    threads = 256\n    blocks = (out.size + threads - 1) // threads",
+       "    threads = 1024\n    blocks = 1")], "the grid is too small"),
+], ids=["no-guard", "grid-rounded-down", "x-y-swapped", "one-block-of-1024"])
+def test_ex01_1_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
-        ex01_1(wrong)
+        ex01_1(saxpy_launcher(*edits))
+
+
+def test_ex01_1_no_launch_and_array_expression_fail():
+    with pytest.raises(GradeError, match="output never written"):
+        ex01_1(lambda a, x, y, out: None)
+    # the right numbers without a kernel: a NumPy / CuPy expression
+    with pytest.raises(GradeError, match="no kernel was launched"):
+        ex01_1(lambda a, x, y, out: out.__setitem__(slice(None), a * x + y))
 
 
 def test_ex01_1_stub_fails():
-    def stub(a, x, y, out):
-        raise NotImplementedError("ex01.1")
     with pytest.raises(GradeError, match="not implemented yet"):
-        ex01_1(stub)
+        ex01_1(SOL.stub("ex01.1", "launch_saxpy"))
 
 
 def test_ex01_1_cached_answer_fails():
-    cache = {}
+    ref, cache = saxpy_launcher(), {}
 
     def cached(a, x, y, out):           # computes once per length, then replays the first answer
         n = out.size
         if n not in cache:
-            _saxpy[cb.ceil_div(n, 256), 256](a, x, y, out)
+            ref(a, x, y, out)
             cache[n] = cb.to_numpy(out).copy()
         out[:] = cache[n] if not cb.HAS_GPU else __import__("cupy").asarray(cache[n])
     with pytest.raises(GradeError, match="wrong at"):
         ex01_1(cached)
 
 
-@cuda.jit
-def _bias(x, b, out):
-    col, row = cuda.grid(2)
-    if row < out.shape[0] and col < out.shape[1]:
-        out[row, col] = x[row, col] + b[col]
-
-
-@cuda.jit
-def _bias_swapped(x, b, out):
-    row, col = cuda.grid(2)
-    if row < out.shape[0] and col < out.shape[1]:
-        out[row, col] = x[row, col] + b[col]
-
-
-@cuda.jit
-def _bias_by_row(x, b, out):
-    col, row = cuda.grid(2)
-    if row < out.shape[0] and col < out.shape[1]:
-        out[row, col] = x[row, col] + b[row % b.size]
-
-
-@cuda.jit
-def _bias_col_guard_only(x, b, out):
-    col, row = cuda.grid(2)
-    if col < out.shape[1]:
-        out[row, col] = x[row, col] + b[col]
-
-
+# ----------------------------------------------------------------------------- ex01.3
 def test_ex01_3_reference_passes(capsys):
-    ex01_3(_bias)
+    ex01_3(SOL.get("ex01.3", "add_row_bias"))
     assert capsys.readouterr().out == "PASS ex01.3\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (_bias_swapped, "swapped"),
-    (_bias_by_row, "indexed by row"),
-    (_bias_col_guard_only, "bounds guard"),
-])
-def test_ex01_3_wrong_answers_fail(wrong, hint):
+@pytest.mark.parametrize("edit, hint", [
+    (("col, row = cuda.grid(2)", "row, col = cuda.grid(2)"), "row and col swapped"),
+    (("b[col]", "b[row % b.size]"), "the bias is indexed by row"),
+    (("if row < out.shape[0] and col < out.shape[1]:", "if col < out.shape[1]:"),
+     "missing bounds guard"),
+], ids=["swapped", "bias-by-row", "column-guard-only"])
+def test_ex01_3_wrong_answers_fail(edit, hint):
     with pytest.raises(GradeError, match=hint):
-        ex01_3(wrong)
+        ex01_3(SOL.get("ex01.3", "add_row_bias", edits=[edit]))
+
+
+def test_ex01_3_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex01_3(SOL.stub("ex01.3", "add_row_bias"))
 
 
 # ----------------------------------------------------------------------------- CUDA C (GPU)
-RELU = r'''extern "C" __global__ void relu_forward(const float* x, float* y, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    %s
-}'''
+def relu(*edits):
+    return SOL.get("ex01.2", "relu_src", edits=edits)
 
 
 @pytest.mark.gpu
-def test_ex01_2_reference_and_wrong_answers():
-    ex01_2(RELU % "if (i < n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;")
-    for body, hint in [("y[i] = x[i] > 0.0f ? x[i] : 0.0f;", "bounds guard"),   # no guard
-                       ("if (i < n) y[i] = x[i];", "wrong at"),
-                       ("", "never written"),                                    # the stub
-                       ("if (i < n) y[i] = x[i] > 0.0f ? x[i] : 0.0f", "does not compile"),
-                       ("if (i < n - 1) y[i] = fmaxf(x[i], 0.0f);", "never written")]:
-        with pytest.raises(GradeError, match=hint):
-            ex01_2(RELU % body)
-
-
-SGD = r'''extern "C" __global__ void sgd_update(float* w, const float* g, float lr, int n) {
-    %s
-}'''
+def test_ex01_2_reference_passes(capsys):
+    ex01_2(relu())
+    assert capsys.readouterr().out == "PASS ex01.2\n"
 
 
 @pytest.mark.gpu
-def test_ex01_4_reference_and_wrong_answers():
-    ex01_4(SGD % "for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; "
-                 "i += blockDim.x * gridDim.x) w[i] -= lr * g[i];")
-    for body, hint in [
-        ("int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) w[i] -= lr * g[i];",
-         "never updated"),                                                   # no loop
-        ("for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x) "
-         "w[i] -= lr * g[i];", "more than once"),                            # block stride
-        ("for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n + 200; "
-         "i += blockDim.x * gridDim.x) w[i] -= lr * g[i];", "past the end"),
-        ("", "never updated"),                                               # the stub
-    ]:
-        with pytest.raises(GradeError, match=hint):
-            ex01_4(SGD % body)
+@pytest.mark.parametrize("edit, hint", [
+    (("    if (i < n) {\n        y[i] = x[i] > 0.0f ? x[i] : 0.0f;\n    }",
+      "    y[i] = x[i] > 0.0f ? x[i] : 0.0f;"), "missing bounds guard"),
+    (("x[i] > 0.0f ? x[i] : 0.0f", "x[i]"), "ReLU keeps x where x > 0"),
+    (("y[i] = x[i] > 0.0f ? x[i] : 0.0f;", "y[i] = x[i] > 0.0f ? x[i] : 0.0f"),
+     "does not compile"),
+    (("if (i < n) {", "if (i < n - 1) {"), "elements .* never written"),
+], ids=["no-guard", "identity", "syntax-error", "guard-off-by-one"])
+def test_ex01_2_wrong_answers_fail(edit, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex01_2(relu(edit))
 
 
+@pytest.mark.gpu
+def test_ex01_2_stub_fails():
+    with pytest.raises(GradeError, match="output never written"):
+        ex01_2(SOL.stub("ex01.2", "relu_src"))
+
+
+def sgd(*edits):
+    return SOL.get("ex01.4", "sgd_src", edits=edits)
+
+
+@pytest.mark.gpu
+def test_ex01_4_reference_passes(capsys):
+    ex01_4(sgd())
+    assert capsys.readouterr().out == "PASS ex01.4\n"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("edit, hint", [
+    (("for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {",
+      "int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) {"), "never updated: with a "
+     "small grid each thread must loop"),
+    (("int stride = blockDim.x * gridDim.x;", "int stride = blockDim.x;"),
+     "updated more than once"),
+    (("i < n; i += stride", "i < n + 200; i += stride"), "wrote past the end of w"),
+], ids=["no-loop", "block-stride", "loop-past-n"])
+def test_ex01_4_wrong_answers_fail(edit, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex01_4(sgd(edit))
+
+
+@pytest.mark.gpu
+def test_ex01_4_stub_fails():
+    with pytest.raises(GradeError, match="never updated"):
+        ex01_4(SOL.stub("ex01.4", "sgd_src"))
+
+
+@pytest.mark.skipif(cb.HAS_GPU, reason="the refusal is what simulator mode shows")
 def test_cuda_graders_refuse_in_simulator():
-    if cb.HAS_GPU:
-        pytest.skip("GPU machine")
-    with pytest.raises(GradeError, match="needs a CUDA GPU"):
-        ex01_2(RELU % "")
-    np.testing.assert_equal(cb.SIM, True)
+    for grader in (ex01_2, ex01_4):
+        with pytest.raises(GradeError, match="needs a CUDA GPU"):
+            grader(relu())

@@ -1,25 +1,31 @@
 """Chapter 2 "Memory": kernels against numpy, and every grader against right and wrong answers.
 
-Numba parts run in the simulator (CPU lane); CuPy / CUDA C++ parts are marked gpu.
+Numba parts run in the simulator (CPU lane); CuPy / CUDA C++ parts are marked gpu. References
+come from solutions/02_memory.ipynb; wrong answers are edits of them (tests/solution_cells.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import cuda
+from solution_cells import Solution
 
 import cudabook as cb
-from cudabook import env
 from cudabook.graders import GradeError, ex02_1, ex02_2, ex02_3, ex02_4
 
 gpu = pytest.mark.gpu
+SOL = Solution("02")
+
+# the two messages that say a barrier is missing: the value check saw a race, or racecheck did
+RACE = r"racecheck found a race|a race on the shared tile|exposes races the GPU hid"
 
 
 # ----------------------------------------------------------------------------- Numba kernels
 def test_numba_copy_kernels():
     nb = cb.load_numba("copy")
     x = np.random.default_rng(0).standard_normal(1003).astype(np.float32)
-    for name, grid in [("copy_v1", 8), ("copy_v2", 2), ("copy_v4", 1)]:
+    for name, grid in [("copy_v1", 8), ("copy_v2", 2), ("copy_unroll4", 1)]:
         y = np.full_like(x, np.nan)
         getattr(nb, name)[grid, 128](x, y)
         assert np.array_equal(x, y), name
@@ -30,16 +36,16 @@ def test_numba_copy_kernels():
     assert np.array_equal(y, x[5:105])
 
 
-def test_numba_elementwise_kernels():
-    ne = cb.load_numba("elementwise")
+def test_numba_vector_add_and_fma_kernels():
+    nv, nf = cb.load_numba("vector_add"), cb.load_numba("fma_chain")
     rng = np.random.default_rng(1)
     x, y = (rng.standard_normal(1003).astype(np.float32) for _ in range(2))
-    for name, grid in [("add_v1", 4), ("add_v2", 1), ("add_v4", 1)]:
+    for name, grid in [("vector_add_v1", 4), ("vector_add_v2", 1), ("vector_add_unroll4", 1)]:
         z = np.full_like(x, np.nan)
-        getattr(ne, name)[grid, 256](x, y, z)
+        getattr(nv, name)[grid, 256](x, y, z)
         np.testing.assert_allclose(z, x + y, rtol=1e-6, err_msg=name)
     z = np.full_like(x, np.nan)
-    ne.fma_chain[2, 128](x, z, 3, np.float32(0.5), np.float32(1.0))
+    nf.fma_chain[2, 128](x, z, 3, np.float32(0.5), np.float32(1.0))
     r = x.astype(np.float64)
     for _ in range(3):
         r = r * 0.5 + 1.0
@@ -56,159 +62,85 @@ def test_numba_transpose_kernels():
 
 
 # ----------------------------------------------------------------------------- ex02.4 (sim)
-from numba import cuda, float32  # noqa: E402  (after cudabook decided the mode)
-
-BLOCK, R = 64, 2
-TILE_LEN = BLOCK + 2 * R     # shared.array needs a constant: a global int, not an expression
+def moving_average(*edits):
+    return SOL.get("ex02.4", "moving_average", edits=edits)
 
 
-@cuda.jit
-def ma_ref(x, out):
-    tile = cuda.shared.array(TILE_LEN, float32)
-    n = x.size
-    t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * BLOCK + t
-    tile[t + R] = x[i] if i < n else 0.0
-    if t < R:
-        j = i - R
-        tile[t] = x[j] if j >= 0 and j < n else 0.0
-        j = i + BLOCK
-        tile[t + BLOCK + R] = x[j] if j < n else 0.0
-    cuda.syncthreads()
-    if i < n:
-        acc = 0.0
-        for k in range(2 * R + 1):
-            acc += tile[t + k]
-        out[i] = acc / (2 * R + 1)
+NO_SYNC = ("    cuda.syncthreads()\n    if i < n:", "    if i < n:")
+# a barrier, but before the halo is loaded: the halo entries are read before they are written
+SYNC_BEFORE_HALO = [NO_SYNC, ("    if t < R:\n", "    cuda.syncthreads()\n    if t < R:\n")]
 
 
 @cuda.jit
-def ma_no_sync(x, out):
-    tile = cuda.shared.array(TILE_LEN, float32)
-    n = x.size
-    t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * BLOCK + t
-    tile[t + R] = x[i] if i < n else 0.0
-    if t < R:
-        j = i - R
-        tile[t] = x[j] if j >= 0 and j < n else 0.0
-        j = i + BLOCK
-        tile[t + BLOCK + R] = x[j] if j < n else 0.0
-    if i < n:
-        acc = 0.0
-        for k in range(2 * R + 1):
-            acc += tile[t + k]
-        out[i] = acc / (2 * R + 1)
-
-
-@cuda.jit
-def ma_no_halo(x, out):
-    tile = cuda.shared.array(TILE_LEN, float32)
-    n = x.size
-    t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * BLOCK + t
-    tile[t + R] = x[i] if i < n else 0.0
-    if t < R:
-        tile[t] = 0.0
-        tile[t + BLOCK + R] = 0.0
-    cuda.syncthreads()
-    if i < n:
-        acc = 0.0
-        for k in range(2 * R + 1):
-            acc += tile[t + k]
-        out[i] = acc / (2 * R + 1)
-
-
-@cuda.jit
-def ma_no_guard(x, out):
-    tile = cuda.shared.array(TILE_LEN, float32)
-    n = x.size
-    t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * BLOCK + t
-    tile[t + R] = x[i] if i < n else 0.0
-    if t < R:
-        j = i - R
-        tile[t] = x[j] if j >= 0 and j < n else 0.0
-        j = i + BLOCK
-        tile[t + BLOCK + R] = x[j] if j < n else 0.0
-    cuda.syncthreads()
-    acc = 0.0
-    for k in range(2 * R + 1):
-        acc += tile[t + k]
-    out[i] = acc / (2 * R + 1)
-
-
-@cuda.jit
-def ma_no_shared(x, out):
+def ma_no_shared(x, out):          # right values straight from global memory: breaks the rubric
     i = cuda.grid(1)
-    n = x.size
-    if i < n:
+    if i < x.size:
         acc = 0.0
-        for k in range(-R, R + 1):
-            if 0 <= i + k < n:
+        for k in range(-2, 3):
+            if 0 <= i + k < x.size:
                 acc += x[i + k]
-        out[i] = acc / (2 * R + 1)
-
-
-@cuda.jit
-def ma_stub(x, out):
-    tile = cuda.shared.array(TILE_LEN, float32)  # noqa: F841
-    raise NotImplementedError("ex02.4")
+        out[i] = acc / 5
 
 
 def test_ex02_4_reference_passes(capsys):
-    ex02_4(ma_ref)
+    ex02_4(moving_average())
     assert capsys.readouterr().out.strip() == "PASS ex02.4"
 
 
-@pytest.mark.parametrize("kernel, hint", [
-    (ma_stub, "not implemented"),
-    (ma_no_sync, "syncthreads"),
-    (ma_no_halo, "halo"),
-    (ma_no_guard, "bounds guard"),
-    (ma_no_shared, "shared.array"),
-])
-def test_ex02_4_rejects(kernel, hint):
+@pytest.mark.parametrize("edits, hint", [
+    ([NO_SYNC], "never calls cuda.syncthreads|without cuda.syncthreads"),
+    ([("tile[t] = x[j] if j >= 0 and j < n else 0.0", "tile[t] = 0.0"),
+      ("tile[t + BLOCK + R] = x[j] if j < n else 0.0", "tile[t + BLOCK + R] = 0.0")],
+     "the halo. Load the 2 elements"),
+    ([("    if i < n:\n        acc = 0.0", "    if True:\n        acc = 0.0")],
+     "missing bounds guard"),
+], ids=["no-barrier", "no-halo", "no-guard"])
+def test_ex02_4_rejects(edits, hint):
     with pytest.raises(GradeError, match=hint):
-        ex02_4(kernel)
+        ex02_4(moving_average(*edits))
 
 
+def test_ex02_4_barrier_before_the_halo_is_a_race():
+    """The barrier is there (the source check passes) but the halo is loaded after it. The
+    simulator reads the halo too early; on a GPU, where the numbers may come out right, the
+    grader runs the kernel again in the simulator and says so."""
+    with pytest.raises(GradeError, match="the halo. Load the 2 elements .* before the "
+                                         "barrier") as e:
+        ex02_4(moving_average(*SYNC_BEFORE_HALO))
+    if cb.HAS_GPU:
+        assert "exposes races the GPU hid" in str(e.value) or "wrong only" in str(e.value)
+
+
+def test_ex02_4_no_shared_and_stub_fail():
+    with pytest.raises(GradeError, match="stage x through cuda.shared.array"):
+        ex02_4(ma_no_shared)
+    with pytest.raises(GradeError, match="not implemented"):
+        ex02_4(SOL.stub("ex02.4", "moving_average"))
+
+
+def test_ex02_4_rubric_ignores_comments():
+    # a comment or a string that mentions the barrier does not count as one
+    commented = moving_average(NO_SYNC, ("    if t < R:\n",
+                                         "    # cuda.syncthreads()\n    if t < R:\n"))
+    with pytest.raises(GradeError, match="syncthreads"):
+        ex02_4(commented)
+
+
+@pytest.mark.skipif(cb.HAS_GPU, reason="the refusal is what simulator mode shows")
 def test_cuda_graders_need_gpu_in_sim():
-    if env.HAS_GPU:
-        pytest.skip("GPU present")
-    for g, arg in [(ex02_1, TRANSPOSE_REF), (ex02_2, AXPY_REF), (ex02_3, lambda *a: None)]:
+    for g, arg in [(ex02_1, SOL.get("ex02.1", "transpose_src")),
+                   (ex02_2, SOL.get("ex02.2", "axpy_src")), (ex02_3, lambda *a: None)]:
         with pytest.raises(GradeError, match="needs a CUDA GPU"):
             g(arg)
 
 
 # ----------------------------------------------------------------------------- ex02.1 (GPU)
-TRANSPOSE_REF = r'''
-#define TILE 32
-#define ROWS 8
-extern "C" __global__ void transpose_tiled(const float* in, float* out, int rows, int cols) {
-    __shared__ float tile[TILE][TILE + 1];
-    int bx = blockIdx.x * TILE, by = blockIdx.y * TILE;
-    for (int j = 0; j < TILE; j += ROWS) {
-        int r = by + threadIdx.y + j, c = bx + threadIdx.x;
-        if (r < rows && c < cols) tile[threadIdx.y + j][threadIdx.x] = in[(long long)r * cols + c];
-    }
-    __syncthreads();
-    for (int j = 0; j < TILE; j += ROWS) {
-        int c = bx + threadIdx.y + j, r = by + threadIdx.x;
-        if (c < cols && r < rows) out[(long long)c * rows + r] = tile[threadIdx.x][threadIdx.y + j];
-    }
-}
-'''
-TRANSPOSE_STUB = r'''
-extern "C" __global__ void transpose_tiled(const float* in, float* out, int rows, int cols) {
-    // TODO ex02.1
-}
-'''
-TRANSPOSE_NO_SYNC = TRANSPOSE_REF.replace("__syncthreads();", "")
-TRANSPOSE_WRONG_STRIDE = TRANSPOSE_REF.replace("out[(long long)c * rows + r]",
-                                               "out[(long long)c * cols + r]")
-TRANSPOSE_NO_GUARD = TRANSPOSE_REF.replace("if (c < cols && r < rows) ", "")
-TRANSPOSE_UNPADDED = TRANSPOSE_REF.replace("[TILE + 1]", "[TILE]")
+def transpose(*edits):
+    return SOL.get("ex02.1", "transpose_src", edits=edits)
+
+
+TRANSPOSE_NO_SYNC = ("    __syncthreads();                             "
+                     "// the whole tile is loaded\n", "")
 TRANSPOSE_NAIVE = r'''
 extern "C" __global__ void transpose_tiled(const float* in, float* out, int rows, int cols) {
     int c = blockIdx.x * 32 + threadIdx.x;
@@ -222,51 +154,37 @@ extern "C" __global__ void transpose_tiled(const float* in, float* out, int rows
 
 @gpu
 def test_ex02_1_reference_passes(capsys):
-    ex02_1(TRANSPOSE_REF)
+    ex02_1(transpose())
     assert capsys.readouterr().out.strip() == "PASS ex02.1"
 
 
 @gpu
 @pytest.mark.parametrize("src, hint", [
-    (TRANSPOSE_STUB, "never written"),
-    (TRANSPOSE_NO_SYNC, "__syncthreads"),
-    (TRANSPOSE_WRONG_STRIDE, "stride"),
-    (TRANSPOSE_NO_GUARD, "bounds guard"),
-    (TRANSPOSE_UNPADDED, "bank conflicts"),
+    (SOL.stub, "never written"),
+    ([TRANSPOSE_NO_SYNC], "__syncthreads"),
+    ([("out[(long long)c * rows + r]", "out[(long long)c * cols + r]")], "wrong stride"),
+    ([("if (c < cols && r < rows) ", "")], "missing bounds guard"),
+    ([("[TILE + 1]", "[TILE]")], "bank conflicts"),
     (TRANSPOSE_NAIVE, "uncoalesced"),
-])
+    # a barrier, but before the tile is filled: racecheck sees the race the numbers may hide
+    ([TRANSPOSE_NO_SYNC, ("    for (int j = 0; j < TILE; j += ROWS) {       // coalesced read",
+                          "    __syncthreads();\n    for (int j = 0; j < TILE; j += ROWS) {"
+                          "       // coalesced read")], RACE),
+], ids=["stub", "no-barrier", "wrong-stride", "no-guard", "unpadded", "naive", "early-barrier"])
 def test_ex02_1_rejects(src, hint):
+    if src is SOL.stub:
+        src = SOL.stub("ex02.1", "transpose_src")
+    elif isinstance(src, list):
+        src = transpose(*src)
     with pytest.raises(GradeError, match=hint):
         ex02_1(src)
 
 
 # ----------------------------------------------------------------------------- ex02.2 (GPU)
-AXPY_REF = r'''
-extern "C" __global__ void axpy_vec(const float* x, const float* y, float* out, float a, int n) {
-    int tid = blockIdx.x * blockDim.x + threadIdx.x;
-    int stride = gridDim.x * blockDim.x;
-    // elements before the first 16-byte boundary (x, y, out share the misalignment)
-    int head = (int)(((16 - ((unsigned long long)x & 15)) & 15) / 4);
-    if (head > n) head = n;
-    if (tid < head) out[tid] = a * x[tid] + y[tid];
-    int nv = (n - head) / 4;
-    const float4* x4 = reinterpret_cast<const float4*>(x + head);
-    const float4* y4 = reinterpret_cast<const float4*>(y + head);
-    float4* o4 = reinterpret_cast<float4*>(out + head);
-    for (int i = tid; i < nv; i += stride) {
-        float4 u = x4[i], v = y4[i];
-        o4[i] = make_float4(a * u.x + v.x, a * u.y + v.y, a * u.z + v.z, a * u.w + v.w);
-    }
-    for (int i = head + 4 * nv + tid; i < n; i += stride) out[i] = a * x[i] + y[i];
-}
-'''
-AXPY_NO_TAIL = AXPY_REF.replace(
-    "for (int i = head + 4 * nv + tid; i < n; i += stride) out[i] = a * x[i] + y[i];", "")
-AXPY_TAIL_AS_VECTOR = AXPY_REF.replace("int nv = (n - head) / 4;", "int nv = (n - head + 3) / 4;")
-AXPY_ASSUMES_ALIGNED = AXPY_REF.replace(
-    "int head = (int)(((16 - ((unsigned long long)x & 15)) & 15) / 4);", "int head = 0;")
-AXPY_NO_GRID_STRIDE = AXPY_REF.replace("for (int i = tid; i < nv; i += stride)",
-                                       "for (int i = tid; i < nv; i += nv)")
+def axpy(*edits):
+    return SOL.get("ex02.2", "axpy_src", edits=edits)
+
+
 AXPY_SCALAR = r'''
 extern "C" __global__ void axpy_vec(const float* x, const float* y, float* out, float a, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
@@ -277,85 +195,55 @@ extern "C" __global__ void axpy_vec(const float* x, const float* y, float* out, 
 
 @gpu
 def test_ex02_2_reference_passes(capsys):
-    ex02_2(AXPY_REF)
+    ex02_2(axpy())
     assert capsys.readouterr().out.strip() == "PASS ex02.2"
 
 
 @gpu
 @pytest.mark.parametrize("src, hint", [
-    (AXPY_NO_TAIL, "missing tail"),
-    (AXPY_TAIL_AS_VECTOR, "past the end"),
-    (AXPY_ASSUMES_ALIGNED, "misaligned"),
-    (AXPY_NO_GRID_STRIDE, "grid-stride"),
-    (AXPY_SCALAR, "float4"),
-])
+    ([("    for (int i = head + 4 * nv + tid; i < n; i += stride) out[i] = a * x[i] + y[i];"
+       "   // tail\n", "")], "missing tail"),
+    ([("int nv = (n - head) / 4;", "int nv = (n - head + 3) / 4;")], "wrote past the end"),
+    ([("int head = (int)(((16 - ((unsigned long long)x & 15)) & 15) / 4);", "int head = 0;")],
+     "misaligned address"),
+    ([("for (int i = tid; i < nv; i += stride)", "for (int i = tid; i < nv; i += nv)")],
+     "grid-stride loop"),
+    (AXPY_SCALAR, "must move data as float4"),
+], ids=["no-tail", "tail-as-vector", "assumes-aligned", "no-grid-stride", "scalar"])
 def test_ex02_2_rejects(src, hint):
     with pytest.raises(GradeError, match=hint):
-        ex02_2(src)
+        ex02_2(axpy(*src) if isinstance(src, list) else src)
 
 
 # ----------------------------------------------------------------------------- ex02.3 (GPU)
-def _pipeline(x_host, y_host, n_chunks, compute, *, n_streams=3, sync=True, floor=False,
-              null=False):
-    import cupy
-
-    rt = cupy.cuda.runtime
-    n = x_host.size
-    x_dev = cupy.empty(n, dtype=cupy.float32)
-    y_dev = cupy.empty(n, dtype=cupy.float32)
-    streams = [cupy.cuda.Stream.null if null else cupy.cuda.Stream(non_blocking=True)
-               for _ in range(n_streams)]
-    if floor:
-        step = n // n_chunks
-        bounds = [k * step for k in range(n_chunks + 1)]
-    else:
-        bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
-    for k in range(n_chunks):
-        lo, hi = bounds[k], bounds[k + 1]
-        s = streams[k % n_streams]
-        nb = (hi - lo) * 4
-        rt.memcpyAsync(x_dev[lo:].data.ptr, x_host.ctypes.data + 4 * lo, nb,
-                       rt.memcpyHostToDevice, s.ptr)
-        with s:
-            compute(x_dev[lo:hi], y_dev[lo:hi])
-        rt.memcpyAsync(y_host.ctypes.data + 4 * lo, y_dev[lo:].data.ptr, nb,
-                       rt.memcpyDeviceToHost, s.ptr)
-    if sync:
-        for s in streams:
-            s.synchronize()
+def pipeline(*edits):
+    return SOL.get("ex02.3", "run_pipeline", edits=edits)
 
 
 @gpu
 def test_ex02_3_reference_passes(capsys):
-    ex02_3(_pipeline)
+    ex02_3(pipeline())
     assert capsys.readouterr().out.strip() == "PASS ex02.3"
 
 
 @gpu
-@pytest.mark.parametrize("kw, hint", [
-    (dict(sync=False), "synchronize"),
-    (dict(floor=True), "cover"),
-    (dict(null=True), "stream"),
-    (dict(n_streams=1), "stream"),
-])
-def test_ex02_3_rejects(kw, hint):
+@pytest.mark.parametrize("edit, hint", [
+    (("    for s in streams:\n        s.synchronize()\n", ""), "synchronize the streams"),
+    (("lo, hi = n * k // n_chunks, n * (k + 1) // n_chunks",
+      "lo, hi = k * (n // n_chunks), (k + 1) * (n // n_chunks)"), "chunks must still cover"),
+    (("cupy.cuda.Stream(non_blocking=True)", "cupy.cuda.Stream.null"),
+     "ran on the default stream"),
+    (("range(min(n_chunks, 3))", "range(1)"), "ran on one stream"),
+], ids=["no-sync", "floor-chunks", "null-stream", "one-stream"])
+def test_ex02_3_rejects(edit, hint):
     with pytest.raises(GradeError, match=hint):
-        ex02_3(lambda *a: _pipeline(*a, **kw))
+        ex02_3(pipeline(edit))
 
 
+@gpu
 def test_ex02_3_stub_fails():
-    def stub(*a):
-        raise NotImplementedError("ex02.3")
-    if not env.HAS_GPU:
-        pytest.skip("needs a GPU")
     with pytest.raises(GradeError, match="not implemented"):
-        ex02_3(stub)
-
-
-def test_ex02_4_static_checks_name_the_mistake():
-    # on a GPU a race in ma_no_sync may not show up; the source check still rejects it
-    with pytest.raises(GradeError, match="syncthreads"):
-        ex02_4(ma_no_sync)
+        ex02_3(SOL.stub("ex02.3", "run_pipeline"))
 
 
 # ----------------------------------------------------------------------------- CuPy kernels
@@ -364,35 +252,45 @@ def test_cuda_kernels_match_numpy():
     import cupy
 
     rng = np.random.default_rng(3)
-    mc, me, mt = cb.load_cuda("copy"), cb.load_cuda("elementwise"), cb.load_cuda("transpose")
+    cl, vl, tl = (cb.load_launch(op) for op in ("copy", "vector_add", "transpose"))
+    mf = cb.load_cuda("fma_chain")
     for n in [1, 3, 4, 5, 1023, 4097, (1 << 20) + 3]:
-        x = cupy.asarray(rng.standard_normal(n, dtype=np.float32))
-        y = cupy.asarray(rng.standard_normal(n, dtype=np.float32))
-        for name in ("copy_v1", "copy_v2", "copy_v3", "copy_v4"):
-            for grid in (1, cb.ceil_div(n, 256)):
+        x = cupy.asarray(rng.standard_normal(n + 1, dtype=np.float32))
+        y = cupy.asarray(rng.standard_normal(n + 1, dtype=np.float32))
+        for off in (0, 1):                            # whole arrays, and views 4 bytes in
+            xv, yv = x[off:off + n], y[off:off + n]
+            for v in cl.VERSIONS:
                 out = cb.empty_nan(n, xp=cupy)
-                mc.get(name)((grid if name != "copy_v1" else cb.ceil_div(n, 256),), (256,),
-                             (x, out, np.int32(n)))
-                cb.check(out, x, name=f"{name} n={n} grid={grid}")
-        for name in ("add_v1", "add_v2", "add_v3", "add_v4"):
-            for grid in (1, cb.ceil_div(n, 256)):
-                out = cb.empty_nan(n, xp=cupy)
-                me.get(name)((grid if name != "add_v1" else cb.ceil_div(n, 256),), (256,),
-                             (x, y, out, np.int32(n)))
-                cb.check(out, x.astype(np.float64) + y, name=f"{name} n={n}")
-        out = cb.empty_nan(n, xp=cupy)
-        me.fma_chain((cb.ceil_div(n, 1024),), (256,), (x, out, np.int32(n), np.int32(3),
-                                                      np.float32(0.5), np.float32(1.0)))
-        r = x.astype(np.float64)
-        for _ in range(3):
-            r = r * 0.5 + 1.0
-        cb.check(out, r, name=f"fma_chain n={n}")
+                cl.copy(xv, out, v)
+                cb.check(out, xv, name=f"{v} n={n} offset {off}")
+            for v in vl.VERSIONS:
+                out = cb.empty_nan(n + 1, xp=cupy)[off:off + n]
+                vl.vector_add(xv, yv, out, v)
+                cb.check(out, xv.astype(np.float64) + yv, name=f"{v} n={n} offset {off}")
+            out = cb.empty_nan(n, xp=cupy)
+            mf.fma_chain((cb.ceil_div(n, 1024),), (256,), (xv, out, np.int32(n), np.int32(3),
+                                                          np.float32(0.5), np.float32(1.0)))
+            r = xv.astype(np.float64)
+            for _ in range(3):
+                r = r * 0.5 + 1.0
+            cb.check(out, r, name=f"fma_chain n={n} offset {off}")
     for rows, cols in [(1, 1), (37, 70), (1025, 513), (65, 130)]:
         a = cupy.asarray(rng.standard_normal((rows, cols), dtype=np.float32))
-        for name, tc, tr in [("transpose_v1", 32, 32), ("transpose_v2", 32, 32),
-                             ("transpose_v3", 32, 32), ("transpose_v4", 32, 64),
-                             ("transpose_v5", 64, 64)]:
+        for v in tl.VERSIONS:
             out = cb.empty_nan((cols, rows), xp=cupy)
-            mt.get(name)((cb.ceil_div(cols, tc), cb.ceil_div(rows, tr)), (32, 8),
-                         (a, out, np.int32(rows), np.int32(cols)))
-            cb.check(out, a.T, name=f"{name} {rows}x{cols}")
+            tl.transpose(a, out, v)
+            cb.check(out, a.T, name=f"{v} {rows}x{cols}")
+
+
+@gpu
+def test_launch_helpers_refuse_bad_input():
+    import cupy
+
+    cl = cb.load_launch("copy")
+    x = cupy.zeros(10, cupy.float32)
+    with pytest.raises(TypeError, match="expected dtype float32"):
+        cl.copy(x.astype(cupy.float64), x)
+    with pytest.raises(ValueError, match=r"expected shape \(10,\)"):
+        cl.copy(x, cupy.zeros(9, cupy.float32))
+    with pytest.raises(TypeError, match="expected a GPU array"):
+        cl.copy(np.zeros(10, np.float32), x)

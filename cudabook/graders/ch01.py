@@ -13,14 +13,19 @@ from typing import Callable
 import numpy as np
 
 from .. import env
-from ..check import to_numpy
+from ..check import close, to_numpy
 from ._core import (
+    CANARY,
+    ELEMENTWISE_TOL,
     GradeError,
     call,
+    ceil_div,
+    count_launches,
     diagnose_1d,
     fresh_rng,
     guarded,
     need_gpu,
+    need_launch,
     passed,
     ragged_sizes,
     to_device,
@@ -33,9 +38,10 @@ __all__ = ["ex01_1", "ex01_2", "ex01_3", "ex01_4"]
 def ex01_1(launch_saxpy: Callable) -> None:
     """``launch_saxpy(a, x, y, out)`` computes out = a*x + y for float32 vectors of any length.
 
-    Checked on ragged lengths (1, 255, 256, 257, 775, 1000 and, on a GPU, 1<<20 + 3) with a
-    fresh seed, NaN-prefilled outputs followed by a NaN canary, and called twice per length with
-    different data (an answer cached from the first call fails).
+    Checked on ragged lengths (1, 255, 256, 257, 775, 1000, and 1<<20 + 3 on a GPU or 2051 in
+    the simulator: more than one block of 1024) with a fresh seed, NaN-prefilled outputs
+    followed by a NaN canary, and called twice per length with different data (an answer cached
+    from the first call fails). It must launch a kernel: an array expression is refused.
     """
     ex = "ex01.1"
     rng, seed = fresh_rng()
@@ -46,9 +52,12 @@ def ex01_1(launch_saxpy: Callable) -> None:
             y = rng.standard_normal(n, dtype=np.float32)
             out, buf = guarded(n)
             case = f"n={n} (seed {seed}, call {rep + 1})"
-            call(ex, case, lambda: launch_saxpy(a, to_device(x), to_device(y), out))
+            with count_launches() as launches:
+                call(ex, case, lambda: launch_saxpy(a, to_device(x), to_device(y), out))
             ref = np.float64(a) * x.astype(np.float64) + y
             diagnose_1d(ex, case, out, ref, buf, hint="is it a*x[i] + y[i]?")
+            need_launch(ex, case, launches[0], "the @cuda.jit kernel saxpy, launched as "
+                        "saxpy[blocks, threads](a, x, y, out)")
     passed(ex)
 
 
@@ -69,8 +78,8 @@ def ex01_2(src: str) -> None:
         x[rng.random(n) < 0.05] = 0.0
         out, buf = guarded(n)
         case = f"n={n} (seed {seed})"
-        call(ex, case, lambda: k(((n + 255) // 256,), (256,), (cupy.asarray(x), out,
-                                                                cupy.int32(n))))
+        call(ex, case, lambda: k((ceil_div(n, 256),), (256,), (cupy.asarray(x), out,
+                                                               cupy.int32(n))))
         diagnose_1d(ex, case, out, np.maximum(x, 0), buf, atol=0, rtol=0,
                     hint="ReLU keeps x where x > 0 and writes 0 elsewhere")
     passed(ex)
@@ -92,7 +101,7 @@ def ex01_3(add_row_bias) -> None:
         b = rng.standard_normal(n, dtype=np.float32)
         out, buf = guarded((m, n))
         case = f"M={m}, N={n} (seed {seed})"
-        grid, block = ((n + 15) // 16, (m + 15) // 16), (16, 16)
+        grid, block = (ceil_div(n, 16), ceil_div(m, 16)), (16, 16)
         call(ex, case, lambda: add_row_bias[grid, block](to_device(x), to_device(b), out))
         o = to_numpy(out).astype(np.float64)
         ref = x.astype(np.float64) + b[None, :]
@@ -105,11 +114,11 @@ def ex01_3(add_row_bias) -> None:
                     "col, row = cuda.grid(2)" if m != n else "wrong index?")
             raise GradeError(f"{ex}: {case}: {rows.size} elements never written, first at "
                              f"({rows[0]}, {cols[0]}): {hint}")
-        bad = np.abs(o - ref) > 1e-5 + 1e-5 * np.abs(ref)
+        bad = ~close(o, ref, *ELEMENTWISE_TOL)
         if bad.any():
             r, c = (int(v[0]) for v in np.nonzero(bad))
             hint = ""
-            if r < n and abs(o[r, c] - (np.float64(x[r, c]) + b[r])) < 1e-5:
+            if r < n and close(o[r, c], np.float64(x[r, c]) + b[r], *ELEMENTWISE_TOL):
                 hint = ": the bias is indexed by row; it belongs to the column (b[col])"
             raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
                              f"{ref[r, c]:.6g}{hint}")
@@ -135,8 +144,8 @@ def ex01_4(src: str) -> None:
             w0 = rng.standard_normal(n, dtype=np.float32)
             g = rng.standard_normal(n, dtype=np.float32)
             lr = np.float32(rng.uniform(0.01, 0.5))
-            wbuf = cupy.full(n + 4096, sentinel, dtype=cupy.float32)
-            gbuf = cupy.full(n + 4096, 1.0, dtype=cupy.float32)
+            wbuf = cupy.full(n + CANARY, sentinel, dtype=cupy.float32)
+            gbuf = cupy.full(n + CANARY, 1.0, dtype=cupy.float32)
             wbuf[:n] = cupy.asarray(w0)
             gbuf[:n] = cupy.asarray(g)
             case = f"n={n}, grid={grid}x{block} (seed {seed})"
@@ -146,11 +155,11 @@ def ex01_4(src: str) -> None:
                 raise GradeError(f"{ex}: {case}: wrote past the end of w: the loop must stop "
                                  "at i < n")
             ref = w0.astype(np.float64) - np.float64(lr) * g
-            once = np.abs(w - ref) <= 1e-5 + 1e-5 * np.abs(ref)
+            once = close(w, ref, *ELEMENTWISE_TOL)
             if once.all():
                 continue
             untouched = w == w0
-            twice = np.abs(w - (ref - np.float64(lr) * g)) <= 1e-4 + 1e-4 * np.abs(ref)
+            twice = close(w, ref - np.float64(lr) * g, 1e-4, 1e-4)
             first = int(np.argmax(~once))
             if untouched[~once].all():
                 raise GradeError(f"{ex}: {case}: elements from {first} on never updated: with "

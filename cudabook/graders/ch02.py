@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -18,11 +17,15 @@ from typing import Callable
 
 import numpy as np
 
-from ..check import to_numpy
+from ..check import close, to_numpy
 from ._core import (
+    CANARY,
+    ELEMENTWISE_TOL,
     GradeError,
     call,
     canary_ok,
+    ceil_div,
+    error_summary,
     fresh_rng,
     guarded,
     need_gpu,
@@ -31,6 +34,8 @@ from ._core import (
     to_device,
 )
 from ._core import compile_kernel as _compile
+from ._race import racecheck, simulate
+from ._static import calls, cuda_code, mentions, python_code
 
 __all__ = ["ex02_1", "ex02_2", "ex02_3", "ex02_4"]
 
@@ -43,26 +48,20 @@ def _need_gpu(ex: str) -> None:
     need_gpu(ex, "CUDA C++ and streams run through CuPy")
 
 
-def _code_only(src: str) -> str:
-    """The C++ source without comments (for the rubric's static checks)."""
-    src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
-    return re.sub(r"//[^\n]*", "", src)
-
-
 # ----------------------------------------------------------------------------- ex02.1
-def _gpu_time_us(fn: Callable[[], None], repeat: int = 15) -> float:
+_TILE_SYNC_HINT = ("put __syncthreads() between writing the shared tile and reading it, so no "
+                   "warp reads an element another warp has not written yet")
+
+
+def _race_ex02_1(k) -> None:
+    """racecheck driver: ragged shapes, several tiles each, block (32, 8)."""
     import cupy
 
-    fn()
-    times = []
-    for _ in range(repeat):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(a, b) * 1e3)
-    return float(np.median(times))
+    for rows, cols in ((33, 70), (64, 40)):
+        x = cupy.random.standard_normal((rows, cols), dtype=cupy.float32)
+        out = cupy.empty((cols, rows), cupy.float32)
+        k((ceil_div(cols, 32), ceil_div(rows, 32)), (32, 8), (x, out, cupy.int32(rows),
+                                                              cupy.int32(cols)))
 
 
 def _transpose_diagnose(ex: str, case: str, out, buf, x: np.ndarray) -> str | None:
@@ -120,7 +119,9 @@ def ex02_1(src: str) -> None:
     import cupy
 
     k = _compile(ex, src, "transpose_tiled")
-    code = _code_only(src)
+    code = cuda_code(src)
+    uses_tile = mentions(code, "__shared__")
+    has_sync = calls(code, "__syncthreads") > 0
     rng, seed = fresh_rng()
     shapes = [(1, 1), (1, 33), (33, 1), (31, 33), (32, 32), (33, 31), (100, 37), (64, 96),
               (1000, 777), (2049, 4099)]
@@ -130,25 +131,29 @@ def ex02_1(src: str) -> None:
             x = rng.standard_normal((rows, cols), dtype=np.float32)
             out, buf = guarded((cols, rows))
             case = f"rows={rows}, cols={cols} (seed {seed}, run {rep + 1})"
-            grid = ((cols + 31) // 32, (rows + 31) // 32)
+            grid = (ceil_div(cols, 32), ceil_div(rows, 32))
             xd = cupy.asarray(x)
             call(ex, case, lambda: k(grid, (32, 8), (xd, out, cupy.int32(rows),
                                                      cupy.int32(cols))))
             msg = _transpose_diagnose(ex, case, out, buf, x)
             if msg is None:
                 continue
-            racy = "__shared__" in code and "__syncthreads" not in code
+            racy = uses_tile and not has_sync
             if ("elements wrong" in msg and rep > 0) or (racy and "past the end" not in msg):
                 msg += ("; the same shape passed before with other data" if rep > 0 else "")
                 msg += (": a race on the shared tile? Results that change from run to run "
-                        "mean a warp read the tile before the others wrote it: put "
-                        "__syncthreads() between writing the tile and reading it")
+                        "mean a warp read the tile before the others wrote it: "
+                        + _TILE_SYNC_HINT)
             raise GradeError(msg)
-    if "__shared__" in code and "__syncthreads" not in code:
+    if uses_tile and not has_sync:
         raise GradeError(f"{ex}: the kernel fills a __shared__ tile and reads it back without "
                          "__syncthreads(): a race (a warp may read elements another warp has "
                          "not written yet), even if it happened to pass this time")
+    if uses_tile:
+        racecheck(ex, src, "transpose_tiled", "cudabook.graders.ch02:_race_ex02_1",
+                  hint=_TILE_SYNC_HINT)
     # rubric: coalesced both ways and conflict-free -> as fast as the book's padded version
+    from ..bench import bench
     from ..compile import load_cuda
 
     refk = load_cuda("transpose").get("transpose_v3")
@@ -157,8 +162,10 @@ def ex02_1(src: str) -> None:
     od = cupy.empty_like(xd)
     args = (xd, od, cupy.int32(m), cupy.int32(m))
     g = (m // 32, m // 32)
-    t_ref = _gpu_time_us(lambda: refk(g, (32, 8), args))
-    t_you = _gpu_time_us(lambda: k(g, (32, 8), args))
+    t = bench({"yours": lambda: k(g, (32, 8), args)},
+              baseline={"transpose_v3": lambda: refk(g, (32, 8), args)}, bytes=8 * m * m,
+              repeat=15, quiet=True)
+    t_ref, t_you = t["transpose_v3"].time_us, t["yours"].time_us
     if t_you > TRANSPOSE_SLOWDOWN * t_ref:
         raise GradeError(f"{ex}: correct, but {t_you:.0f} us for 4096 x 4096 against "
                          f"{t_ref:.0f} us for the padded tiled transpose ({t_you / t_ref:.2f}x, "
@@ -183,7 +190,7 @@ def _axpy_cases(ex: str, k, cases, seed: int) -> str | None:
         yb = cupy.full(off + n + 8, 1.0, dtype=cupy.float32)
         xb[off:off + n] = cupy.asarray(x)
         yb[off:off + n] = cupy.asarray(y)
-        ob = cupy.full(off + n + 4096, np.nan, dtype=cupy.float32)
+        ob = cupy.full(off + n + CANARY, np.nan, dtype=cupy.float32)
         xd, yd, od = xb[off:off + n], yb[off:off + n], ob[off:off + n]
         case = f"n={n}, offset={off} floats ({4 * off} bytes past a 16-byte boundary), " \
                f"grid={grid}x256 (seed {seed})"
@@ -224,7 +231,7 @@ def _axpy_cases(ex: str, k, cases, seed: int) -> str | None:
             return (f"{ex}: {case}: {len(idx)} elements never written, first at {idx[0]}: with "
                     f"a small grid every thread must loop (a grid-stride loop, i += blockDim.x "
                     "* gridDim.x)")
-        bad = np.abs(o - ref) > 1e-5 + 1e-5 * np.abs(ref)
+        bad = ~close(o, ref, *ELEMENTWISE_TOL)
         if bad.any():
             i = int(np.argmax(bad))
             return (f"{ex}: {case}: wrong at {i}: got {o[i]:.6g}, expected {ref[i]:.6g} "
@@ -254,8 +261,8 @@ def ex02_2(src: str) -> None:
     """
     ex = "ex02.2"
     _need_gpu(ex)
-    code = _code_only(src)
-    if "float4" not in code:
+    code = cuda_code(src)
+    if not mentions(code, "float4"):
         raise GradeError(f"{ex}: the kernel must move data as float4 (16-byte) vectors; no "
                          "float4 in the source")
     k = _compile(ex, src, "axpy_vec")
@@ -325,7 +332,7 @@ extern "C" __global__ void affine(const float* x, float* y, int n, float a, floa
                                      "arrays of the same length")
                 m = xd.size
                 if m:
-                    kern((min((m + 255) // 256, 1024),), (256,),
+                    kern((min(ceil_div(m, 256), 1024),), (256,),
                          (xd, yd, np.int32(m), a, b))
                 seen.append((cupy.cuda.get_current_stream().ptr, m))
 
@@ -360,9 +367,9 @@ extern "C" __global__ void affine(const float* x, float* y, int n, float a, floa
                 raise GradeError(f"{ex}: {case}: compute ran {len(seen)} times on chunks of "
                                  f"sizes {sizes[:8]}{'...' if len(sizes) > 8 else ''}; expected "
                                  f"{chunks} chunks covering {n} elements{hint}")
-            ok = np.abs(got - ref) <= 1e-5 + 1e-5 * np.abs(ref)
+            ok = close(got, ref, *ELEMENTWISE_TOL)
             if not ok.all():
-                ok_late = np.abs(late - ref) <= 1e-5 + 1e-5 * np.abs(ref)
+                ok_late = close(late, ref, *ELEMENTWISE_TOL)
                 i = int(np.argmax(~ok))
                 if ok_late.all():
                     raise GradeError(f"{ex}: {case}: y_host was not ready when run_pipeline "
@@ -384,7 +391,10 @@ extern "C" __global__ void affine(const float* x, float* y, int n, float a, floa
 
 
 # ----------------------------------------------------------------------------- ex02.4
-BLOCK4, R4 = 64, 2
+MA_BLOCK, MA_RADIUS = 64, 2      # threads per block, and the halo on each side
+
+_MA_SYNC_HINT = ("cuda.syncthreads() between loading the tile (and its halo) and reading it, so "
+                 "no thread reads a tile element before its owner has written it")
 
 
 def ex02_4(moving_average) -> None:
@@ -397,32 +407,28 @@ def ex02_4(moving_average) -> None:
     """
     ex = "ex02.4"
     rng, seed = fresh_rng()
-    try:
-        import inspect
-
-        pysrc = inspect.getsource(moving_average.py_func)
-        pysrc = "\n".join(ln.split("#")[0] for ln in pysrc.splitlines())   # code, no comments
-    except Exception:  # noqa: BLE001
-        pysrc = None
-    if pysrc is not None and "raise NotImplementedError" in pysrc:
+    code = python_code(ex, moving_average)
+    uses_tile = mentions(code, "shared.array")
+    has_sync = calls(code, "syncthreads") > 0
+    if "raise NotImplementedError" in code:
         # on a GPU a raise inside a kernel is not propagated: say it here
         raise GradeError(f"{ex}: not implemented yet (the stub still raises "
                          "NotImplementedError)")
-    sizes = ragged_sizes(BLOCK4, big=(1 << 20) + 5)
+    sizes = ragged_sizes(MA_BLOCK, big=(1 << 20) + 5, sim_big=None)   # the grader launches
     for n in sizes:
         for rep in range(2):
             x = rng.standard_normal(n, dtype=np.float32)
             out, buf = guarded(n)
             case = f"n={n} (seed {seed}, call {rep + 1})"
-            grid = (n + BLOCK4 - 1) // BLOCK4
-            call(ex, case, lambda: moving_average[grid, BLOCK4](to_device(x), out))
-            xp = np.pad(x.astype(np.float64), R4)
-            ref = sum(xp[k:k + n] for k in range(2 * R4 + 1)) / (2 * R4 + 1)
+            grid = ceil_div(n, MA_BLOCK)
+            call(ex, case, lambda: moving_average[grid, MA_BLOCK](to_device(x), out))
+            xp = np.pad(x.astype(np.float64), MA_RADIUS)
+            ref = sum(xp[k:k + n] for k in range(2 * MA_RADIUS + 1)) / (2 * MA_RADIUS + 1)
             if not canary_ok(buf, n):
                 raise GradeError(f"{ex}: {case}: wrote past the end of out: missing bounds "
                                  "guard (if i < n) on the write?")
             o = to_numpy(out).astype(np.float64)
-            bad = ~(np.abs(o - ref) <= 1e-5 + 1e-5 * np.abs(ref))
+            bad = ~close(o, ref, *ELEMENTWISE_TOL)
             if not bad.any():
                 continue
             idx = np.flatnonzero(bad)
@@ -433,29 +439,32 @@ def ex02_4(moving_average) -> None:
             if nan.any():
                 raise GradeError(f"{ex}: {case}: {int(nan.sum())} outputs never written, first "
                                  f"at {int(np.argmax(nan))}: grid or guard wrong?")
-            if pysrc is not None and "shared.array" in pysrc and "syncthreads" not in pysrc:
+            if uses_tile and not has_sync:
                 raise GradeError(f"{ex}: {case}: {idx.size} of {n} wrong, first at {idx[0]}, "
                                  "and the kernel never calls cuda.syncthreads(): values read "
                                  "from the tile before another thread wrote them (a race)")
-            t = idx % BLOCK4
-            at_edge_of_array = (idx < R4) | (idx >= n - R4)
+            t = idx % MA_BLOCK
+            at_edge_of_array = (idx < MA_RADIUS) | (idx >= n - MA_RADIUS)
             if at_edge_of_array.all():
                 raise GradeError(f"{ex}: {case}: wrong only at the ends of the array (first at "
                                  f"{idx[0]}): outside the array x counts as 0 (load 0.0 into "
                                  "the halo there)")
-            if ((t < R4) | (t >= BLOCK4 - R4) | at_edge_of_array).all() and n > BLOCK4:
-                raise GradeError(f"{ex}: {case}: wrong only within {R4} of a block's edge "
-                                 f"(first at {idx[0]}): the halo. Load the {R4} elements left "
-                                 f"and right of the block into the tile too")
-            raise GradeError(f"{ex}: {case}: {idx.size} of {n} wrong, first at {idx[0]}: got "
-                             f"{o[idx[0]]:.6g}, expected {ref[idx[0]]:.6g}. Values read from "
-                             "the tile before another thread wrote them: missing "
-                             "cuda.syncthreads() between loading the tile and reading it?")
-    if pysrc is not None and "shared.array" not in pysrc:
+            near_block_edge = (t < MA_RADIUS) | (t >= MA_BLOCK - MA_RADIUS)
+            if (near_block_edge | at_edge_of_array).all() and n > MA_BLOCK:
+                raise GradeError(f"{ex}: {case}: wrong only within {MA_RADIUS} of a block's "
+                                 f"edge (first at {idx[0]}): the halo. Load the {MA_RADIUS} "
+                                 "elements left and right of the block into the tile too, "
+                                 "before the barrier that precedes reading the tile")
+            raise GradeError(f"{ex}: {case}: {error_summary(o, ref, bad)}. out[i] is the sum "
+                             "of the 5 tile entries tile[t] .. tile[t + 4] divided by 5: check "
+                             "the window, the divisor, and that each entry is loaded before "
+                             "the barrier")
+    if not uses_tile:
         raise GradeError(f"{ex}: the kernel must stage x through cuda.shared.array (the rubric "
                          "of this exercise); no shared array in its source")
-    if pysrc is not None and "syncthreads" not in pysrc:
+    if not has_sync:
         raise GradeError(f"{ex}: the kernel reads the shared tile without cuda.syncthreads(): "
                          "a race (a thread may read a tile element another thread has not "
                          "written yet), even if it happened to pass this time")
+    simulate(ex, "ex02_4", [("moving_average", moving_average)], hint=_MA_SYNC_HINT)
     passed(ex)

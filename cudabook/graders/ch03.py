@@ -10,17 +10,29 @@ ex03_6  CUDA C++ via CuPy: fused bias + GELU (tanh form)                        
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
 import numpy as np
 
 from .. import env
-from ..check import to_numpy
+from ..check import close, to_numpy
+from ..reference import (
+    conv2d_reference,
+    gelu_erf_reference,
+    gelu_tanh_reference,
+    layernorm_reference,
+    softmax_reference,
+)
 from ._core import (
+    CANARY,
     GradeError,
     call,
     canary_ok,
+    ceil_div,
+    count_launches,
+    error_summary,
     fresh_rng,
     guarded,
     need_gpu,
@@ -29,68 +41,20 @@ from ._core import (
     to_device,
 )
 from ._core import compile_kernel as _compile
+from ._race import racecheck, simulate
+from ._static import cuda_code, mentions
 
 __all__ = ["ex03_1", "ex03_2", "ex03_3", "ex03_4", "ex03_5", "ex03_6",
+           # the references moved to cudabook.reference; still importable from here
            "softmax_reference", "layernorm_reference", "conv2d_reference", "gelu_tanh_reference"]
 
-
-# ----------------------------------------------------------------------------- references
-def softmax_reference(x: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64; a row of only -inf gives zeros (the book's convention)."""
-    x = np.asarray(x, dtype=np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(x - m)
-    d = e.sum(axis=-1, keepdims=True)
-    return np.where(d > 0, e / np.where(d > 0, d, 1.0), 0.0)
-
-
-def layernorm_reference(x, gamma, beta, eps: float) -> np.ndarray:
-    """torch.nn.functional.layer_norm in float64 on the CPU (numpy if torch is missing)."""
-    x64 = np.asarray(x, dtype=np.float64)
-    try:
-        import torch
-        import torch.nn.functional as F
-
-        return F.layer_norm(torch.from_numpy(x64), (x64.shape[-1],),
-                            torch.from_numpy(np.asarray(gamma, np.float64)),
-                            torch.from_numpy(np.asarray(beta, np.float64)), eps).numpy()
-    except ImportError:
-        mean = x64.mean(-1, keepdims=True)
-        var = ((x64 - mean) ** 2).mean(-1, keepdims=True)
-        return (x64 - mean) / np.sqrt(var + eps) * gamma + beta
-
-
-def conv2d_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """'same' cross-correlation with zero padding, float64 (torch.nn.functional.conv2d)."""
-    x64 = np.asarray(x, dtype=np.float64)
-    w64 = np.asarray(w, dtype=np.float64)
-    K = w64.shape[0]
-    p = K // 2
-    xp = np.pad(x64, p)
-    H, W = x64.shape
-    out = np.zeros((H, W))
-    for a in range(K):
-        for b in range(K):
-            out += w64[a, b] * xp[a:a + H, b:b + W]
-    return out
-
-
-def gelu_tanh_reference(z) -> np.ndarray:
-    z = np.asarray(z, dtype=np.float64)
-    return 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z ** 3)))
-
-
-def _gelu_erf(z) -> np.ndarray:
-    z = np.asarray(z, dtype=np.float64)
-    erf = np.vectorize(math.erf)
-    return 0.5 * z * (1.0 + erf(z / math.sqrt(2.0)))
+_gelu_erf = gelu_erf_reference
 
 
 def _scalar(ex: str, case: str, v) -> float:
     try:
         a = np.asarray(to_numpy(v), dtype=np.float64).ravel()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - whatever it returned, say what it was
         raise GradeError(f"{ex}: {case}: returned {type(v).__name__}, not a number ({e})") \
             from None
     if a.size != 1:
@@ -100,93 +64,223 @@ def _scalar(ex: str, case: str, v) -> float:
 
 
 # ----------------------------------------------------------------------------- ex03.1
+SUM_TPB = 128                                  # the block size of ex03.1 (TPB in the notebook)
+SUM_PASSES_N = SUM_TPB ** 3 + 1                # needs four passes: a fixed number of launches fails
+_SUM_SYNC_HINT = ("a cuda.syncthreads() after loading the shared array and after every level "
+                  "of the tree, so no level reads a partial before it is written")
+
+
+def _sum_tol(ref: float) -> float:
+    return 1e-5 * ref + 1e-4
+
+
+@contextlib.contextmanager
+def _exact_block_sums():
+    """Simulator only: every kernel launch in the block computes partial[b] = the sum of
+    x[b * blockDim : (b + 1) * blockDim] exactly, in NumPy, instead of running the kernel.
+    (The launcher's logic is then tested at sizes the simulator is too slow to run.)"""
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+    orig = FakeCUDAKernel.__call__
+
+    def host(a):
+        return np.asarray(a.copy_to_host() if hasattr(a, "copy_to_host") else a)
+
+    def exact(self, *args):
+        if getattr(self, "_device", False):
+            return orig(self, *args)
+        (blocks,), (threads,) = self.grid_dim[:1], self.block_dim[:1]
+        x = host(args[0]).astype(np.float64)
+        sums = np.add.reduceat(x, np.arange(0, x.size, threads))[:blocks]
+        part = np.zeros(blocks, np.float32)
+        part[:sums.size] = sums
+        args[1][:blocks] = part
+    FakeCUDAKernel.__call__ = exact
+    try:
+        yield
+    finally:
+        FakeCUDAKernel.__call__ = orig
+
+
+def _sum_case(ex: str, sum_all: Callable, x: np.ndarray, case: str,
+              prev: dict[int, float]) -> float:
+    """Run sum_all on x; GradeError with the diagnosis, or the value."""
+    n = x.size
+    got: list = []
+    with count_launches() as launches:
+        call(ex, case, lambda: got.append(sum_all(to_device(x))))
+    s = _scalar(ex, case, got[0])
+    if launches[0] == 0:
+        raise GradeError(f"{ex}: {case}: returned {s:.6g} without launching a kernel (NumPy, "
+                         "CuPy or a prefix sum on the host?): the exercise asks for the "
+                         "shared-memory tree kernel block_sum, launched until one value is left")
+    ref = float(x.astype(np.float64).sum())
+    tol = _sum_tol(ref)
+    if math.isnan(s):
+        raise GradeError(f"{ex}: {case}: the sum is NaN: a partial read before it was "
+                         "written, or elements past the end read (load 0 when i >= n)?")
+    if abs(s - ref) <= tol:
+        prev[n] = ref
+        return s
+    if n in prev and abs(s - prev[n]) <= _sum_tol(prev[n]):
+        raise GradeError(f"{ex}: {case}: returned {s:.7g}, the sum of the previous call's data "
+                         f"(this call's is {ref:.7g}): an answer kept from an earlier call? "
+                         "Compute the sum of the x passed each time")
+    full = (n // SUM_TPB) * SUM_TPB
+    first = abs(s - float(x[:SUM_TPB].astype(np.float64).sum())) <= tol and n > SUM_TPB
+    dropped = full < n and abs(s - float(x[:full].astype(np.float64).sum())) <= tol
+    if dropped and first:
+        raise GradeError(f"{ex}: {case}: got {s:.6g}, expected {ref:.6g}, the sum of the "
+                         f"first {SUM_TPB} elements: either the last partial block is dropped "
+                         f"(round the grid up, ceil_div(n, {SUM_TPB}), and load 0 past the end) "
+                         "or only the first block's partial is returned (launch again on the "
+                         "partial sums until one value is left)")
+    if dropped:
+        raise GradeError(f"{ex}: {case}: got {s:.6g}, expected {ref:.6g}: the last partial "
+                         f"block ({n - full} elements) is dropped: round the grid up, "
+                         f"ceil_div(n, {SUM_TPB}), and load 0 past the end")
+    if first:
+        raise GradeError(f"{ex}: {case}: got the sum of the first block only: launch again "
+                         "on the partial sums until one value is left")
+    rel = abs(s - ref) / ref
+    if rel < 1e-3:
+        raise GradeError(f"{ex}: {case}: got {s:.7g}, expected {ref:.7g}: close, but a "
+                         f"relative error of {rel:.1e} is more than float32 pairwise sums "
+                         "give (1e-5). A running float32 total (a sequential loop or a prefix "
+                         "sum) loses precision as it grows; sum in a tree of pairs, as "
+                         "block_sum does")
+    mean = float(x.mean())
+    missing = (ref - s) / mean
+    what = (f"about {missing:.0f} elements' worth missing" if missing > 0 else
+            f"about {-missing:.0f} elements' worth too much")
+    hint = (f"{_SUM_SYNC_HINT}; a tree level that skips half of the partials; or blocks not "
+            "summed?" if missing > 0 else
+            "elements added twice (overlapping blocks or levels), or values past the end read "
+            "(load 0 when i >= n)?")
+    raise GradeError(f"{ex}: {case}: got {s:.7g}, expected {ref:.7g} ({what}): {hint}")
+
+
 def ex03_1(sum_all: Callable) -> None:
     """``sum_all(x)`` returns the sum of the float32 device vector ``x`` (any length >= 1).
 
     It must use the student's Numba kernel: a shared-memory tree with 128 threads per block,
     one partial sum per block, launched again on the partials until one value is left. The
     values are positive, so a dropped block (grid = n // 128 instead of rounding up) changes
-    the total; every length is run twice with different data.
+    the total; every length is run twice with different data. Lengths that need three or four
+    passes run on a GPU; in the simulator (too slow for them) the launcher is run once more at
+    128^3 + 1 elements with every launch computing exact block sums in NumPy, so a launcher
+    with a fixed number of passes fails there too.
     """
     ex = "ex03.1"
     rng, seed = fresh_rng()
-    sizes = ragged_sizes(128, big=(1 << 20) + 3) + ([128 * 128 + 1] if not env.SIM else [])
+    sizes = ragged_sizes(SUM_TPB, big=(1 << 20) + 3, sim_big=None) + \
+        ([SUM_TPB * SUM_TPB + 1] if not env.SIM else [])
+    prev: dict[int, float] = {}
     for n in sorted(set(sizes)):
         for rep in range(2):
             x = rng.uniform(0.5, 1.5, n).astype(np.float32)
-            case = f"n={n} (seed {seed}, call {rep + 1})"
-            got: list = []
-            call(ex, case, lambda: got.append(sum_all(to_device(x))))
-            s = _scalar(ex, case, got[0])
-            ref = float(x.astype(np.float64).sum())
-            tol = 1e-5 * ref + 1e-4
-            if math.isnan(s):
-                raise GradeError(f"{ex}: {case}: the sum is NaN: a partial read before it was "
-                                 "written, or elements past the end read (load 0 when i >= n)?")
-            if abs(s - ref) <= tol:
-                continue
-            full = (n // 128) * 128
-            first = abs(s - float(x[:128].astype(np.float64).sum())) <= tol and n > 128
-            dropped = full < n and abs(s - float(x[:full].astype(np.float64).sum())) <= tol
-            if dropped and first:
-                raise GradeError(f"{ex}: {case}: got {s:.6g}, expected {ref:.6g}, the sum of the "
-                                 "first 128 elements: either the last partial block is dropped "
-                                 "(round the grid up, (n + 127) // 128, and load 0 past the end) "
-                                 "or only the first block's partial is returned (launch again on "
-                                 "the partial sums until one value is left)")
-            if dropped:
-                raise GradeError(f"{ex}: {case}: got {s:.6g}, expected {ref:.6g}: the last "
-                                 f"partial block ({n - full} elements) is dropped: round the "
-                                 "grid up, (n + 127) // 128, and load 0 past the end")
-            if first:
-                raise GradeError(f"{ex}: {case}: got the sum of the first block only: launch "
-                                 "again on the partial sums until one value is left")
-            if s > ref + tol:
-                hint = "elements counted twice, or values past the end read (0 when i >= n)?"
-            else:
-                hint = ("elements or partials missed: is the tree missing a cuda.syncthreads() "
-                        "between levels (a race), or does a level skip the upper half?")
-            raise GradeError(f"{ex}: {case}: got {s:.6g}, expected {ref:.6g}: {hint}")
+            _sum_case(ex, sum_all, x, f"n={n} (seed {seed}, call {rep + 1})", prev)
+    if env.SIM:
+        x = rng.uniform(0.5, 1.5, SUM_PASSES_N).astype(np.float32)
+        case = (f"n={SUM_PASSES_N} (4 passes; each launch computed as exact block sums, the "
+                "simulator being too slow for this size)")
+        with _exact_block_sums():
+            _sum_case(ex, sum_all, x, case, {})
+    simulate(ex, "ex03_1", [("sum_all", sum_all)], hint=_SUM_SYNC_HINT)
     passed(ex)
 
 
 # ----------------------------------------------------------------------------- ex03.2
+SUM_ATOMIC_BLOCK = 256
+_WARP_SUMS_SYNC_HINT = ("a __syncthreads() between writing the warp sums to shared memory and "
+                        "reading them")
+
+# Compiled in front of the student's source to count the atomicAdd calls a launch makes.
+_COUNT_ATOMICS = r'''
+__device__ unsigned int cb_atomic_adds;
+__device__ __forceinline__ float cb_atomicAdd(float* a, float v) {
+    atomicAdd(&cb_atomic_adds, 1u); return atomicAdd(a, v); }
+__device__ __forceinline__ double cb_atomicAdd(double* a, double v) {
+    atomicAdd(&cb_atomic_adds, 1u); return atomicAdd(a, v); }
+__device__ __forceinline__ int cb_atomicAdd(int* a, int v) {
+    atomicAdd(&cb_atomic_adds, 1u); return atomicAdd(a, v); }
+__device__ __forceinline__ unsigned int cb_atomicAdd(unsigned int* a, unsigned int v) {
+    atomicAdd(&cb_atomic_adds, 1u); return atomicAdd(a, v); }
+#define atomicAdd(...) cb_atomicAdd(__VA_ARGS__)
+#line 1 "ex03.2 source"
+'''
+
+
+def _atomics_per_launch(ex: str, src: str, grid: int, n: int) -> int:
+    """How many atomicAdd calls one launch of the student's kernel makes."""
+    import cupy
+
+    from ..compile import compile_source
+
+    try:
+        mod = compile_source(_COUNT_ATOMICS + src, name=f"{ex} source (atomics counted)")
+    except RuntimeError as e:
+        raise GradeError(f"{ex}: the source does not compile with its atomicAdd calls counted "
+                         f"(the grader wraps them):\n{e}") from None
+    count = cupy.ndarray((1,), cupy.uint32, mod.raw.get_global("cb_atomic_adds"))
+    count.fill(0)
+    x = cupy.ones(n, cupy.float32)
+    out = cupy.zeros(1, cupy.float32)
+    mod.get("sum_atomic")((grid,), (SUM_ATOMIC_BLOCK,), (x, out, cupy.int32(n)))
+    return int(count.get()[0])
+
+
+def _race_ex03_2(k) -> None:
+    """racecheck driver: a few blocks, a ragged length."""
+    import cupy
+
+    n = 3 * SUM_ATOMIC_BLOCK + 5
+    x = cupy.random.uniform(0.5, 1.5, n, dtype=cupy.float32)
+    out = cupy.zeros(1, cupy.float32)
+    k((3,), (SUM_ATOMIC_BLOCK,), (x, out, cupy.int32(n)))
+
+
 def ex03_2(src: str) -> None:
     """``src`` defines ``sum_atomic(const float* x, float* out, int n)``.
 
     Launched with 256 threads per block and grids of several sizes (smaller and larger than
     n / 256): a grid-stride loop sums x, the block reduces with warp shuffles, and one thread
     per block adds the block's sum to out[0] (zeroed by the grader) with atomicAdd. Repeated
-    runs with new data catch races (a missing __syncthreads shows up on some runs only).
+    runs with new data catch races that show (a missing __syncthreads shows up on some runs
+    only); compute-sanitizer racecheck catches the rest; the atomicAdd calls of a launch are
+    counted (one per block).
     """
     ex = "ex03.2"
     need_gpu(ex)
     import cupy
 
-    if "__shfl" not in src:
+    code = cuda_code(src) if isinstance(src, str) else ""
+    if not mentions(code, "__shfl"):
         raise GradeError(f"{ex}: the kernel uses no warp shuffle (__shfl_down_sync or "
                          "__shfl_xor_sync): reduce each warp in registers first")
     k = _compile(ex, src, "sum_atomic")
     rng, seed = fresh_rng()
-    sizes = ragged_sizes(256) + [(1 << 22) + 5]
+    B = SUM_ATOMIC_BLOCK
+    sizes = ragged_sizes(B) + [(1 << 22) + 5]
     for n in sizes:
-        grids = sorted({1, 7, 264, (n + 255) // 256, (n + 255) // 256 + 50})
+        grids = sorted({1, 7, 264, ceil_div(n, B), ceil_div(n, B) + 50})
         reps = 6 if n > 4096 else 1
         for grid in grids:
             for rep in range(reps):
                 x = rng.uniform(0.5, 1.5, n).astype(np.float32)
-                buf = cupy.full(1 + 4096, np.nan, dtype=cupy.float32)
+                buf = cupy.full(1 + CANARY, np.nan, dtype=cupy.float32)
                 out = buf[:1]
                 out.fill(0)
-                case = f"n={n}, grid={grid}x256 (seed {seed}, run {rep + 1} of {reps})"
-                call(ex, case, lambda: k((grid,), (256,), (cupy.asarray(x), out,
-                                                           cupy.int32(n))))
+                case = f"n={n}, grid={grid}x{B} (seed {seed}, run {rep + 1} of {reps})"
+                call(ex, case, lambda: k((grid,), (B,), (cupy.asarray(x), out,
+                                                         cupy.int32(n))))
                 if not canary_ok(buf, 1):
                     raise GradeError(f"{ex}: {case}: wrote past out[0]: only out[0] is the "
                                      "result")
                 s = float(out.get()[0])
                 ref = float(x.astype(np.float64).sum())
-                if abs(s - ref) <= 2e-5 * ref + 1e-3:
+                tol = 2e-5 * ref + 1e-3
+                if abs(s - ref) <= tol:
                     continue
                 if math.isnan(s):
                     raise GradeError(f"{ex}: {case}: result is NaN: a shared-memory slot read "
@@ -194,27 +288,50 @@ def ex03_2(src: str) -> None:
                 again = []                 # the same data again: a race changes the answer
                 for _ in range(4):
                     out.fill(0)
-                    k((grid,), (256,), (cupy.asarray(x), out, cupy.int32(n)))
+                    k((grid,), (B,), (cupy.asarray(x), out, cupy.int32(n)))
                     again.append(float(out.get()[0]))
                 spread = max(again + [s]) - min(again + [s])
-                if rep > 0 or spread > 2e-5 * ref + 1e-3:
-                    raise GradeError(f"{ex}: {case}: got {s:.7g}, expected {ref:.7g}; "
-                                     + ("the same data gave different sums on repeated runs "
-                                        if spread > 2e-5 * ref + 1e-3 else
-                                        "earlier runs of the same size were right ")
-                                     + "(a race). Is a __syncthreads() missing between "
-                                     "writing the warp sums to shared memory and reading them?")
-                if grid < (n + 255) // 256 and abs(s - float(x[:grid * 256].sum(
-                        dtype=np.float64))) <= 2e-5 * ref + 1e-3:
-                    raise GradeError(f"{ex}: {case}: only the first grid*256 elements were "
+                if spread > tol:
+                    raise GradeError(f"{ex}: {case}: got {s:.7g}, expected {ref:.7g}; the same "
+                                     f"data gave sums from {min(again + [s]):.7g} to "
+                                     f"{max(again + [s]):.7g} on repeated runs: a race. Is "
+                                     f"{_WARP_SUMS_SYNC_HINT} missing?")
+                if grid < ceil_div(n, B) and abs(s - float(x[:grid * B].sum(
+                        dtype=np.float64))) <= tol:
+                    raise GradeError(f"{ex}: {case}: only the first grid*{B} elements were "
                                      "summed: loop over the vector, i += blockDim.x * "
                                      "gridDim.x (grid-stride)")
                 ratio = s / ref if ref else 0.0
-                hint = (f"about {ratio:.1f}x the answer: one atomicAdd per block (thread 0 "
-                        "only), after the block reduction?" if ratio > 1.5 else
-                        "elements or warps missed: does the block combine every warp's sum, "
-                        "and is the loop bound i < n?")
-                raise GradeError(f"{ex}: {case}: got {s:.7g}, expected {ref:.7g}: {hint}")
+                if abs(ratio - round(ratio)) < 0.02 and round(ratio) >= 2:
+                    adds = _atomics_per_launch(ex, src, grid, n)
+                    if adds > grid:
+                        hint = (f"exactly {round(ratio)}x the answer, and the launch made "
+                                f"{adds} atomicAdd calls for {grid} blocks: the block's total "
+                                "is added more than once. One atomicAdd per block, by thread 0 "
+                                "only, after the block reduction")
+                    else:
+                        hint = (f"exactly {round(ratio)}x the answer with one atomicAdd per "
+                                f"block: every element is counted {round(ratio)} times (a loop "
+                                "that visits elements twice, or a factor in the sum)?")
+                elif ratio > 1:
+                    hint = (f"{ratio:.3f}x the answer: elements added twice (a loop bound past "
+                            "n, or overlapping threads)?")
+                else:
+                    hint = (f"{ratio:.3f}x the answer: elements or warps missed (does the block "
+                            "combine every warp's sum, and is the loop bound i < n?)")
+                raise GradeError(f"{ex}: {case}: got {s:.7g}, expected {ref:.7g}, the same on "
+                                 f"every run: {hint}")
+    grid, n = 7, 7 * B * 3
+    adds = _atomics_per_launch(ex, src, grid, n)
+    if adds != grid:
+        per = ("per warp" if adds == grid * B // 32 else "per thread" if adds == grid * B
+               else "")
+        raise GradeError(f"{ex}: the sum is right, but one launch of {grid} blocks made {adds} "
+                         f"atomicAdd calls" + (f" (one {per})" if per else "") + ": the rule "
+                         "is one per block. Combine the warp sums in shared memory first, then "
+                         "thread 0 alone adds the block's total to out[0]")
+    racecheck(ex, src, "sum_atomic", "cudabook.graders.ch03:_race_ex03_2",
+              hint=_WARP_SUMS_SYNC_HINT)
     passed(ex)
 
 
@@ -252,7 +369,7 @@ def ex03_3(softmax_online) -> None:
 
             def run():
                 try:
-                    softmax_online[(M + 31) // 32, 32](to_device(x), out)
+                    softmax_online[ceil_div(M, 32), 32](to_device(x), out)
                 except OverflowError:      # the simulator's math.exp raises where a GPU gives inf
                     raise GradeError(f"{ex}: {case}: exp overflowed: subtract the running max "
                                      "before exp (x - m <= 0), and rescale the sum by "
@@ -263,7 +380,7 @@ def ex03_3(softmax_online) -> None:
                                  "(if r < M)?")
             o = to_numpy(out).astype(np.float64)
             ref = softmax_reference(x)
-            bad = ~(np.abs(o - ref) <= 1e-6 + 1e-4 * np.abs(ref))
+            bad = ~close(o, ref, 1e-6, 1e-4)
             if not bad.any():
                 continue
             r, c = (int(v[0]) for v in np.nonzero(bad))
@@ -290,6 +407,11 @@ def ex03_3(softmax_online) -> None:
 
 
 # ----------------------------------------------------------------------------- ex03.4
+_LN_SYNC_HINT = ("a cuda.syncthreads() between the levels of each tree, and one after every "
+                 "thread has read the shared total (the mean) before the array is reused for "
+                 "the variance")
+
+
 def ex03_4(layernorm) -> None:
     """``layernorm`` is a @cuda.jit kernel ``(x, gamma, beta, eps, y)`` for a float32 (M, N)
     ``x``: one block of 64 threads per row, launched [M, 64], shared memory for the block's
@@ -328,7 +450,7 @@ def ex03_4(layernorm) -> None:
             ref = layernorm_reference(x, g, b, float(eps))
             # float32 rounding of a mean near 1000 alone moves y by ~1e-4: a looser atol there
             atol = 1e-3 if "large mean" in what else 2e-4
-            bad = ~(np.abs(o - ref) <= atol + 1e-3 * np.abs(ref))
+            bad = ~close(o, ref, atol, 1e-3)
             if not bad.any():
                 continue
             r, c = (int(v[0]) for v in np.nonzero(bad))
@@ -339,33 +461,46 @@ def ex03_4(layernorm) -> None:
                 if N > 1 else None
             no_eps = (x64 - mean) / np.sqrt(var) * g + b if (var > 0).all() else None
             no_affine = (x64 - mean) / np.sqrt(var + eps)
-            close = lambda a: a is not None and np.allclose(o, a, atol=atol, rtol=1e-3)
+            matches = lambda a: a is not None and np.allclose(o, a, atol=atol, rtol=1e-3)
             if np.isnan(o).all() and "large mean" not in what:
                 hint = "output never written: is the kernel body still the stub?"
-            elif "large mean" in what and not (close(unbiased) or close(no_eps)
-                                               or close(no_affine)):
+            elif "large mean" in what and not (matches(unbiased) or matches(no_eps)
+                                               or matches(no_affine)):
                 hint = ("var = E[x^2] - E[x]^2 cancels catastrophically in float32 when the mean "
                         "is large (it can even go negative: NaN): use two passes (mean first, "
                         "then (x - mean)^2) or Welford")
             elif np.isnan(o[r, c]):
                 hint = ("NaN: element never written (does the write loop cover j = tid, tid + "
                         "64, ... < N?) or a negative variance under the square root")
-            elif close(unbiased):
+            elif matches(unbiased):
                 hint = "the variance divides by N - 1; LayerNorm uses the biased one (/ N)"
-            elif close(no_eps):
+            elif matches(no_eps):
                 hint = "eps is missing: 1 / sqrt(var + eps)"
-            elif close(no_affine):
+            elif matches(no_affine):
                 hint = "gamma and beta are not applied: y = x_hat * gamma[j] + beta[j]"
             else:
-                hint = ("wrong statistics: are all 64 partial sums combined (cuda.syncthreads() "
-                        "between the tree levels), and is shared memory reused only after a "
-                        "barrier?")
+                hint = (f"{error_summary(o, ref, bad)}. The row's statistics are wrong: are all "
+                        "64 partial sums combined, with " + _LN_SYNC_HINT + "?")
+                raise GradeError(f"{ex}: {case}: {hint}")
             raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
                              f"{ref[r, c]:.6g}: {hint}")
+    simulate(ex, "ex03_4", [("layernorm", layernorm)], hint=_LN_SYNC_HINT)
     passed(ex)
 
 
 # ----------------------------------------------------------------------------- ex03.5
+def _race_ex03_5(k) -> None:
+    """racecheck driver: a ragged image with partial tiles, K = 5."""
+    import cupy
+
+    H, W, K = 20, 35, 5
+    x = cupy.random.standard_normal((H, W), dtype=cupy.float32)
+    w = cupy.random.standard_normal((K, K), dtype=cupy.float32)
+    y = cupy.empty((H, W), cupy.float32)
+    k((ceil_div(W, 16), ceil_div(H, 16)), (16, 16), (x, w, y, cupy.int32(H), cupy.int32(W),
+                                                     cupy.int32(K)))
+
+
 def ex03_5(src: str) -> None:
     """``src`` defines ``conv2d_tiled(const float* x, const float* w, float* y, int H, int W,
     int K)``: 'same' 2D cross-correlation with zero padding (K odd, K <= 7), launched with
@@ -376,7 +511,7 @@ def ex03_5(src: str) -> None:
     need_gpu(ex)
     import cupy
 
-    if "__shared__" not in src:
+    if not isinstance(src, str) or not mentions(cuda_code(src), "__shared__"):
         raise GradeError(f"{ex}: no __shared__ tile: load the block's (16 + K - 1)^2 inputs into "
                          "shared memory once, then compute from there")
     k = _compile(ex, src, "conv2d_tiled")
@@ -389,7 +524,7 @@ def ex03_5(src: str) -> None:
                 x = rng.standard_normal((H, W)).astype(np.float32)
                 w = rng.standard_normal((K, K)).astype(np.float32)
                 out, buf = guarded((H, W))
-                grid = ((W + 15) // 16, (H + 15) // 16)
+                grid = (ceil_div(W, 16), ceil_div(H, 16))
                 case = f"H={H}, W={W}, K={K} (seed {seed}, run {rep + 1})"
                 call(ex, case, lambda: k(grid, (16, 16), (cupy.asarray(x), cupy.asarray(w), out,
                                                           cupy.int32(H), cupy.int32(W),
@@ -399,7 +534,7 @@ def ex03_5(src: str) -> None:
                                      "with if (r < H && c < W)")
                 o = to_numpy(out).astype(np.float64)
                 ref = conv2d_reference(x, w)
-                bad = ~(np.abs(o - ref) <= 1e-4 + 1e-4 * np.abs(ref))
+                bad = ~close(o, ref, 1e-4, 1e-4)
                 if not bad.any():
                     continue
                 r, c = (int(v[0]) for v in np.nonzero(bad))
@@ -427,6 +562,8 @@ def ex03_5(src: str) -> None:
                 raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, "
                                  f"expected {ref[r, c]:.6g} ({int(bad.sum())} of {H * W} wrong): "
                                  f"{hint}")
+    racecheck(ex, src, "conv2d_tiled", "cudabook.graders.ch03:_race_ex03_5",
+              hint="a __syncthreads() between loading the tile (and its halo) and reading it")
     passed(ex)
 
 
@@ -450,7 +587,7 @@ def ex03_6(src: str) -> None:
             out, buf = guarded((M, N))
             n = M * N
             case = f"M={M}, N={N} (seed {seed}, call {rep + 1})"
-            call(ex, case, lambda: k(((n + 255) // 256,), (256,), (cupy.asarray(x),
+            call(ex, case, lambda: k((ceil_div(n, 256),), (256,), (cupy.asarray(x),
                                                                     cupy.asarray(b), out,
                                                                     cupy.int32(M),
                                                                     cupy.int32(N))))
@@ -460,7 +597,7 @@ def ex03_6(src: str) -> None:
             o = to_numpy(out).astype(np.float64)
             z = x.astype(np.float64) + b[None, :]
             ref = gelu_tanh_reference(z)
-            bad = ~(np.abs(o - ref) <= 1e-5 + 1e-4 * np.abs(ref))
+            bad = ~close(o, ref, 1e-5, 1e-4)
             if not bad.any():
                 continue
             r, c = (int(v[0]) for v in np.nonzero(bad))

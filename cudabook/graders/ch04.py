@@ -12,25 +12,29 @@ fails), calls the answer twice with different data, and explains the first kind 
 
 from __future__ import annotations
 
-import inspect
 from typing import Callable
 
 import numpy as np
 
 from .. import env
-from ..check import to_numpy
+from ..check import dot_tolerance, to_numpy
 from ._core import (
     GradeError,
     call,
     canary_ok,
+    ceil_div,
+    error_summary,
     fresh_rng,
     guarded,
+    looks_like_low_precision,
     need_gpu,
     passed,
     sync,
     to_device,
 )
 from ._core import compile_kernel as _compile
+from ._race import racecheck, simulate
+from ._static import calls, cuda_code, python_code
 
 __all__ = ["ex04_1", "ex04_2", "ex04_3", "ex04_4", "FAST_FRACTION", "diagnose_2d"]
 
@@ -40,24 +44,41 @@ FAST_N = 2048
 
 
 def _tol(K: int) -> float:
-    return max(1e-5, 5e-7 * K)
+    return dot_tolerance(K)["atol"]
 
 
-def _count_syncs(fn) -> int | None:
-    """How many barriers the source of a Numba kernel or a CUDA C string calls (None: unknown)."""
-    src = fn if isinstance(fn, str) else None
-    if src is None:
-        try:
-            src = inspect.getsource(getattr(fn, "py_func", fn))
-        except (OSError, TypeError):
-            return None
-    lines = [ln.split("#")[0] if not isinstance(fn, str) else ln.split("//")[0]
-             for ln in src.splitlines()]
-    text = "\n".join(lines)
-    return text.count("syncthreads")
+def _count_syncs(ex: str, fn) -> int:
+    """How many barriers the source of a Numba kernel or a CUDA C string calls."""
+    if isinstance(fn, str):
+        return calls(cuda_code(fn), "__syncthreads")
+    return calls(python_code(ex, fn), "syncthreads")
 
 
 SENTINEL = 1234.5   # second-run fill: tells "never written" from "written as NaN"
+
+_TILE_SYNC = ("a barrier after filling the tiles (before anyone reads them) and one after "
+              "the products (before anyone overwrites them): two per tile step")
+
+
+def _race_launch(k, tile: tuple[int, int], shapes) -> None:
+    import cupy
+
+    for M, N, K in shapes:
+        A = cupy.random.standard_normal((M, K), dtype=cupy.float32)
+        B = cupy.random.standard_normal((K, N), dtype=cupy.float32)
+        C = cupy.empty((M, N), cupy.float32)
+        k((ceil_div(N, tile[1]), ceil_div(M, tile[0])), (256,),
+          (A, B, C, np.int32(M), np.int32(N), np.int32(K)))
+
+
+def _race_ex04_2(k) -> None:
+    """racecheck driver: edge tiles in M, N and K, several tile steps."""
+    _race_launch(k, (64, 64), [(70, 66, 20)])
+
+
+def _race_ex04_4(k) -> None:
+    """racecheck driver: edge tiles in M, N and K, several tile steps."""
+    _race_launch(k, (128, 128), [(130, 131, 20)])
 
 _SYNC_HINT = ("missing __syncthreads()/cuda.syncthreads()? A tile must be complete before it is "
               "read, and read by everyone before it is overwritten (two barriers per tile step)")
@@ -94,6 +115,7 @@ def diagnose_2d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, tile: tup
                              f"step (uninitialised memory): {why}")
         nan = nan & (o2 == SENTINEL)
         o = np.where(nan, np.nan, o)
+    interior = full_m > 0 and full_n > 0        # at least one whole tile, away from the edges
     if nan.all() and (full_m == 0 or full_n == 0):
         raise GradeError(f"{ex}: {case}: C never written (all NaN); C is smaller than one "
                          f"{tile[0]}x{tile[1]} tile, so its only blocks are edge tiles: a "
@@ -103,6 +125,11 @@ def diagnose_2d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, tile: tup
         raise GradeError(f"{ex}: {case}: C never written (all NaN): is the kernel still the "
                          "stub, or does every thread return before its store?")
     wrong = nan | (np.abs(o - r) > _tol(K) + 1e-4 * np.abs(r))
+    if wrong.any() and not nan.any() and looks_like_low_precision(o, r, wrong):
+        raise GradeError(f"{ex}: {case}: {error_summary(o, r, wrong)}: small errors spread "
+                         "over the whole of C, not the edges: lower-precision arithmetic (a "
+                         "float16/bfloat16 product or accumulator, or TF32)? Keep the products "
+                         "and the sum in float32")
     if wrong.any() and syncs is not None and syncs < 2:
         i, j = (int(v[0]) for v in np.nonzero(wrong))
         raise GradeError(f"{ex}: {case}: wrong at ({i}, {j}): got {o[i, j]:.6g}, expected "
@@ -111,7 +138,7 @@ def diagnose_2d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, tile: tup
         rows, cols = np.nonzero(nan)
         where = f"{rows.size} of {M * N} elements of C never written, first at " \
                 f"({rows[0]}, {cols[0]})"
-        if ((rows >= full_m) | (cols >= full_n)).all():
+        if interior and ((rows >= full_m) | (cols >= full_n)).all():
             raise GradeError(f"{ex}: {case}: {where}, all in the edge tiles: a store guard "
                              "that drops whole tiles, or a grid rounded down instead of up?")
         raise GradeError(f"{ex}: {case}: {where}: only part of C is written - does each "
@@ -123,8 +150,8 @@ def diagnose_2d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, tile: tup
     i, j = int(rows[0]), int(cols[0])
     msg = (f"{ex}: {case}: wrong at ({i}, {j}): got {o[i, j]:.6g}, expected {r[i, j]:.6g} "
            f"({rows.size} of {M * N} wrong)")
-    edge = ((rows >= full_m) | (cols >= full_n)).all()
-    if K % ktile and (M, N) != (full_m, full_n) and edge:
+    edge = interior and ((rows >= full_m) | (cols >= full_n)).all()
+    if K % ktile and edge:
         raise GradeError(f"{msg}: errors only in the edge tiles (M={M}, N={N} are not "
                          "multiples of the tile): zero-fill the tile loads past row M / "
                          "column N?")
@@ -135,8 +162,9 @@ def diagnose_2d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, tile: tup
     if edge:
         raise GradeError(f"{msg}: errors only in the edge tiles: zero-fill the tile loads "
                          "past row M / column N?")
-    raise GradeError(f"{msg}: wrong products - check the indices of the tiles, or a race "
-                     "(a missing barrier shows up as results that change from run to run)")
+    raise GradeError(f"{ex}: {case}: {error_summary(o, r, bad)}; M, N, K are multiples of the "
+                     "tile here, so the edges are not the cause: check which rows of A and "
+                     "columns of B each thread's products take (the tile indices)")
 
 
 def _rerun(launch: Callable, shape: tuple[int, int]) -> Callable[[float], object]:
@@ -177,17 +205,18 @@ def ex04_1(matmul_abt) -> None:
     rng, seed = fresh_rng()
     shapes = _sim_shapes([(1, 1, 1), (16, 16, 16), (17, 33, 20), (35, 3, 40)],
                          [(1000, 777, 129), (4096, 17, 300), (123, 2049, 1000)])
-    syncs = _count_syncs(matmul_abt)
+    syncs = _count_syncs(ex, matmul_abt)
     for n_case, (M, N, K) in enumerate(shapes):
         for rep in range(2 if n_case in (1, 2) or not env.SIM else 1):
             A, Bt, ref = _mats(rng, M, N, K, bt=True)
             out, buf = guarded((M, N))
             case = f"M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
-            grid, block = ((N + 15) // 16, (M + 15) // 16), (16, 16)
+            grid, block = (ceil_div(N, 16), ceil_div(M, 16)), (16, 16)
             dA, dBt = to_device(A), to_device(Bt)
             call(ex, case, lambda: matmul_abt[grid, block](dA, dBt, out))
             diagnose_2d(ex, case, out, ref, buf, tile=(16, 16), K=K, ktile=16, syncs=syncs,
                         rerun=_rerun(lambda o: matmul_abt[grid, block](dA, dBt, o), (M, N)))
+    simulate(ex, "ex04_1", [("matmul_abt", matmul_abt)], hint=_TILE_SYNC)
     passed(ex)
 
 
@@ -202,7 +231,7 @@ def _run_cuda(ex, kern, shapes, tile, threads, ktile, rng, seed, syncs, repeats=
             A, B, ref = _mats(rng, M, N, K)
             out, buf = guarded((M, N))
             case = f"M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
-            grid = ((N + tile[1] - 1) // tile[1], (M + tile[0] - 1) // tile[0])
+            grid = (ceil_div(N, tile[1]), ceil_div(M, tile[0]))
             dA, dB = cupy.asarray(A), cupy.asarray(B)
             launch = lambda o: kern(grid, (threads,), (dA, dB, o, np.int32(M), np.int32(N),
                                                        np.int32(K)))
@@ -226,7 +255,8 @@ def ex04_2(src: str) -> None:
     need_gpu(ex)
     kern = _compile(ex, src, "matmul_reg2d")
     rng, seed = fresh_rng()
-    _run_cuda(ex, kern, _CUDA_SHAPES, (64, 64), 256, 8, rng, seed, _count_syncs(src))
+    _run_cuda(ex, kern, _CUDA_SHAPES, (64, 64), 256, 8, rng, seed, _count_syncs(ex, src))
+    racecheck(ex, src, "matmul_reg2d", "cudabook.graders.ch04:_race_ex04_2", hint=_TILE_SYNC)
     passed(ex)
 
 
@@ -246,12 +276,13 @@ def ex04_4(src: str, fraction: float = FAST_FRACTION) -> None:
 
     kern = _compile(ex, src, "matmul_fast")
     rng, seed = fresh_rng()
-    _run_cuda(ex, kern, _CUDA_SHAPES, (128, 128), 256, 1, rng, seed, _count_syncs(src))
+    _run_cuda(ex, kern, _CUDA_SHAPES, (128, 128), 256, 1, rng, seed, _count_syncs(ex, src))
+    racecheck(ex, src, "matmul_fast", "cudabook.graders.ch04:_race_ex04_4", hint=_TILE_SYNC)
     n = FAST_N
     A = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
     B = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
     C = cupy.empty((n, n), dtype=cupy.float32)
-    grid = ((n + 127) // 128, (n + 127) // 128)
+    grid = (ceil_div(n, 128), ceil_div(n, 128))
     t = bench({"yours": lambda: kern(grid, (256,), (A, B, C, np.int32(n), np.int32(n),
                                                     np.int32(n)))},
               baseline={"cuBLAS": lambda: cupy.matmul(A, B, out=C)}, flops=2.0 * n ** 3,
@@ -275,7 +306,7 @@ def fast_ratio(src: str, n: int = FAST_N) -> float:
     A = cupy.random.standard_normal((n, n), dtype=cupy.float32)
     B = cupy.random.standard_normal((n, n), dtype=cupy.float32)
     C = cupy.empty((n, n), dtype=cupy.float32)
-    grid = ((n + 127) // 128, (n + 127) // 128)
+    grid = (ceil_div(n, 128), ceil_div(n, 128))
     t = bench({"yours": lambda: kern(grid, (256,), (A, B, C, np.int32(n), np.int32(n),
                                                     np.int32(n)))},
               baseline={"cuBLAS": lambda: cupy.matmul(A, B, out=C)}, flops=2.0 * n ** 3,
@@ -296,16 +327,17 @@ def ex04_3(matmul_ragged) -> None:
     rng, seed = fresh_rng()
     shapes = _sim_shapes([(32, 32, 8), (1, 1, 1), (33, 31, 9), (5, 70, 17), (70, 3, 3)],
                          [(1023, 1025, 517), (4096, 20, 36), (3, 4099, 100)])
-    syncs = _count_syncs(matmul_ragged)
+    syncs = _count_syncs(ex, matmul_ragged)
     for n_case, (M, N, K) in enumerate(shapes):
         for rep in range(2 if n_case == 2 or not env.SIM else 1):
             A, B, ref = _mats(rng, M, N, K)
             out, buf = guarded((M, N))
             case = f"M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
-            grid = ((N + 31) // 32, (M + 31) // 32)
+            grid = (ceil_div(N, 32), ceil_div(M, 32))
             dA, dB = to_device(A), to_device(B)
             call(ex, case, lambda: matmul_ragged[grid, 64](dA, dB, out))
             diagnose_2d(ex, case, out, ref, buf, tile=(32, 32), K=K, ktile=8, syncs=syncs,
                         rerun=_rerun(lambda o: matmul_ragged[grid, 64](dA, dB, o), (M, N)))
+    simulate(ex, "ex04_3", [("matmul_ragged", matmul_ragged)], hint=_TILE_SYNC)
     passed(ex)
 

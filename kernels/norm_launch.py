@@ -1,0 +1,110 @@
+"""Launching kernels/norm.cu: LayerNorm and RMSNorm over the last dimension of a float32 (M, N) x.
+
+    nl = cb.load_launch("norm")
+    y = nl.layernorm(x, gamma, beta, 1e-5)          # layernorm_v3, any N
+    y = nl.rmsnorm(x, gamma, 1e-6)                  # rmsnorm_v2, any N
+    nl.layernorm(x, gamma, beta, 1e-5, y, version="layernorm_v2")
+
+The helpers check x (float32, 2D, C-contiguous, on the GPU), gamma and beta (float32, (N,)),
+y (x's shape) and eps (a number > 0) before anything is launched.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+import cudabook as cb
+from cudabook.launch import LaunchError, ceil_div, row_block
+
+__all__ = ["LAYERNORM_VERSIONS", "RMSNORM_VERSIONS", "layernorm", "rmsnorm", "config",
+           "sanitize_targets"]
+
+LAYERNORM_VERSIONS = ("layernorm_v1", "layernorm_v2", "layernorm_v3")
+RMSNORM_VERSIONS = ("rmsnorm_v1", "rmsnorm_v2")
+
+
+def config(version: str, M: int, N: int) -> tuple[tuple[int], tuple[int]]:
+    """(grid, block) of ``version`` for an (M, N) input (see the launch comments in norm.cu)."""
+    if version == "layernorm_v1":
+        return (ceil_div(M, 128),), (128,)
+    if version in ("layernorm_v3", "rmsnorm_v2"):
+        return (M,), (row_block(N),)               # the row in registers, <= 16 per thread
+    if version == "layernorm_v2":
+        return (M,), (256 if N <= 4096 else 512,)
+    if version == "rmsnorm_v1":
+        return (M,), (512,)
+    raise ValueError(f"unknown version {version!r}; norm.cu has "
+                     f"{LAYERNORM_VERSIONS + RMSNORM_VERSIONS}")
+
+
+def _check(x, y, params, eps):
+    import cupy as cp
+
+    _module()                         # first: without a GPU this says so
+    cb.expect(x, "x", dtype=np.float32, ndim=2)
+    M, N = (int(s) for s in x.shape)
+    if M == 0 or N == 0:
+        raise LaunchError(f"x has shape {(M, N)}; a row needs at least one element")
+    if M >= 2**31:
+        raise LaunchError(f"{M} rows is more than one grid dimension holds")
+    for name, p in params:
+        cb.expect(p, name, dtype=np.float32, shape=(N,))
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps > 0:
+        raise TypeError(f"eps must be a number > 0, got {eps!r}")
+    if y is None:
+        y = cp.empty((M, N), cp.float32)
+    cb.expect(y, "y", dtype=np.float32, shape=(M, N))
+    return M, N, y
+
+
+def layernorm(x, gamma, beta, eps: float, y=None, version: str = "layernorm_v3"):
+    """LayerNorm over the last dimension (biased variance, as torch) into ``y`` (returned)."""
+    if version not in LAYERNORM_VERSIONS:
+        raise ValueError(f"unknown version {version!r}; LayerNorm has {LAYERNORM_VERSIONS}")
+    M, N, y = _check(x, y, (("gamma", gamma), ("beta", beta)), eps)
+    grid, block = config(version, M, N)
+    _module().get(version)(grid, block, (x, gamma, beta, y, np.int32(M), np.int32(N),
+                                         np.float32(eps)))
+    return y
+
+
+def rmsnorm(x, gamma, eps: float, y=None, version: str = "rmsnorm_v2"):
+    """RMSNorm over the last dimension into ``y`` (returned)."""
+    if version not in RMSNORM_VERSIONS:
+        raise ValueError(f"unknown version {version!r}; RMSNorm has {RMSNORM_VERSIONS}")
+    M, N, y = _check(x, y, (("gamma", gamma),), eps)
+    grid, block = config(version, M, N)
+    _module().get(version)(grid, block, (x, gamma, y, np.int32(M), np.int32(N),
+                                         np.float32(eps)))
+    return y
+
+
+_MOD = None
+
+
+def _module():
+    global _MOD
+    if _MOD is None:
+        _MOD = cb.load_cuda("norm")
+    return _MOD
+
+
+def sanitize_targets():
+    """Every version on shapes that take each path of v3 / rmsnorm_v2: float4, scalar
+    (N = 1001), and a row too long for the registers (streamed)."""
+    import cupy as cp
+
+    for M, N in ((5, 256), (3, 1001), (2, 40_000)):
+        x = cp.random.standard_normal((M, N), dtype=cp.float32)
+        g = cp.random.uniform(0.5, 1.5, N, dtype=cp.float32)
+        b = cp.random.standard_normal(N, dtype=cp.float32)
+        y = cp.empty_like(x)
+        for v in LAYERNORM_VERSIONS:
+            if v == "layernorm_v1" and N > 1001:
+                continue
+            yield f"{v} ({M}x{N})", (lambda v=v, x=x, g=g, b=b, y=y:
+                                     layernorm(x, g, b, 1e-5, y, version=v))
+        for v in RMSNORM_VERSIONS:
+            yield f"{v} ({M}x{N})", (lambda v=v, x=x, g=g, y=y: rmsnorm(x, g, 1e-5, y, version=v))

@@ -1,0 +1,423 @@
+"""Graders of Chapter 8, "Tensor cores: from WMMA to mma.sync to Hopper's wgmma".
+
+ex08_1  CUDA C++: a WMMA tile kernel, C = A @ B^T, fp16 in, fp32 accumulate         GPU
+ex08_2  Python: the fragment layout of mma.sync.m16n8k16 (lane, value -> element)    CPU
+ex08_3  Python: a swizzle of 128-byte shared-memory rows (bijective, conflict-free)    CPU
+ex08_4  CUDA C++: a 3-stage cp.async pipeline reaching FAST_FRACTION of cuBLAS fp16   GPU, sm_80+
+
+The CUDA C++ graders check ragged and tall-skinny shapes against the float64 product with the
+error bound of fp32 accumulation (``hgemm_launch.tolerance``): a kernel that accumulates in fp16
+fails it as soon as K is large, and is told so. They fill C with NaN followed by a NaN canary,
+call twice with fresh data, and end with compute-sanitizer racecheck on small ragged sizes (a
+missing barrier that happens to give the right numbers).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from .. import env
+from ..check import to_numpy
+from ._core import GradeError, canary_ok, fresh_rng, need_gpu, passed, sync
+from ._race import racecheck
+from ._static import calls, cuda_code
+
+__all__ = ["ex08_1", "ex08_2", "ex08_3", "ex08_4", "FAST_FRACTION", "FAST_N", "pipe_ratio",
+           "with_mma_header"]
+
+#: ex08_4: the fraction of cuBLAS fp16 (same run, n = FAST_N) the pipelined kernel must reach.
+#: On the H100 the single-stage kernel of the lesson (v4) reaches 0.34-0.36 and the 3-stage one
+#: (v5) 0.44-0.46 (run of tools/dev/ch08_bench.py, reports/ch08_bench.json).
+FAST_FRACTION = 0.40
+FAST_N = 4096
+U16 = 2.0 ** -11          # unit roundoff of fp16
+
+
+# ============================================================================ shared helpers
+
+def with_mma_header(src: str) -> str:
+    """``src`` with ``#include "mma.cuh"`` replaced by the header's text (NVRTC compiles a
+    notebook string without the kernels/ include path)."""
+    from ..source import kernel_source
+
+    if '#include "mma.cuh"' not in src:
+        return src
+    return src.replace('#include "mma.cuh"', kernel_source("mma.cuh"), 1)
+
+
+def _compile(ex: str, src: str, name: str):
+    from ..compile import compile_source
+
+    if not isinstance(src, str):
+        raise GradeError(f"{ex}: expected the CUDA C++ source as a str, got {type(src).__name__}")
+    try:
+        mod = compile_source(with_mma_header(src), name=f"{ex} source")
+    except RuntimeError as e:
+        raise GradeError(f"{ex}: does not compile:\n{e}") from None
+    try:
+        return mod.raw.get_function(name)
+    except Exception:  # noqa: BLE001
+        raise GradeError(f"{ex}: the source defines no kernel {name!r} (extern \"C\" "
+                         "__global__ void ...)") from None
+
+
+def _mats(rng, M: int, N: int, K: int):
+    """fp16 inputs (as float32 arrays holding fp16 values) and their float64 references."""
+    A = rng.standard_normal((M, K)).astype(np.float16)
+    B = rng.standard_normal((N, K)).astype(np.float16)
+    a64, b64 = A.astype(np.float64), B.astype(np.float64)
+    return A, B, a64 @ b64.T, np.abs(a64) @ np.abs(b64).T
+
+
+def _bound(ref, absprod, K: int, out: str, acc: str = "float32"):
+    u = {"float32": 2.0 ** -24, "float16": U16}
+    return u[out] * np.abs(ref) + 4.0 * math.sqrt(K) * 2 * u[acc] * absprod
+
+
+def _diagnose(ex: str, case: str, out, ref, absprod, K: int, out_dtype: str, buf=None,
+              tile: tuple[int, int] = (32, 32), hint_sync: str = "") -> None:
+    """GradeError naming the likely mistake unless ``out`` is within the fp32-accumulation bound."""
+    o = to_numpy(out).astype(np.float64)
+    M, N = ref.shape
+    if buf is not None and not canary_ok(buf, M * N):
+        raise GradeError(f"{ex}: {case}: wrote past the end of C: missing store guard "
+                         "(if (r < M && c < N))?")
+    nan = np.isnan(o)
+    if nan.all():
+        raise GradeError(f"{ex}: {case}: C never written (all NaN): is the kernel still the "
+                         "stub?")
+    if nan.any():
+        rows, cols = np.nonzero(nan)
+        edge = ((rows >= M // tile[0] * tile[0]) | (cols >= N // tile[1] * tile[1])).all()
+        raise GradeError(f"{ex}: {case}: {rows.size} of {M * N} elements of C never written, "
+                         f"first at ({rows[0]}, {cols[0]})" +
+                         (": all in the edge tiles (a guard that drops partial tiles?)" if edge
+                          else ": does every warp store its whole tile?"))
+    if not np.abs(o).any() and np.abs(ref).any():
+        raise GradeError(f"{ex}: {case}: C is all zeros: no product was accumulated (the main "
+                         "loop is missing?)")
+    err = np.abs(o - ref)
+    bad = err > _bound(ref, absprod, K, out_dtype)
+    if not bad.any():
+        return
+    i, j = (int(v[0]) for v in np.nonzero(bad))
+    msg = (f"{ex}: {case}: {int(bad.sum())} of {M * N} elements outside the fp32-accumulation "
+           f"bound, first at ({i}, {j}): got {o[i, j]:.6g}, expected {ref[i, j]:.6g}")
+    half_bound = _bound(ref, absprod, K, out_dtype, acc="float16")
+    if (err <= half_bound).all() and K >= 256:
+        raise GradeError(f"{msg}; the errors fit fp16 accumulation (they grow with K = {K}): "
+                         "accumulate in fp32 (an accumulator fragment of float, the .f32 "
+                         "accumulator of mma.sync) and round only the result")
+    rows, cols = np.nonzero(bad)
+    if ((rows >= M // tile[0] * tile[0]) | (cols >= N // tile[1] * tile[1])).all():
+        raise GradeError(f"{msg}: errors only in the edge tiles (M={M}, N={N} are not multiples "
+                         "of the tile): zero-fill the tile loads outside A and B?")
+    raise GradeError(f"{msg}: wrong products{'; ' + hint_sync if hint_sync else ''}")
+
+
+def _guarded(shape, dtype):
+    import cupy
+
+    from ._core import CANARY
+
+    n = int(np.prod(shape))
+    buf = cupy.full(n + CANARY, np.nan, dtype=dtype)
+    return buf[:n].reshape(shape), buf
+
+
+# ============================================================================ ex08_1: WMMA
+
+_SHAPES_1 = [(16, 16, 16), (32, 32, 16), (1, 1, 1), (33, 31, 17), (100, 70, 300),
+             (4096, 24, 40), (20, 2000, 64), (256, 256, 4096)]
+_HINT_1 = ("a __syncthreads() between filling the shared tiles and reading them, and another "
+           "before they are overwritten?")
+
+
+def _launch_1(kern, A, B, C, M, N, K):
+    kern(((N + 31) // 32, (M + 31) // 32), (128,),
+         (A, B, C, np.int32(M), np.int32(N), np.int32(K)))
+
+
+def ex08_1(src: str) -> None:
+    """``src`` defines ``wmma_tile(const half* A, const half* B, float* C, int M, int N, int K)``:
+    C = A @ B^T (A (M, K), B (N, K), fp16; C (M, N) fp32) with WMMA, fp32 accumulation. Block
+    of 128 threads (4 warps, 2x2, each a 16x16 tile of C), grid (ceil(N/32), ceil(M/32)).
+    Ragged, tall-skinny and deep (K = 4096) shapes, each twice with fresh data; then racecheck.
+    """
+    ex = "ex08.1"
+    need_gpu(ex)
+    import cupy
+
+    kern = _compile(ex, src, "wmma_tile")
+    rng, seed = fresh_rng()
+    for M, N, K in _SHAPES_1:
+        for rep in range(2):
+            A, B, ref, absprod = _mats(rng, M, N, K)
+            C, buf = _guarded((M, N), np.float32)
+            case = f"M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
+            dA, dB = cupy.asarray(A), cupy.asarray(B)
+            _call(ex, case, lambda: _launch_1(kern, dA, dB, C, M, N, K))
+            _diagnose(ex, case, C, ref, absprod, K, "float32", buf, hint_sync=_HINT_1)
+    racecheck(ex, with_mma_header(src), "wmma_tile", "cudabook.graders.ch08:_race_ex08_1",
+              hint=_HINT_1)
+    passed(ex)
+
+
+def _race_ex08_1(kern) -> None:
+    """racecheck driver: two small ragged launches of ex08.1's kernel."""
+    import cupy
+
+    for M, N, K in [(33, 31, 40), (64, 64, 32)]:
+        A = cupy.random.standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
+        B = cupy.random.standard_normal((N, K), dtype=cupy.float32).astype(cupy.float16)
+        C = cupy.empty((M, N), cupy.float32)
+        _launch_1(kern, A, B, C, M, N, K)
+
+
+def _call(ex: str, case: str, fn: Callable[[], object]) -> None:
+    try:
+        fn()
+        sync()
+    except GradeError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        msg = str(e).splitlines()[0] if str(e) else ""
+        raise GradeError(f"{ex}: {case}: the launch failed: {type(e).__name__}: {msg}") from None
+
+
+# ============================================================================ ex08_2: fragments
+
+def _a_gt(g: int, t: int, i: int) -> tuple[int, int]:
+    return g + 8 * ((i // 2) % 2), 2 * t + i % 2 + 8 * (i // 4)
+
+
+def _b_gt(g: int, t: int, i: int) -> tuple[int, int]:
+    return 2 * t + i % 2 + 8 * (i // 2), g
+
+
+def _c_gt(g: int, t: int, i: int) -> tuple[int, int]:
+    return g + 8 * (i // 2), 2 * t + i % 2
+
+
+def _a_swapped(g: int, t: int, i: int) -> tuple[int, int]:
+    """A with registers 1 and 2 exchanged (k 8-15 before rows 8-15)."""
+    return g + 8 * (i // 4), 2 * t + i % 2 + 8 * ((i // 2) % 2)
+
+
+#: name -> (layout as a function of (g, t, i), values per lane, what)
+_FRAGS = {"a_frag": (_a_gt, 8, "A (16x16: row, k)"),
+          "b_frag": (_b_gt, 4, "B (16x8: k, n)"),
+          "c_frag": (_c_gt, 4, "C (16x8: row, col)")}
+
+
+def _lanes(ls: list[int]) -> str:
+    ls = sorted(ls)
+    runs, start = [], ls[0]
+    for a, b in zip(ls, ls[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(runs)
+
+
+def ex08_2(a_frag: Callable, b_frag: Callable, c_frag: Callable) -> None:
+    """Three functions ``(lane, i) -> (row, col)``: the element of A, B or C that value ``i`` of
+    lane ``lane`` holds in mma.sync.aligned.m16n8k16 (A: 8 values, 4 registers of two halves,
+    the lower half first; B: 4 values; C: 4 floats). Graded on the CPU against the PTX ISA."""
+    ex = "ex08.2"
+    for name, fn in (("a_frag", a_frag), ("b_frag", b_frag), ("c_frag", c_frag)):
+        lay, n, what = _FRAGS[name]
+        wrong, seen = {}, {}
+        for lane in range(32):
+            for i in range(n):
+                got = _value(ex, name, fn, lane, i)
+                seen.setdefault(got, []).append((lane, i))
+                if got != lay(lane // 4, lane % 4, i):
+                    wrong.setdefault(lane, []).append((i, got))
+        if not wrong:
+            continue
+        lane0 = min(wrong)
+        i, got = wrong[lane0][0]
+        g, t = lane0 // 4, lane0 % 4
+        where = (f"wrong for lanes {_lanes(list(wrong))} only" if len(wrong) < 32
+                 else "wrong for every lane")
+        msg = (f"{ex}: {name} of {what} is {where}: {name}({lane0}, {i}) = {got}, the "
+               f"instruction puts {lay(g, t, i)} there")
+        dup = [e for e, who in seen.items() if len(who) > 1]
+        if all(got_ == lay(ln % 4, ln // 4, i_) for ln, ws in wrong.items() for i_, got_ in ws):
+            msg += "; group and thread swapped? g = lane / 4 (the row), t = lane % 4"
+        elif name == "a_frag" and all(got_ == _a_swapped(ln // 4, ln % 4, i_)
+                                      for ln, ws in wrong.items() for i_, got_ in ws):
+            msg += ("; the registers of A are ordered (rows g, k 0-7), (rows g+8, k 0-7), "
+                    "(rows g, k 8-15), (rows g+8, k 8-15): register 1 holds row g+8")
+        elif all(sorted(_value(ex, name, fn, ln, i_) for i_ in range(n))
+                 == sorted(lay(ln // 4, ln % 4, i_) for i_ in range(n)) for ln in wrong):
+            msg += ("; each lane names the right elements in the wrong order: value i is "
+                    "register i // 2, half i % 2 (the lower half first), and the two halves of "
+                    "a register are neighbours along k (A, B) or along a row (C)")
+        elif dup:
+            msg += (f"; {len(dup)} elements are claimed twice, e.g. {dup[0]} by (lane, value) "
+                    f"{seen[dup[0]][0]} and {seen[dup[0]][1]}: each element lives in exactly "
+                    "one place")
+        raise GradeError(msg)
+    passed(ex)
+
+
+def _value(ex: str, name: str, fn: Callable, lane: int, i: int) -> tuple[int, int]:
+    try:
+        got = fn(lane, i)
+    except NotImplementedError:
+        raise GradeError(f"{ex}: {name} is not implemented yet (the stub still raises "
+                         "NotImplementedError)") from None
+    except Exception as e:  # noqa: BLE001
+        raise GradeError(f"{ex}: {name}({lane}, {i}) raised {type(e).__name__}: {e}") from None
+    try:
+        return int(got[0]), int(got[1])
+    except (TypeError, ValueError, IndexError):
+        raise GradeError(f"{ex}: {name}({lane}, {i}) returned {got!r}; expected a (row, col) "
+                         "pair of ints") from None
+
+
+# ============================================================================ ex08_3: swizzle
+
+def ex08_3(swizzle: Callable[[int, int], int], rows: int = 64) -> None:
+    """``swizzle(row, chunk)``: where 16-byte chunk ``chunk`` (0..7) of row ``row`` of a tile with
+    128-byte rows is stored in that row. Graded on the CPU: a bijection of each row's chunks, and
+    conflict-free for ldmatrix (8 rows r0..r0+7, one logical chunk: 8 different 16-byte bank
+    groups) and for the 16-byte stores of cp.async (8 lanes, one row)."""
+    ex = "ex08.3"
+    phys = np.zeros((rows, 8), dtype=np.int64)
+    for r in range(rows):
+        for c in range(8):
+            try:
+                v = swizzle(r, c)
+            except NotImplementedError:
+                raise GradeError(f"{ex}: not implemented yet (the stub still raises "
+                                 "NotImplementedError)") from None
+            except Exception as e:  # noqa: BLE001
+                raise GradeError(f"{ex}: swizzle({r}, {c}) raised {type(e).__name__}: {e}") \
+                    from None
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise GradeError(f"{ex}: swizzle({r}, {c}) returned {v!r}; expected an int "
+                                 "chunk index 0..7")
+            if not 0 <= int(v) < 8:
+                raise GradeError(f"{ex}: swizzle({r}, {c}) = {v} is outside the row (chunks "
+                                 "0..7): the data would land in another row")
+            phys[r, c] = int(v)
+    for r in range(rows):
+        if len(set(phys[r])) < 8:
+            vals, counts = np.unique(phys[r], return_counts=True)
+            s = int(vals[counts > 1][0])
+            cs = [int(c) for c in np.nonzero(phys[r] == s)[0]]
+            raise GradeError(f"{ex}: not a bijection: in row {r}, chunks {cs} are stored at "
+                             f"chunk {s}, so one overwrites the other (each row's 8 chunks must "
+                             "go to 8 different places)")
+    # ldmatrix: lanes 8m..8m+7 read rows r0..r0+7 (r0 a multiple of 8) at one logical chunk;
+    # 16-byte accesses, 8 per wavefront: conflict-free iff the 8 bank groups (addr / 16) % 8 differ
+    for r0 in range(0, rows, 8):
+        for c in range(8):
+            groups = [(r * 8 + int(phys[r, c])) % 8 for r in range(r0, r0 + 8)]
+            ways = max(groups.count(x) for x in groups)
+            if ways > 1:
+                raise GradeError(f"{ex}: {ways}-way bank conflict for ldmatrix: rows "
+                                 f"{r0}..{r0 + 7} at chunk {c} land on bank groups {groups} (a "
+                                 "row is 128 bytes, all 32 banks, so only the chunk decides the "
+                                 "bank: the 8 rows need 8 different chunks); XOR the chunk with "
+                                 "bits of the row?")
+    passed(ex)
+
+
+# ============================================================================ ex08_4: pipeline
+
+_SHAPES_4 = [(128, 128, 64), (1, 1, 8), (127, 129, 72), (1000, 777, 520), (4096, 24, 64),
+             (16, 3000, 136), (300, 200, 1000)]
+_HINT_4 = ("wait for a stage's copies with cp_async_wait<STAGES - 2>() and then __syncthreads() "
+           "(other threads' copies, and the stage about to be overwritten) before reading it")
+SMEM_4 = 3 * (128 + 128) * 64 * 2
+
+
+def _launch_4(kern, A, B, C, M, N, K):
+    kern.max_dynamic_shared_size_bytes = SMEM_4
+    kern((((M + 127) // 128) * ((N + 127) // 128),), (256,),
+         (A, B, C, np.int32(M), np.int32(N), np.int32(K)), shared_mem=SMEM_4)
+
+
+def ex08_4(src: str, fraction: float = FAST_FRACTION) -> None:
+    """``src`` defines ``hgemm_pipe(const half* A, const half* B, half* C, int M, int N, int K)``
+    (C = A @ B^T, fp16, 128x128x64 tiles, 256 threads, 1D grid of tiles, dynamic shared memory
+    SMEM_4) with a 3-stage cp.async main loop. Correct on ragged shapes, no shared-memory race,
+    then at least ``fraction`` of cuBLAS fp16 at FAST_N^3 in the same run. Needs sm_80+ (on
+    older GPUs the grader says so and stops)."""
+    ex = "ex08.4"
+    need_gpu(ex)
+    if env.cc() < (8, 0):
+        print(f"skipped: {ex} needs compute capability 8.0+ (cp.async); this GPU is "
+              f"{env.cc()[0]}.{env.cc()[1]}")
+        return
+    import cupy
+
+    from ..bench import bench
+
+    code = cuda_code(src)
+    if calls(code, "cp_async_wait") == 0:
+        raise GradeError(f"{ex}: no cp_async_wait<...>() in the source: a thread must wait for "
+                         "its copies of a stage before anyone reads it (" + _HINT_4 + ")")
+    if calls(code, "__syncthreads") == 0:
+        raise GradeError(f"{ex}: no __syncthreads() in the source: cp_async_wait covers only "
+                         "this thread's copies, so the block must sync before reading a stage "
+                         "other threads filled, and before refilling one others still read")
+    kern = _compile(ex, src, "hgemm_pipe")
+    rng, seed = fresh_rng()
+    for M, N, K in _SHAPES_4:
+        for rep in range(2):
+            A, B, ref, absprod = _mats(rng, M, N, K)
+            C, buf = _guarded((M, N), np.float16)
+            case = f"M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
+            dA, dB = cupy.asarray(A), cupy.asarray(B)
+            _call(ex, case, lambda: _launch_4(kern, dA, dB, C, M, N, K))
+            _diagnose(ex, case, C, ref, absprod, K, "float16", buf, tile=(128, 128),
+                      hint_sync=_HINT_4)
+    racecheck(ex, with_mma_header(src), "hgemm_pipe", "cudabook.graders.ch08:_race_ex08_4",
+              hint=_HINT_4)
+    ratio, mine, base = _ratio(kern, FAST_N, bench)
+    if ratio < fraction:
+        raise GradeError(f"{ex}: correct, but at {FAST_N}^3 it reaches {mine:.0f} TFLOP/s = "
+                         f"{100 * ratio:.0f}% of cuBLAS fp16 ({base:.0f}); the goal is "
+                         f"{100 * fraction:.0f}%. Are STAGES - 1 tiles in flight while one is "
+                         "computed (one barrier per k-step, the next copies issued right after "
+                         "it)?")
+    passed(ex)
+
+
+def _race_ex08_4(kern) -> None:
+    """racecheck driver: small ragged launches of ex08.4's kernel (several k-steps)."""
+    import cupy
+
+    for M, N, K in [(130, 70, 200), (64, 200, 136)]:
+        A = cupy.random.standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
+        B = cupy.random.standard_normal((N, K), dtype=cupy.float32).astype(cupy.float16)
+        C = cupy.empty((M, N), cupy.float16)
+        _launch_4(kern, A, B, C, M, N, K)
+
+
+def _ratio(kern, n: int, bench, quiet: bool = True) -> tuple[float, float, float]:
+    import cupy
+
+    a = cupy.random.standard_normal((n, n), dtype=cupy.float32).astype(cupy.float16)
+    b = cupy.random.standard_normal((n, n), dtype=cupy.float32).astype(cupy.float16)
+    c, c0 = cupy.empty((n, n), cupy.float16), cupy.empty((n, n), cupy.float16)
+    t = bench({"yours": lambda: _launch_4(kern, a, b, c, n, n, n)},
+              baseline={"cuBLAS fp16": lambda: cupy.matmul(a, b.T, out=c0)},
+              flops=2.0 * n ** 3, repeat=10, quiet=quiet)
+    return t["yours"].ratio, t["yours"].value, t["cuBLAS fp16"].value
+
+
+def pipe_ratio(src: str, n: int = FAST_N) -> float:
+    """The ratio to cuBLAS fp16 that ex08_4 measures (printed, for the notebook)."""
+    from ..bench import bench
+
+    kern = _compile("ex08.4", src, "hgemm_pipe")
+    return _ratio(kern, n, bench, quiet=False)[0]

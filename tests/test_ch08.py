@@ -1,0 +1,315 @@
+"""Chapter 8: the hgemm launch helpers (operand, architecture and parameter checks), the
+fp32-accumulation error bound, every kernel of kernels/hgemm.cu on ragged shapes (GPU), and the
+graders ex08_1..ex08_4: the reference passes, the stub fails, and wrong answers generated from the
+reference fail with the hint for their mistake."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from solution_cells import Solution
+
+import cudabook as cb
+from cudabook.graders import GradeError, ex08_1, ex08_2, ex08_3, ex08_4
+
+hg = cb.load_launch("hgemm")
+SOL = Solution("08")
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not cb.HAS_GPU, reason="needs a CUDA GPU")
+
+
+# ============================================================================ launch helpers
+
+def _mats(M, N, K, dtype=np.float16):
+    return np.zeros((M, K), dtype), np.zeros((N, K), dtype), np.zeros((M, N), dtype)
+
+
+@pytest.mark.skipif(cb.HAS_GPU, reason="host arrays are refused on a GPU (tested below)")
+def test_check_operands_errors():
+    A, B, C = _mats(100, 50, 64)
+    assert hg.check_operands(A, B, C) == (100, 50, 64, "float16")
+    cases = [((A.astype(np.float32), B, C), TypeError, "float16 or bfloat16"),
+             ((A, B[:, :32].copy(), C), ValueError, "second dimensions must match"),
+             ((A[:, :60].copy(), B[:, :60].copy(), C), ValueError, "not a multiple of 8"),
+             ((A, B, C.T), ValueError, "C-contiguous"),
+             ((A, B, C[:50].copy()), ValueError, "C must be 100x50"),
+             ((A.ravel(), B, C), ValueError, "2D"),
+             ((A, B.astype(np.float32), C), TypeError, "float16 or bfloat16"),
+             ((A, B, C.astype(np.float32)), TypeError, "float16 or bfloat16"),
+             (([1, 2], B, C), TypeError, "expected a GPU array")]
+    for args, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            hg.check_operands(*args)
+    buf = np.zeros(100 * 64 + 8, np.float16)
+    off = buf[1:1 + 100 * 64].reshape(100, 64)      # a view 2 bytes past an aligned start
+    if off.ctypes.data % 16:
+        with pytest.raises(ValueError, match="16-byte aligned"):
+            hg.check_operands(off, B)
+
+
+def test_require_names_the_minimum_cc():
+    hg.require("v1", (7, 5))
+    hg.require("v8", (9, 0), "bfloat16")
+    with pytest.raises(hg.UnsupportedError, match="compute capability 8.0"):
+        hg.require("v5", (7, 5))
+    with pytest.raises(hg.UnsupportedError, match="9.0 exactly"):
+        hg.require("v7", (8, 0))
+    with pytest.raises(hg.UnsupportedError, match="9.0 exactly"):
+        hg.require("v8", (10, 0))
+    with pytest.raises(hg.UnsupportedError, match="bf16 tensor-core instructions need compute "
+                       "capability 8.0"):
+        hg.require("v3", (7, 5), "bfloat16")
+    with pytest.raises(hg.UnsupportedError, match="no bf16 kernel"):
+        hg.require("v1", (9, 0), "bfloat16")
+    with pytest.raises(ValueError, match="unknown version"):
+        hg.require("v10", (9, 0))
+    assert issubclass(hg.UnsupportedError, cb.LaunchError)
+
+
+def test_config_and_params():
+    assert hg.config("v1", 100, 33, 8)["grid"] == (2, 4)
+    assert hg.config("v2", 100, 300, 8)["grid"] == (3, 1)
+    c = hg.config("v6", 1000, 777, 520)
+    assert c["grid"] == (8 * 4,) and c["block"] == (256,) and c["shared"] == 3 * 384 * 64 * 2
+    assert hg.config("v5", 10, 10, 8, dtype="bfloat16")["kernel"] == "hgemm_v5_bf16"
+    c = hg.config("v9", 4096, 4096, 4096, cc=(9, 0), sms=132)
+    assert c["grid"] == (132,) and c["block"] == (384,)
+    assert c["kernel"] == "hgemm_tma_t<256, 4, true, __half>"
+    c = hg.config("v9", 4096, 4096, 4096, cc=(8, 0))
+    assert c["kernel"].startswith("hgemm_mma_t<128, 256, 64, 64, 3, true, 8")
+    assert hg.config("v9", 64, 64, 64, cc=(9, 0), params=hg.DEFAULT_SM80)["block"] == (256,)
+    for cc in ((7, 5), (8, 0), (9, 0)):
+        for p in hg.candidates(cc) + hg.candidates(cc, "mma"):
+            hg.check_params(hg.v9_family(cc, p), p)
+    with pytest.raises(ValueError, match="DBUF=1"):
+        hg.check_params("mma", dict(hg.DEFAULT_SM80, STAGES=2))
+    with pytest.raises(ValueError, match="must divide"):
+        hg.check_params("mma", dict(hg.DEFAULT_SM80, WN=96))
+    with pytest.raises(ValueError, match="BN must be"):
+        hg.check_params("tma", dict(hg.DEFAULT_SM90, BN=192))
+
+
+def test_tolerance_separates_fp32_from_fp16_accumulation():
+    """The bound passes fp32 accumulation and fails fp16 accumulation at K = 4096 (emulated)."""
+    rng = np.random.default_rng(0)
+    K = 4096
+    a = rng.standard_normal((32, K)).astype(np.float16)
+    b = rng.standard_normal((32, K)).astype(np.float16)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = a64 @ b64.T
+    bound = hg.tolerance(np.abs(a64) @ np.abs(b64).T, ref, K)
+    c32 = (a.astype(np.float32) @ b.astype(np.float32).T).astype(np.float16)
+    acc = np.zeros((32, 32), np.float16)
+    for k0 in range(0, K, 16):       # a tensor core's k16 step, the running sum rounded to fp16
+        acc = (acc.astype(np.float32) + a[:, k0:k0 + 16].astype(np.float32)
+               @ b[:, k0:k0 + 16].astype(np.float32).T).astype(np.float16)
+    assert (np.abs(c32 - ref) <= bound).all()
+    assert (np.abs(acc - ref) > bound).mean() > 0.1
+
+
+def test_kernel_header_lists_every_version():
+    src = cb.kernel_source("hgemm.cu")
+    for v in hg.VERSIONS:
+        assert f"hgemm_{v} " in src.split("#include")[0], v
+
+
+# ============================================================================ kernels (GPU)
+
+SHAPES = [(1, 1, 8), (127, 129, 72), (1000, 777, 520), (4096, 24, 64), (16, 3000, 136)]
+
+
+@gpu
+@needs_gpu
+def test_every_version_ragged_fp16_and_bf16():
+    import cupy as cp
+    import torch
+
+    mod = hg.load()
+    rng = np.random.default_rng(3)
+    for v in hg.VERSIONS:
+        for dtype in ("float16", "bfloat16"):
+            try:
+                hg.require(v, cb.cc(), dtype)
+            except hg.UnsupportedError:
+                continue
+            for M, N, K in SHAPES:
+                a = rng.standard_normal((M, K)).astype(np.float32)
+                b = rng.standard_normal((N, K)).astype(np.float32)
+                if dtype == "float16":
+                    A, B = cp.asarray(a, dtype=cp.float16), cp.asarray(b, dtype=cp.float16)
+                    C = cp.full((M, N), cp.nan, cp.float16)
+                else:
+                    A = torch.tensor(a, device="cuda").bfloat16()
+                    B = torch.tensor(b, device="cuda").bfloat16()
+                    C = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+                hg.launch(mod, v, A, B, C)
+                hg.check(C, A, B, name=f"{v} {dtype} {M}x{N}x{K}")
+
+
+@gpu
+@needs_gpu
+def test_matmul_pads_k_and_takes_torch_and_numba_arrays():
+    import cupy as cp
+    import torch
+    from numba import cuda
+
+    A = cp.random.standard_normal((65, 517), dtype=cp.float32).astype(cp.float16)
+    B = cp.random.standard_normal((33, 517), dtype=cp.float32).astype(cp.float16)
+    hg.check(hg.matmul(A, B, "v2"), A, B)
+    At = torch.randn(70, 64, device="cuda").half()
+    Bt = torch.randn(90, 64, device="cuda").half()
+    hg.check(hg.matmul(At, Bt), At, Bt)
+    Cn = cuda.device_array((70, 90), dtype=np.float16)
+    hg.launch(hg.load(), "v4", cuda.as_cuda_array(At), cuda.as_cuda_array(Bt), Cn)
+    hg.check(Cn, At, Bt)
+
+
+@gpu
+@needs_gpu
+def test_bad_input_refused_before_launch():
+    import cupy as cp
+
+    mod = hg.load()
+    A = cp.zeros((64, 72), cp.float16)
+    B = cp.zeros((32, 72), cp.float16)
+    C = cp.zeros((64, 32), cp.float16)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        hg.launch(mod, "v4", cp.zeros(64 * 72 + 8, cp.float16)[1:1 + 64 * 72].reshape(64, 72),
+                  B, C)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        hg.launch(mod, "v4", A.astype(cp.float32), B, C)
+    with pytest.raises(TypeError, match="host"):
+        hg.launch(mod, "v4", cp.asnumpy(A), B, C)
+    if cb.cc() != (9, 0):
+        with pytest.raises(hg.UnsupportedError, match="9.0"):
+            hg.launch(mod, "v8", A, B, C)
+
+
+# ============================================================================ ex08_2, ex08_3 (CPU)
+
+FRAGS = ("a_frag", "b_frag", "c_frag")
+
+
+def _frags(edits=()):
+    return [SOL.get("ex08.2", f, edits=edits) for f in FRAGS]
+
+
+def test_ex08_2_reference_passes(capsys):
+    ex08_2(*_frags())
+    assert capsys.readouterr().out.strip() == "PASS ex08.2"
+
+
+def test_ex08_2_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex08_2(*[SOL.stub("ex08.2", f) for f in FRAGS])
+
+
+@pytest.mark.parametrize("edit,hint", [
+    (("g, t = lane // 4, lane % 4", "g, t = lane % 4, lane // 4", 3),
+     "group and thread swapped"),
+    (("return g + 8 * (reg % 2), 2 * t + half + 8 * (reg // 2)",
+      "return g + 8 * (reg // 2), 2 * t + half + 8 * (reg % 2)"),
+     "register 1 holds row g\\+8"),
+    (("return 2 * t + i % 2 + 8 * (i // 2), g", "return 2 * t + i % 2 + 8 * (i // 2), g % 4"),
+     "wrong for lanes 16-31 only"),
+    (("return g + 8 * (i // 2), 2 * t + i % 2", "return g + 8 * (i % 2), 2 * t + i // 2"),
+     "right elements in the wrong order"),
+])
+def test_ex08_2_wrong_answers(edit, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex08_2(*_frags(edits=[edit]))
+
+
+def test_ex08_2_names_the_lanes():
+    a, b, c = _frags()
+    wrong_upper = lambda lane, i: a(lane ^ 1, i) if lane >= 28 else a(lane, i)  # noqa: E731
+    with pytest.raises(GradeError, match="lanes 28-31 only"):
+        ex08_2(wrong_upper, b, c)
+
+
+def test_ex08_3_reference_and_an_alternative_pass(capsys):
+    ex08_3(SOL.get("ex08.3", "swizzle"))
+    ex08_3(SOL.get("ex08.3", "swizzle", edits=[("chunk ^ (row % 8)", "(chunk + row) % 8")]))
+    assert capsys.readouterr().out.split() == ["PASS", "ex08.3"] * 2
+
+
+def test_ex08_3_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex08_3(SOL.stub("ex08.3", "swizzle"))
+
+
+@pytest.mark.parametrize("new,hint", [
+    ("chunk", "8-way bank conflict for ldmatrix"),
+    ("(chunk + row) % 4", "not a bijection"),
+    ("chunk ^ (row % 4)", "2-way bank conflict"),
+    ("chunk ^ (row % 16)", "outside the row"),
+    ("(chunk ^ (row % 8)) / 1", "expected an int"),
+])
+def test_ex08_3_wrong_answers(new, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex08_3(SOL.get("ex08.3", "swizzle", edits=[("chunk ^ (row % 8)", new)]))
+
+
+def test_lesson_swizzle_is_the_kernels():
+    """The swizzle of the solution is the one hgemm.cu's tile_index and TMA's 128B mode use."""
+    src = cb.kernel_source("hgemm.cu", "tile_index")
+    assert "c ^ (r & 7)" in src
+
+
+# ============================================================================ ex08_1, ex08_4 (GPU)
+
+@gpu
+@needs_gpu
+def test_ex08_1_reference_passes(capsys):
+    ex08_1(SOL.get("ex08.1", "wmma_tile_src"))
+    assert capsys.readouterr().out.strip().endswith("PASS ex08.1")
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("edits,hint", [
+    ([], "never written"),
+    ([("typedef float acc_t;", "typedef half acc_t;")], "fp16 accumulation"),
+    ([("        wmma::mma_sync(acc, a, b, acc);\n        __syncthreads();\n",
+       "        wmma::mma_sync(acc, a, b, acc);\n")], "__syncthreads"),
+    ([("if (r < M && c < N) C[", "C[")], "store guard|past the end"),
+])
+def test_ex08_1_wrong_answers(edits, hint):
+    src = SOL.stub("ex08.1", "wmma_tile_src") if not edits else \
+        SOL.get("ex08.1", "wmma_tile_src", edits=edits)
+    with pytest.raises(GradeError, match=hint):
+        ex08_1(src)
+
+
+PIPE_LOOP_BARRIER = ("        cp_async_wait<STAGES - 2>();            // my copies of tile kt have "
+                     "landed\n        __syncthreads();")
+
+
+@gpu
+@needs_gpu
+def test_ex08_4_reference_passes(capsys):
+    if cb.cc() < (8, 0):
+        pytest.skip("cp.async needs compute capability 8.0")
+    ex08_4(SOL.get("ex08.4", "hgemm_pipe_src"))
+    assert capsys.readouterr().out.strip().endswith("PASS ex08.4")
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("edits,hint", [
+    ([], "all zeros"),
+    ([("        cp_async_wait<STAGES - 2>();", "        ")], "no cp_async_wait"),
+    ([("        __syncthreads();", "        ")], "no __syncthreads"),
+    ([("cp_async_wait<STAGES - 2>()", "cp_async_wait<STAGES - 1>()")], "cp_async_wait<STAGES - 2>"),
+    ([("        __syncthreads();                        // everyone's have", "        //"),
+      ("        mma_stage(As + (kt % STAGES) * BM * BK, Bs + (kt % STAGES) * BN * BK, acc);\n",
+       "        mma_stage(As + (kt % STAGES) * BM * BK, Bs + (kt % STAGES) * BN * BK, acc);\n"
+       "        __syncthreads();\n")], "__syncthreads"),
+])
+def test_ex08_4_wrong_answers(edits, hint):
+    if cb.cc() < (8, 0):
+        pytest.skip("cp.async needs compute capability 8.0")
+    src = SOL.stub("ex08.4", "hgemm_pipe_src") if not edits else \
+        SOL.get("ex08.4", "hgemm_pipe_src", edits=edits)
+    with pytest.raises(GradeError, match=hint):
+        ex08_4(src)

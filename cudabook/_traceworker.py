@@ -246,11 +246,9 @@ def _patch_simulator() -> None:
         if isinstance(dtype, nbtypes.Type):
             dtype = numpy_support.as_dtype(dtype)
         frame = sys._getframe(1)
-        if shape == 0:   # dynamic shared memory: one buffer for every such call
-            key, name, line = "dynamic", "dynshared", frame.f_lineno
-        else:
-            key = (frame.f_code.co_filename, frame.f_lineno)
-            name, line = _name_on_line(frame, "shared.array")
+        name, line = _name_on_line(frame, "shared.array")
+        # dynamic shared memory (shape 0) is one buffer for every such call
+        key = "dynamic" if shape == 0 else (frame.f_code.co_filename, frame.f_lineno)
         cache = self.__dict__.setdefault("_cb_arrays", {})
         with _lock:
             hit = cache.get(key)

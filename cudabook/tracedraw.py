@@ -173,7 +173,8 @@ def writers(t: Trace, name: str, by: str = "block", *, label: str | None = "auto
     cell: "thread" (global id), "local" (thread index in its block: x, or (x, y)), "block",
     "warp", "lane", None, or "auto" (the local thread when the cells are big enough). Elements
     never written are hatched; elements written by several threads have a red border.
-    ``block``/``phase`` restrict the writes (e.g. one block's shared tile in one phase)."""
+    ``block``/``phase`` restrict the writes (e.g. one block's shared tile in one phase); with
+    ``block`` given, "thread" and "warp" count within that block."""
     plt = _plt()
     a = t.array(name)
     b = _block_id(t, block)
@@ -194,20 +195,24 @@ def writers(t: Trace, name: str, by: str = "block", *, label: str | None = "auto
         _mesh(ax, _to2d(vals, a.shape, wrap), ListedColormap(["#8fd18f", "#e05a4f"]), 1, 2)
         what = "how many times each element was written (green once, red more)"
     else:
+        if b is not None and by in ("thread", "warp"):     # one block: count within it
+            by = {"thread": "local", "warp": "local_warp"}[by]
         w = t.writer(name, by, block=b, phase=phase).ravel().astype(float)
         w[w < 0] = np.nan
         ids = np.unique(w[~np.isnan(w)])
         ncat = int(ids.max()) + 1 if ids.size else 1
         cmap = _categorical(ncat)
         _mesh(ax, _to2d(w, a.shape, wrap), cmap, -0.5, ncat - 0.5)
-        what = f"each element coloured by the {by} that wrote it"
+        what = ("each element coloured by the " + {"local": "thread", "local_warp": "warp"}
+                .get(by, by) + " that wrote it")
         if cmap is plt.cm.turbo:
             sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, ncat - 1))
             ax.figure.colorbar(sm, ax=ax, fraction=0.03, pad=0.02).set_label(by, fontsize=7)
-        elif by in ("block", "warp") and ids.size <= 10:
+        elif by in ("block", "warp", "local_warp") and ids.size <= 10:
             from matplotlib.patches import Patch
 
-            handles = [Patch(color=cmap(int(i)), label=f"{by} {_nice_id(t, by, int(i))}")
+            handles = [Patch(color=cmap(int(i)), label=f"{by.replace('local_', '')} "
+                                                          f"{_nice_id(t, by, int(i))}")
                        for i in ids]
             ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0),
                       frameon=False)

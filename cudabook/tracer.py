@@ -16,9 +16,10 @@ thread had passed) and the source line. The run happens in a subprocess under
     tracemem.summary(t)                             # sectors per warp load, bank conflicts
 
 The arguments are the kernel's: NumPy arrays, CuPy / torch / Numba device arrays (copied to the
-host) and scalars. They are not modified: the values after the run are in
-``t.array("z").after``. Arrays are named by the kernel's parameters; shared arrays by the
-variable they are assigned to (``tile = cuda.shared.array(...)`` is ``"tile"``).
+host, as C-contiguous arrays: addresses are those of a row-major layout) and scalars. They are
+not modified: the values after the run are in ``t.array("z").after``. Arrays are named by the
+kernel's parameters; shared arrays by the variable they are assigned to
+(``tile = cuda.shared.array(...)`` is ``"tile"``).
 
 How the kernel gets to the subprocess: its source (``inspect.getsource``) with the decorators
 removed, re-decorated there with ``cuda.jit``; the globals and closure variables it reads are
@@ -222,7 +223,8 @@ class Trace:
     def writer(self, name: str, by: str = "thread", *, block: int | None = None,
                phase: int | None = None) -> np.ndarray:
         """Per element, who wrote it last (-1: never): ``by`` is "thread" (global id),
-        "block", "warp" (global warp id: block * warps per block + warp) or "lane"."""
+        "block", "warp" (global warp id: block * warps per block + warp), "lane", "local"
+        (thread id within its block) or "local_warp" (warp within its block)."""
         a = self.array(name)
         r = self.accesses(name, None, block=block, phase=phase)
         r = r[r["kind"] != READ]
@@ -237,6 +239,8 @@ class Trace:
                 "block": lambda: r["block"].astype(np.int64),
                 "warp": lambda: r["block"].astype(np.int64) * wpb + r["thread"] // 32,
                 "lane": lambda: r["thread"].astype(np.int64) % 32,
+                "local": lambda: r["thread"].astype(np.int64),
+                "local_warp": lambda: r["thread"].astype(np.int64) // 32,
                 "phase": lambda: r["phase"].astype(np.int64)}[by]()
 
     def findings(self, outputs: list[str] | None = None):
@@ -384,11 +388,9 @@ def _host(a):
 
     if isinstance(a, np.ndarray) or hasattr(a, "__cuda_array_interface__") or \
             hasattr(a, "copy_to_host") or type(a).__module__.startswith(("torch", "cupy")):
-        h = np.array(to_numpy(a), copy=True)
+        h = np.array(to_numpy(a), copy=True, order="C")   # flat indices are row-major
         if h.ndim == 0:
             return "value", h[()]
-        if not (h.flags.c_contiguous or h.flags.f_contiguous):
-            h = np.ascontiguousarray(h)
         return "array", h
     return "value", a
 

@@ -10,6 +10,13 @@
     f.uneven_barriers       # blocks whose threads passed different numbers of barriers
     f.message()             # the most important finding, one line (None when ok)
     f.messages()            # all of them, most important first
+    f.message(only={"races"})   # only some kinds (the attribute names above)
+
+In a grader (``GradeError`` from ``cudabook.graders._core``)::
+
+    msg = cb.trace(kernel, grid, block, *args).findings(outputs=["out"]).message()
+    if msg:
+        raise GradeError(f"{ex}: {case}: {msg}")
 
 What counts as ordered: two accesses of one thread (program order); accesses of one block in
 different barrier phases (``cuda.syncthreads()`` orders shared and global memory for the block).
@@ -21,15 +28,18 @@ the hardware may hide it for years and expose it on the next GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
 from .tracer import ATOMIC, READ, WRITE, Site, Trace
 
 __all__ = ["Findings", "Race", "MultiWrite", "Uninitialized", "UnevenBarriers", "analyse",
-           "ranges"]
+           "ranges", "KINDS"]
 
 MAX_EACH = 200      # findings kept per kind (the counts stay exact)
+KINDS = ("out_of_bounds", "races", "uninitialized", "multiple_writes", "never_written",
+         "uneven_barriers")
 
 
 @dataclass
@@ -84,27 +94,33 @@ class Findings:
                     self.multiple_writes or any(v.size for v in self.never_written.values())
                     or self.uneven_barriers)
 
-    def message(self) -> str | None:
-        """The most important finding as one line, or None."""
-        m = self.messages(limit=1)
+    def message(self, only: Iterable[str] | None = None) -> str | None:
+        """The most important finding as one line, or None (``only``: as in ``messages``)."""
+        m = self.messages(limit=1, only=only)
         return m[0] if m else None
 
-    def messages(self, limit: int | None = None) -> list[str]:
+    def messages(self, limit: int | None = None,
+                 only: Iterable[str] | None = None) -> list[str]:
         """One line per kind of finding, most important first: out of bounds, race,
-        uninitialised shared read, double write, gap, uneven barriers."""
+        uninitialised shared read, double write, gap, uneven barriers. ``only``: the kinds to
+        report, by their attribute names (``{"races", "out_of_bounds"}``)."""
+        want = set(KINDS if only is None else only)
+        if want - set(KINDS):
+            raise ValueError(f"unknown finding kinds {sorted(want - set(KINDS))}; known: "
+                             f"{KINDS}")
         t, out = self.trace, []
-        if self.out_of_bounds:
+        if self.out_of_bounds and "out_of_bounds" in want:
             out.append(_oob_msg(t, self.out_of_bounds, self.counts["out_of_bounds"]))
-        if self.races:
+        if self.races and "races" in want:
             out.append(_race_msg(t, self.races[0], self.counts["races"]))
-        if self.uninitialized:
+        if self.uninitialized and "uninitialized" in want:
             out.append(_uninit_msg(t, self.uninitialized[0], self.counts["uninitialized"]))
-        if self.multiple_writes:
+        if self.multiple_writes and "multiple_writes" in want:
             out.append(_multi_msg(t, self.multiple_writes[0], self.counts["multiple_writes"]))
         for name, idx in self.never_written.items():
-            if idx.size:
+            if idx.size and "never_written" in want:
                 out.append(_gap_msg(t, name, idx))
-        if self.uneven_barriers:
+        if self.uneven_barriers and "uneven_barriers" in want:
             u = self.uneven_barriers[0]
             lo, hi = min(u.counts), max(u.counts)
             out.append(f"block {_blk(t, u.block)}: its threads passed different numbers of "

@@ -258,6 +258,8 @@ def test_two_blocks_write_one_element(t_overlap):
     assert f.message() == ("out[32] written by threads 32 and 64 (blocks 0 and 1): two blocks "
                            "cover the same range (96 elements written more than once in all)")
     assert f.never_written["out"].tolist() == list(range(160, 200))
+    assert f.message(only={"never_written", "races"}).startswith("out[160..199] never written")
+    assert f.message(only={"races"}) is None
     assert "out[160..199] never written (40 of 200 elements)" in f.messages()[1]
 
 

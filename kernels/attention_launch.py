@@ -48,27 +48,30 @@ def dtype_name(a) -> str:
     return str(a.dtype).replace("torch.", "")
 
 
-def _check_array(a, name: str) -> None:
-    """A C-contiguous array on the GPU (torch CUDA tensor or CuPy array)."""
+def _check_array(a, name: str, device: bool = True) -> None:
+    """A C-contiguous array on the GPU (torch CUDA tensor or CuPy array); ``device=False``
+    skips the device check (the tests check shapes with CPU tensors)."""
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
         raise TypeError(f"{name}: expected a torch CUDA tensor or a CuPy array, got "
                         f"{type(a).__name__}")
     lib = _lib(a)
     on_gpu = a.is_cuda if lib == "torch" else lib == "cupy"
-    if not on_gpu:
+    if device and not on_gpu:
         raise TypeError(f"{name}: expected a GPU array (a torch tensor on 'cuda' or a CuPy "
                         f"array), got {type(a).__module__}.{type(a).__name__} on the host")
-    ok = a.is_contiguous() if lib == "torch" else bool(a.flags["C_CONTIGUOUS"])
+    ok = a.is_contiguous() if lib == "torch" else bool(getattr(a, "flags", {"C_CONTIGUOUS": 1})
+                                                          ["C_CONTIGUOUS"])
     if not ok:
         raise ValueError(f"{name}: expected a C-contiguous array (a strided view, such as a "
                          "transpose of (B, N, H, D), would be read as if it were dense); pass "
                          ".contiguous()")
 
 
-def check_qkv(q, k, v, dtypes, head_dims=HEAD_DIMS) -> tuple[int, int, int, int]:
+def check_qkv(q, k, v, dtypes, head_dims=HEAD_DIMS,
+              device: bool = True) -> tuple[int, int, int, int]:
     """(BH, Nq, Nk, D) of attention inputs, or a clear error (see the module's docstring)."""
     for name, a in (("q", q), ("k", k), ("v", v)):
-        _check_array(a, name)
+        _check_array(a, name, device)
         if len(a.shape) not in (3, 4):
             raise ValueError(f"{name}: expected (B, H, N, D) or (BH, N, D), got shape "
                              f"{tuple(a.shape)}")

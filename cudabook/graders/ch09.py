@@ -1,0 +1,502 @@
+"""Graders of Chapter 9, "Flash Attention".
+
+ex09_1  NumPy: merge two partial softmax results (max, sum, unnormalised output)        CPU
+ex09_2  CUDA C++ via CuPy: merge S partial results per row (the split-KV combine)       GPU
+ex09_3  Numba: tiled fp32 FlashAttention forward (online softmax, ragged lengths)       simulator
+ex09_4  Numba: the causal version, tiles past the diagonal skipped                      simulator
+ex09_5  Numba: the backward of one key tile, dV and dP, from the saved logsumexp        simulator
+
+Scores are S = scale * Q K^T; a partial result over a set of keys is (m, l, o) with m the max
+score, l = sum exp(s - m) and o = sum exp(s - m) v (not yet divided by l). Every grader runs
+sizes that are no multiple of a tile, scores large enough that exp(s) overflows, and compares
+with float64 references (the backward with PyTorch autograd).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from .. import env
+from ..check import to_numpy
+from ._core import (
+    GradeError,
+    call,
+    canary_ok,
+    error_summary,
+    fresh_rng,
+    guarded,
+    need_gpu,
+    passed,
+    sync,
+    to_device,
+)
+from ._core import compile_kernel as _compile
+from ._race import simulate
+
+__all__ = ["ex09_1", "ex09_2", "ex09_3", "ex09_4", "ex09_5", "attention_reference",
+           "partial_softmax", "merge_reference", "BR", "BC"]
+
+BR = 16        # ex09_3, ex09_4: queries per block (one thread each)
+BC = 16        # ex09_3, ex09_4: keys per tile
+RTOL = 1e-4    # float32 results against float64 references
+ATOL = 1e-5
+
+
+# ----------------------------------------------------------------------------- references
+def attention_reference(q, k, v, causal: bool = False, scale: float | None = None,
+                        shift: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(o, lse) of softmax(scale q k^T) v in float64, for (..., Nq, D) q and (..., Nk, D) k, v.
+
+    causal: query i sees keys j <= i + shift (shift = 0 is torch's is_causal; the graders use
+    shift = -1 and +1 to recognise a mask that is off by one). A row that sees no key gives
+    o = 0 and lse = -inf.
+    """
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    s = (q @ np.swapaxes(k, -1, -2)) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if causal:
+        i = np.arange(q.shape[-2])[:, None]
+        j = np.arange(k.shape[-2])[None, :]
+        s = np.where(j <= i + shift, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    mb = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - mb)
+    ll = e.sum(-1, keepdims=True)
+    o = np.where(ll > 0, (e @ v) / np.where(ll > 0, ll, 1.0), 0.0)
+    lse = np.where(ll[..., 0] > 0, mb[..., 0] + np.log(np.where(ll[..., 0] > 0, ll[..., 0], 1)),
+                   -np.inf)
+    return o, lse
+
+
+def partial_softmax(s: np.ndarray, v: np.ndarray):
+    """(m, l, o) of scores s (R, n) and values v (n, D) in float64; n = 0 gives (-inf, 0, 0)."""
+    s = np.asarray(s, np.float64)
+    v = np.asarray(v, np.float64)
+    R, D = s.shape[0], v.shape[-1]
+    if s.shape[1] == 0:
+        return np.full(R, -np.inf), np.zeros(R), np.zeros((R, D))
+    m = s.max(1)
+    e = np.exp(s - m[:, None])
+    return m, e.sum(1), e @ v
+
+
+def _bad(o, r, rtol=RTOL, atol=ATOL) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return ~((np.abs(o - r) <= atol + rtol * np.abs(r)) | ((o == r) & np.isinf(r)))
+
+
+# ----------------------------------------------------------------------------- ex09.1
+def merge_reference(m1, l1, o1, m2, l2, o2):
+    """The merged partial result in float64 (the exact answer for these float32 inputs)."""
+    m1, l1, o1, m2, l2, o2 = (np.asarray(x, np.float64) for x in (m1, l1, o1, m2, l2, o2))
+    m = np.maximum(m1, m2)
+    base = np.where(np.isneginf(m), 0.0, m)
+    a1, a2 = np.exp(m1 - base), np.exp(m2 - base)
+    return m, a1 * l1 + a2 * l2, a1[:, None] * o1 + a2[:, None] * o2
+
+
+def _merge_cases(rng):
+    """(what, partial 1, partial 2, merged reference): each partial from real scores."""
+    cases = []
+    R, D = 7, 5
+    for what, lo, hi, n1, n2 in [("large scores (near 1000: exp overflows)", 900, 1100, 4, 7),
+                                 ("normal scores", -3, 3, 6, 9),
+                                 ("maxima far apart (one side 40 larger)", 0, 40, 5, 5)]:
+        s1 = rng.uniform(lo, hi, (R, n1))
+        s2 = rng.uniform(lo, hi, (R, n2)) + (40 if "apart" in what else 0)
+        v1, v2 = rng.standard_normal((n1, D)), rng.standard_normal((n2, D))
+        cases.append((what, partial_softmax(s1, v1), partial_softmax(s2, v2)))
+    s1 = rng.uniform(-3, 3, (R, 4))
+    p1 = partial_softmax(s1, rng.standard_normal((4, D)))
+    empty = partial_softmax(np.zeros((R, 0)), np.zeros((0, D)))
+    cases.append(("second partial empty (m = -inf, l = 0: all its keys masked)", p1, empty))
+    cases.append(("both partials empty", empty, empty))
+    out = []
+    for what, a, b in cases:
+        a, b = (tuple(x.astype(np.float32) for x in p) for p in (a, b))
+        out.append((what, a, b, merge_reference(*a, *b)))
+    return out
+
+
+def ex09_1(merge: Callable) -> None:
+    """``merge(m1, l1, o1, m2, l2, o2)`` returns ``(m, l, o)``, the partial result over the keys
+    of both: float32 arrays, m and l of shape (R,), o of shape (R, D)."""
+    ex = "ex09.1"
+    rng, seed = fresh_rng()
+    for what, a, b, ref in _merge_cases(rng):
+        case = f"{what} (seed {seed})"
+        got: list = []
+        with np.errstate(all="ignore"):
+            call(ex, case, lambda: got.append(merge(*a, *b)))
+        res = got[0]
+        if not isinstance(res, tuple) or len(res) != 3:
+            raise GradeError(f"{ex}: {case}: return the tuple (m, l, o), got "
+                             f"{type(res).__name__}")
+        m, ll, o = (np.asarray(to_numpy(x), np.float64) for x in res)
+        for name, x, r in (("m", m, ref[0]), ("l", ll, ref[1]), ("o", o, ref[2])):
+            if x.shape != r.shape:
+                raise GradeError(f"{ex}: {case}: {name} has shape {x.shape}, expected {r.shape}")
+        bad_m = _bad(m, ref[0])
+        if bad_m.any():
+            raise GradeError(f"{ex}: {case}: m is wrong ({error_summary(m, ref[0], bad_m)}): the "
+                             "merged maximum is max(m1, m2)")
+        bad_l, bad_o = _bad(ll, ref[1], 1e-5), _bad(o, ref[2], 1e-5)
+        if not (bad_l.any() or bad_o.any()):
+            continue
+        if "empty" in what and (np.isnan(ll).any() or np.isnan(o).any()):
+            hint = ("an empty partial has m = -inf, and exp(m1 - m) with m1 = m = -inf is "
+                    "exp(nan): when the merged max is -inf, rescale against 0 instead (its l "
+                    "and o are 0 anyway)")
+        elif not (np.isfinite(ll).all() and np.isfinite(o).all()):
+            hint = ("inf or NaN: exp of a large score overflows (float32 exp(89) is inf). Never "
+                    "exponentiate a maximum itself: scale each side by exp(m_i - m) <= 1, with "
+                    "m = max(m1, m2)")
+        elif np.allclose(ll, a[1] + b[1], rtol=1e-5):
+            hint = ("l1 + l2 adds sums taken against different maxima: rescale each side by "
+                    "exp(m_i - m) with m = max(m1, m2) first (the running-max rescale)")
+        elif bad_l.any():
+            hint = "l = exp(m1 - m) l1 + exp(m2 - m) l2 with m = max(m1, m2)"
+        else:
+            hint = ("o must be rescaled exactly as l: o = exp(m1 - m) o1 + exp(m2 - m) o2 (one "
+                    "factor per row, the same for every column)")
+        which, x, r, bad = ("l", ll, ref[1], bad_l) if bad_l.any() else ("o", o, ref[2], bad_o)
+        raise GradeError(f"{ex}: {case}: {which} is wrong ({error_summary(x, r, bad)}): {hint}")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex09.2
+def _splits(rng, R, S, D, what):
+    """S partial results per row (m, l: (S, R); o: (S, R, D), float32) from real scores, and
+    the merged (out, lse) computed in float64 from those float32 partials."""
+    n = rng.integers(0, 6, (S, R))                    # keys per split and row
+    if "empty" not in what:
+        n = np.maximum(n, 1)
+    else:
+        n[:, 0] = 0                                   # row 0: every split empty
+    shift = 1000.0 if "large" in what else 0.0
+    m = np.full((S, R), -np.inf)
+    ll = np.zeros((S, R))
+    o = np.zeros((S, R, D))
+    for s_ in range(S):
+        for r in range(R):
+            sc = rng.uniform(-4, 4, (1, n[s_, r])) + shift + 30 * s_ * ("apart" in what)
+            vv = rng.standard_normal((n[s_, r], D))
+            m[s_, r], ll[s_, r], o[s_, r] = (x[0] for x in partial_softmax(sc, vv))
+    m, ll, o = (x.astype(np.float32) for x in (m, ll, o))
+    M = m.astype(np.float64).max(0)
+    base = np.where(np.isneginf(M), 0.0, M)
+    a = np.exp(m - base)                              # (S, R)
+    L = (a * ll).sum(0)
+    out = np.where(L[:, None] > 0, (a[..., None] * o).sum(0) / np.where(L > 0, L, 1)[:, None],
+                   0.0)
+    lse = np.where(L > 0, base + np.log(np.where(L > 0, L, 1)), -np.inf)
+    return (m, ll, o), out, lse
+
+
+def ex09_2(src: str) -> None:
+    """``src`` defines ``merge_splits(const float* m, const float* l, const float* o, float* out,
+    float* lse, int R, int S, int D)``: for each of R rows, S partial results (m, l: (S, R);
+    o: (S, R, D), unnormalised) are merged into out (R, D) = the normalised attention output and
+    lse (R) = M + log(L). Launched with one block of 128 threads per row; a row whose splits are
+    all empty gives out = 0, lse = -inf."""
+    ex = "ex09.2"
+    need_gpu(ex)
+    import cupy
+
+    k = _compile(ex, src, "merge_splits")
+    rng, seed = fresh_rng()
+    cases = [(1, 1, 1, "normal"), (5, 2, 64, "normal"), (33, 3, 100, "maxima far apart"),
+             (7, 7, 129, "large scores (near 1000)"), (9, 4, 128, "empty splits"),
+             (300, 5, 257, "normal")]
+    for R, S, D, what in cases:
+        for rep in range(2):
+            (m, ll, o), ref_out, ref_lse = _splits(rng, R, S, D, what)
+            out, buf = guarded((R, D))
+            lse, lbuf = guarded((R,))
+            case = f"R={R}, S={S}, D={D}, {what} (seed {seed}, call {rep + 1})"
+            call(ex, case, lambda: k((R,), (128,), (cupy.asarray(m), cupy.asarray(ll),
+                                                    cupy.asarray(o), out, lse, np.int32(R),
+                                                    np.int32(S), np.int32(D))))
+            if not canary_ok(buf, R * D) or not canary_ok(lbuf, R):
+                raise GradeError(f"{ex}: {case}: wrote past the end of out or lse: loop over "
+                                 "the columns while c < D, and write lse once per row")
+            got, gl = to_numpy(out).astype(np.float64), to_numpy(lse).astype(np.float64)
+            bad, badl = _bad(got, ref_out), _bad(gl, ref_lse)
+            if not (bad.any() or badl.any()):
+                continue
+            if np.isnan(got).all():
+                hint = "out never written: is the kernel body still the stub?"
+            elif "empty" in what and (np.isnan(got[0]).any() or np.isnan(gl[0])):
+                hint = ("row 0 has only empty splits (m = -inf, l = 0): exp(-inf - (-inf)) is "
+                        "NaN; rescale against 0 when the max is -inf and write out = 0, "
+                        "lse = -inf")
+            elif not np.isfinite(got[~np.isnan(ref_out)]).all():
+                hint = ("inf or NaN: subtract the maximum over the splits before exp (exp(1000) "
+                        "overflows), and divide by L = sum exp(m_s - M) l_s")
+            elif np.isnan(got).any():
+                hint = "some columns never written: loop c = threadIdx.x, + blockDim.x, ... < D"
+            elif badl.any() and not bad.any():
+                hint = "lse = M + log(L), M the largest split max, L = sum exp(m_s - M) l_s"
+            else:
+                hint = ("each split's o and l were summed against its own max m_s: weight both "
+                        "by exp(m_s - M) (the same factor), then out = O / L")
+            which, x, r, b = ("out", got, ref_out, bad) if bad.any() else ("lse", gl, ref_lse,
+                                                                            badl)
+            raise GradeError(f"{ex}: {case}: {which} is wrong ({error_summary(x, r, b)}): {hint}")
+    sync()
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex09.3, ex09.4
+def _views(x: np.ndarray, pad: int):
+    """x (BH, N, D) on the device as a view of a (BH, N + pad, D) buffer whose extra rows are
+    NaN: a kernel that reads past the end of a sequence reads NaN there (on a GPU, where device
+    arrays are not bounds-checked; the simulator raises IndexError instead)."""
+    BH, N, D = x.shape
+    full = np.full((BH, N + pad, D), np.nan, np.float32)
+    full[:, :N] = x
+    if env.SIM:
+        return np.ascontiguousarray(x)
+    from numba import cuda
+
+    return cuda.to_device(full)[:, :N]
+
+
+def _to_dev(x):
+    if env.SIM:
+        return x
+    from numba import cuda
+
+    return cuda.to_device(x)
+
+
+def _fwd_cases(rng, causal: bool):
+    cases = []
+    for BH, Nq, Nk, D in [(1, 1, 1, 8), (2, 17, 17, 16), (1, 40, 33, 32), (2, 5, 50, 16),
+                          (1, 33, 16, 64)]:
+        if causal and Nk < Nq:
+            Nk = Nq + 3
+        q = rng.standard_normal((BH, Nq, D)) * 1.5
+        cases.append((f"BH={BH}, Nq={Nq}, Nk={Nk}, D={D}", q, rng.standard_normal((BH, Nk, D)),
+                      rng.standard_normal((BH, Nk, D))))
+    D = 16                  # scores near 256 (exp overflows past 88 in float32): q_0 = k_0 = 32
+    q, k = rng.standard_normal((1, 20, D)), rng.standard_normal((1, 37, D))
+    q[..., 0] = k[..., 0] = 32.0                      # exact, so float32 keeps the rest accurate
+    cases.append(("large scores (near 256)", q, k, rng.standard_normal((1, 37, D))))
+    return [(w, *(x.astype(np.float32) for x in (q, k, v))) for w, q, k, v in cases]
+
+
+def _grade_fwd(ex: str, kernel, causal: bool) -> None:
+    rng, seed = fresh_rng()
+    cases = _fwd_cases(rng, causal)
+    if causal:                                        # keys no query can see: poisoned
+        D = 16
+        q = rng.standard_normal((1, 20, D)).astype(np.float32)
+        k = rng.standard_normal((1, 100, D)).astype(np.float32)
+        v = rng.standard_normal((1, 100, D)).astype(np.float32)
+        cases.append(("Nq=20 < Nk=100: keys from 32 on (tiles past every block's diagonal) are "
+                      "NaN", q, k, v))
+    for rep in range(2):
+        for what, q, k, v in cases:
+            BH, Nq, D = q.shape
+            Nk = k.shape[1]
+            scale = np.float32(1 / math.sqrt(D))
+            case = f"{what} (seed {seed}, call {rep + 1})"
+            o, buf = guarded((BH, Nq, D))
+            lse, lbuf = guarded((BH, Nq))
+            kk, vv = _views(k, 7), _views(v, 7)
+            poisoned = "NaN" in what
+            if poisoned:
+                kk, vv = k.copy(), v.copy()
+                kk[:, 32:] = np.nan
+                vv[:, 32:] = np.nan
+                kk, vv = _to_dev(kk), _to_dev(vv)
+
+            def run():
+                try:
+                    kernel[(-(-Nq // BR), BH), BR](_to_dev(q), kk, vv, o, lse, scale)
+                except OverflowError:      # the simulator's math.exp raises where a GPU gives inf
+                    raise GradeError(f"{ex}: {case}: exp overflowed: subtract the running max "
+                                     "before exp (s - m <= 0), and rescale acc and l by "
+                                     "exp(m_old - m_new) when the max grows") from None
+                except ValueError as e:    # the simulator's math.log(0); a GPU gives -inf
+                    if "domain" not in str(e):
+                        raise
+                    raise GradeError(f"{ex}: {case}: log(l) with l = 0: a query saw no key at "
+                                     "all" + (" (is the diagonal masked? a query sees itself, "
+                                              "j <= i)" if causal else "")) from None
+                except IndexError as e:
+                    raise GradeError(f"{ex}: {case}: read past the end of a sequence ({e}): "
+                                     f"Nk = {Nk} is no multiple of the tile; load a key only "
+                                     "when j0 + jj < Nk (zeros otherwise) and mask its score to "
+                                     "-inf") from None
+            call(ex, case, run)
+            if not (canary_ok(buf, BH * Nq * D) and canary_ok(lbuf, BH * Nq)):
+                raise GradeError(f"{ex}: {case}: wrote past the end of o or lse: write only "
+                                 "when the query row < Nq")
+            got, gl = to_numpy(o).astype(np.float64), to_numpy(lse).astype(np.float64)
+            ref, rl = attention_reference(q, k, v, causal)
+            # scores near 256 carry float32 rounding of 256 * 2^-24 per term: looser there
+            rt, at = (1e-3, 2e-4) if "large" in what else (2e-4, 2e-5)
+            bad_o = _bad(got, ref, rt, at)
+            if not (bad_o.any() or _bad(gl, rl, 2e-5, 2e-5).any()):
+                continue
+            raise GradeError(f"{ex}: {case}: {_fwd_hint(got, gl, ref, q, k, v, causal, what)} "
+                             f"({error_summary(got, ref, bad_o)})" if bad_o.any() else
+                             f"{ex}: {case}: lse is wrong ({error_summary(gl, rl, _bad(gl, rl))}): "
+                             "lse = m + log(l), natural log, of the scaled scores")
+
+
+def _no_rescale(q, k, v, causal: bool):
+    """The output of the online softmax with BC-key tiles whose old sums are never rescaled."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    Nq, D = q.shape[1:]
+    Nk = k.shape[1]
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(D)
+    if causal:
+        s = np.where(np.arange(Nk)[None] <= np.arange(Nq)[:, None], s, -np.inf)
+    out = np.zeros(q.shape)
+    m = np.full(q.shape[:-1], -np.inf)
+    ll = np.zeros(q.shape[:-1])
+    with np.errstate(all="ignore"):
+        for j0 in range(0, Nk, BC):
+            t = s[..., j0:j0 + BC]
+            m = np.maximum(m, t.max(-1))
+            p = np.exp(t - np.where(np.isfinite(m), m, 0)[..., None])
+            ll += p.sum(-1)
+            out += p @ v[:, j0:j0 + BC]
+        return out / ll[..., None]
+
+
+def _fwd_hint(got, gl, ref, q, k, v, causal, what) -> str:
+    if "large" in what and not np.isfinite(got).all():
+        return ("inf or NaN with large scores: exp(s) overflows. Subtract the running max "
+                "(s - m <= 0) and rescale acc and l by exp(m_old - m_new) when it grows")
+    if "NaN" in what and np.isnan(got).any():
+        return ("NaN where keys no query can see were poisoned: the kernel still loads the K/V "
+                "tiles past the diagonal. A causal block of queries [q0, q0 + BR) needs keys "
+                "< min(Nk, q0 + BR) only: stop the tile loop there (those tiles are skipped, not "
+                "loaded and masked)")
+    if np.isnan(got).all():
+        return "output never written: is the kernel body still the stub?"
+    if causal:
+        for shift, msg in ((-1, "the diagonal is masked (j < i): a query sees itself, j <= i"),
+                           (1, "the mask lets query i see key i + 1: j <= i, not j <= i + 1")):
+            r, rl = attention_reference(q, k, v, True, shift=shift)
+            # rows that see a key under that mask, and (shift = 1) whose extra key lies in a
+            # tile the block loads: most of them match when the mask is off by one
+            same = np.isclose(got, r, rtol=2e-4, atol=2e-5).all(-1) & np.isfinite(rl)
+            if same.sum() >= 0.7 * np.isfinite(rl).sum() > 0:
+                return f"mask off by one on the diagonal: {msg}"
+        r, _ = attention_reference(q, k, v, False)
+        if np.allclose(got, r, rtol=2e-4, atol=2e-5):
+            return "this is the non-causal result: mask the scores of keys j > i to -inf"
+    if np.isnan(got).any():
+        rows = np.unique(np.nonzero(np.isnan(got))[1])
+        return (f"NaN in rows {rows[:5].tolist()}: read past the end of a sequence (the keys "
+                "after Nk are NaN here), a row never written, or exp(-inf - (-inf)) while every "
+                "key seen so far is masked")
+    if np.allclose(got, _no_rescale(q, k, v, causal), rtol=2e-4, atol=2e-5):
+        return ("right for one tile, wrong across tiles: when the max grows, acc and l "
+                "(summed against the old max) must be rescaled by exp(m_old - m_new)")
+    return ("wrong values: per tile, m_new = max(m, tile max), acc and l times exp(m - m_new), "
+            "then p = exp(s - m_new) added to l and p * v to acc; o = acc / l. Values that "
+            "change from run to run point at a missing cuda.syncthreads() around the tile load")
+
+
+_FWD_SYNC = ("a cuda.syncthreads() after loading the K/V tile (before anyone reads it) and one "
+             "before the next tile overwrites it")
+
+
+def ex09_3(flash_fwd) -> None:
+    """``flash_fwd(q, k, v, o, lse, scale)`` is a @cuda.jit kernel, launched
+    [(ceil(Nq / BR), BH), BR] with BR = 16 threads, one query each: q, o (BH, Nq, D), k, v
+    (BH, Nk, D), lse (BH, Nq), float32, D <= 64. K and V go through shared memory in tiles of
+    BC = 16 keys; the online softmax keeps (m, l, acc) per query. Not causal."""
+    ex = "ex09.3"
+    _grade_fwd(ex, flash_fwd, causal=False)
+    simulate(ex, "ex09_3", [("flash_fwd", flash_fwd)], hint=_FWD_SYNC)
+    passed(ex)
+
+
+def ex09_4(flash_fwd_causal) -> None:
+    """``flash_fwd_causal`` is ex09_3's kernel with a causal mask (query i sees keys j <= i) that
+    loads only the K/V tiles its block of queries can see (the rest are skipped)."""
+    ex = "ex09.4"
+    _grade_fwd(ex, flash_fwd_causal, causal=True)
+    simulate(ex, "ex09_4", [("flash_fwd_causal", flash_fwd_causal)], hint=_FWD_SYNC)
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex09.5
+def _bwd_reference(q, K, V, do, j0: int, n: int):
+    """dV of keys j0..j0+n and dP[:, j0:j0+n] of full attention, by torch autograd (float64)."""
+    import torch
+
+    Q, Kt, Vt = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, K, V))
+    S = Q @ Kt.T / math.sqrt(q.shape[1])
+    P = torch.softmax(S, -1)
+    P.retain_grad()
+    O = P @ Vt
+    O.backward(torch.tensor(do, dtype=torch.float64))
+    lse = torch.logsumexp(S, -1).detach().numpy()
+    return Vt.grad.numpy()[j0:j0 + n], P.grad.numpy()[:, j0:j0 + n], lse
+
+
+def ex09_5(bwd_tile) -> None:
+    """``bwd_tile(q, k, v, do, lse, dv, dp, scale)`` is a @cuda.jit kernel launched [1, 16], one
+    thread per key of a tile of at most 16 keys: q, do (N, D); k, v (n, D) the tile; lse (N,)
+    the logsumexp of each query's scores over ALL keys (saved by the forward); outputs dv (n, D)
+    = P^T dO restricted to the tile and dp (N, n) = dO V^T, P = exp(scale q k^T - lse)."""
+    ex = "ex09.5"
+    rng, seed = fresh_rng()
+    for rep in range(2):
+        for N, D, Nk, j0, n in [(1, 4, 10, 0, 10), (9, 16, 40, 16, 16), (23, 8, 40, 32, 8),
+                                (40, 16, 33, 16, 16)]:
+            q = (rng.standard_normal((N, D)) * 1.5).astype(np.float32)
+            K = (rng.standard_normal((Nk, D)) * 1.5).astype(np.float32)
+            V = rng.standard_normal((Nk, D)).astype(np.float32)
+            do = rng.standard_normal((N, D)).astype(np.float32)
+            dv_ref, dp_ref, lse = _bwd_reference(q, K, V, do, j0, n)
+            case = (f"N={N}, D={D}, tile keys {j0}..{j0 + n - 1} of {Nk} (seed {seed}, call "
+                    f"{rep + 1})")
+            dv, buf = guarded((n, D))
+            dp, pbuf = guarded((N, n))
+            k, v = K[j0:j0 + n].copy(), V[j0:j0 + n].copy()
+            call(ex, case, lambda: bwd_tile[1, 16](to_device(q), to_device(k), to_device(v),
+                                                   to_device(do),
+                                                   to_device(lse.astype(np.float32)), dv, dp,
+                                                   np.float32(1 / math.sqrt(D))))
+            if not (canary_ok(buf, n * D) and canary_ok(pbuf, N * n)):
+                raise GradeError(f"{ex}: {case}: wrote past the end of dv or dp: the tile has "
+                                 f"{n} keys and 16 threads run; guard with j < k.shape[0]")
+            got_dv, got_dp = (to_numpy(x).astype(np.float64) for x in (dv, dp))
+            bad_p = _bad(got_dp, dp_ref, 1e-4, 1e-5)
+            if bad_p.any():
+                hint = ("dp never written" if np.isnan(got_dp).all() else
+                        "dP = dO V^T: dp[i, j] = sum_c do[i, c] v[j, c] (no P and no scale in it)")
+                raise GradeError(f"{ex}: {case}: dp is wrong "
+                                 f"({error_summary(got_dp, dp_ref, bad_p)}): {hint}")
+            bad_v = _bad(got_dv, dv_ref, 2e-4, 1e-5)
+            if not bad_v.any():
+                continue
+            s = q.astype(np.float64) @ k.T.astype(np.float64) / math.sqrt(D)
+            no_lse = np.exp(s).T @ do
+            local = np.exp(s - s.max(1, keepdims=True))
+            local = (local / local.sum(1, keepdims=True)).T @ do
+            if np.isnan(got_dv).all():
+                hint = "dv never written: is the kernel body still the stub?"
+            elif np.allclose(got_dv, no_lse, rtol=1e-3, atol=1e-4):
+                hint = ("P = exp(s) ignores the logsumexp: the forward saved lse so that "
+                        "P = exp(scale q.k - lse[i]) is the normalised softmax")
+            elif np.allclose(got_dv, local, rtol=1e-3, atol=1e-4) and n < Nk:
+                hint = ("a softmax over the tile's keys only: the other tiles' keys share the "
+                        "normalisation, which is what the saved lse carries: P = exp(s - lse[i])")
+            else:
+                hint = ("dv[j] = sum_i P[i, j] do[i] with P[i, j] = exp(scale q_i . k_j - lse[i]) "
+                        "(scale before subtracting lse)")
+            raise GradeError(f"{ex}: {case}: dv is wrong ({error_summary(got_dv, dv_ref, bad_v)})"
+                             f": {hint}")
+    passed(ex)

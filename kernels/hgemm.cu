@@ -23,6 +23,7 @@
 //             width, stages, persistent grid) or hgemm_mma_t (elsewhere), picked by
 //             hgemm.autotune on the reader's GPU
 //   _bf16: the same kernel for bf16 inputs and output (v3-v8; sm_80+).
+//   mma_layout_probe  not a step: writes out which elements each lane holds in mma.m16n8k16
 //
 // Launches (kernels/hgemm.py, config()): v1 grid (ceil(N/32), ceil(M/32)) x 128 threads;
 // v2 grid (ceil(N/128), ceil(M/128)) x 256; v3-v9 a 1D grid of tiles (v9 persistent: one block
@@ -386,6 +387,54 @@ template <int BM, int BN, int WM, int WN, int STAGES, bool DBUF, int GROUP, type
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 hgemm_mma_t(const T* A, const T* B, T* C, int M, int N, int K) {
     gemm_mma<BM, BN, WM, WN, STAGES, true, DBUF, GROUP, T>(A, B, C, M, N, K);
+}
+
+// ============================================================================ layout probe
+
+// Not a ladder step: which elements of A (16x16), B (16x8) and C (16x8) each lane holds in
+// mma.m16n8k16, measured. A(m, k) = 16 m + k and B(k, n) = 8 k + n (exact in fp16) are loaded
+// with ldmatrix exactly as hgemm_v3 does and each lane writes its registers out; then two mma of
+// 0/1 matrices give each C value its row (A = row number in column 0, B = ones in row 0) and its
+// column (A = ones, B = column number).
+// launch: grid 1, block 32. a_out[32][8], b_out[32][4]: element numbers; c_out[32][8]: rows, cols
+extern "C" __global__ void __launch_bounds__(32)
+mma_layout_probe(float* a_out, float* b_out, float* c_out) {
+    __shared__ __align__(16) __half As[16 * 16];   // A, row-major (m, k)
+    __shared__ __align__(16) __half Bs[8 * 16];    // B stored (n, k), as hgemm.cu keeps B
+    const int lane = threadIdx.x;
+    unsigned a[4], b[2];
+    for (int pass = 0; pass < 3; pass++) {
+        for (int e = lane; e < 256; e += 32) {
+            const int m = e / 16, k = e % 16;
+            const float v = pass == 0 ? e : (k == 0 ? (pass == 1 ? m : 1) : 0);
+            As[e] = __float2half(v);
+        }
+        for (int e = lane; e < 128; e += 32) {
+            const int n = e / 16, k = e % 16;
+            const float v = pass == 0 ? 8 * k + n : (k == 0 ? (pass == 1 ? 1 : n) : 0);
+            Bs[e] = __float2half(v);
+        }
+        __syncwarp();
+        ldmatrix_x4(a, smem_u32(As + (lane & 15) * 16 + 8 * (lane >> 4)));
+        ldmatrix_x2(b, smem_u32(Bs + (lane & 7) * 16 + 8 * ((lane >> 3) & 1)));
+        __syncwarp();
+        if (pass == 0) {
+            for (int r = 0; r < 4; r++) {
+                const __half2 h = *reinterpret_cast<const __half2*>(&a[r]);
+                a_out[lane * 8 + 2 * r] = __low2float(h);
+                a_out[lane * 8 + 2 * r + 1] = __high2float(h);
+            }
+            for (int r = 0; r < 2; r++) {
+                const __half2 h = *reinterpret_cast<const __half2*>(&b[r]);
+                b_out[lane * 4 + 2 * r] = __low2float(h);
+                b_out[lane * 4 + 2 * r + 1] = __high2float(h);
+            }
+        } else {
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_m16n8k16_f16(c, a, b);
+            for (int i = 0; i < 4; i++) c_out[lane * 8 + 4 * (pass - 1) + i] = c[i];
+        }
+    }
 }
 
 // ============================================================================ v7-v9: Hopper

@@ -3,10 +3,12 @@
 then timed against cuBLAS fp16 at 1024..8192, v9's autotuning sweep, bf16, SASS instruction
 counts (HGMMA / HMMA / LDSM), and, with --ncu, the Nsight Compute counters of each version.
 
-    python tools/dev/ch08_bench.py [--quick] [--ncu] [--out DIR]
+    python tools/dev/ch08_bench.py [--quick] [--ncu]
+    python tools/dev/ch08_bench.py --ncu-only [v1 v2 ...]
 
 Shows: which versions are correct, their TFLOP/s and ratio to cuBLAS fp16 per size (table last);
-writes bench.json, bench.log, sass.txt, debug.npz (and ncu.csv) under DIR ($OUT by default).
+writes bench.json, sass.txt, debug.npz under $OUT; --ncu (or --ncu-only [v1 v2 ...]) writes the
+Nsight Compute counters the lesson prints to reports/ch08_ncu.csv.
 Hopper kernels are first checked in a child process with a time limit, so a deadlocked pipeline
 cannot stall the run.
 """
@@ -174,33 +176,61 @@ def bench_bf16(versions, n=4096, repeat=10):
     return {r.name: dict(tflops=r.value, ratio=r.ratio) for r in t.rows}
 
 
-def ncu(versions, n=4096):
-    """Nsight Compute raw counters of one launch of each version at n (CSV under OUT)."""
-    sections = ["SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis_Tables",
-                "WarpStateStats", "Occupancy", "LaunchStats"]
-    cmd = ["ncu", "--csv", "--page", "raw", "-k", "regex:hgemm", "--launch-skip", "0"]
-    for s in sections:
-        cmd += ["--section", s]
-    cmd += [sys.executable, __file__, "--ncu-child", str(n), *versions]
-    t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=400)
-    (OUT / "ncu.csv").write_text(r.stdout)
-    log(f"ncu: rc={r.returncode} in {time.time() - t0:.0f} s, {len(r.stdout)} bytes; "
-        f"stderr tail: {r.stderr[-300:]}")
+NCU_METRICS = {
+    "tensor_hmma_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "tensor_gmma_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+}
+NCU_TARGET = """
+import cupy as cp
+import cudabook as cb
+hg = cb.load_launch("hgemm")
+mod = hg.load()
+n = {n}
+a = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+b = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+c = cp.empty((n, n), cp.float16)
+for v in {versions!r}:
+    hg.launch(mod, v, a, b, c)
+cp.cuda.Device().synchronize()
+"""
 
 
-def ncu_child(n, versions):
-    import cupy as cp
+def ncu(versions, n=4096, path=ROOT / "reports" / "ch08_ncu.csv"):
+    """Nsight Compute counters of one launch of each version at n^3 (cb.ncu.profile), written as
+    a small CSV the lesson prints: tensor-pipe activity, issue slots, occupancy, bank conflicts,
+    the top warp stalls."""
+    import csv
+    import datetime
 
     import cudabook as cb
-    hg = cb.load_launch("hgemm")
-    mod = hg.load()
-    a = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
-    b = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
-    c = cp.empty((n, n), cp.float16)
-    for v in versions:
-        hg.launch(mod, v, a, b, c)
-    cp.cuda.Device().synchronize()
+
+    metrics = {**cb.ncu.METRICS, **NCU_METRICS}
+    rep = cb.ncu.profile(NCU_TARGET.format(n=n, versions=list(versions)), "regex:hgemm",
+                         launch_count=len(versions), metrics=metrics, timeout=400)
+    log(f"ncu: {len(rep)} launches in {rep.seconds:.0f} s; dropped metrics {rep.dropped}; "
+        f"{rep.message}")
+    if not rep:
+        return
+    rows = []
+    for v, k in zip(versions, rep.kernels):
+        g = k.values.get
+        rows.append({"version": v, "kernel": k.name[:40], "time_us": k.time_us,
+                     "tensor_hmma_pct": g("tensor_hmma_pct"),
+                     "tensor_gmma_pct": g("tensor_gmma_pct"), "issue_pct": g("issue_pct"),
+                     "occupancy_pct": g("occ_pct"), "regs": g("regs"),
+                     "smem_kib": None if k.smem_bytes is None else k.smem_bytes / 1024,
+                     "bank_conflicts_ld": g("bank_ld"), "bank_conflicts_st": g("bank_st"),
+                     "dram_pct": g("dram_pct"), "l2_hit_pct": g("l2_hit_pct"),
+                     "top_stalls": "; ".join(f"{s} {p:.0f}%" for s, p in k.top_stalls(3))})
+    with open(path, "w", newline="") as f:
+        f.write(f"# Nsight Compute, one launch of each hgemm version at n = {n} (fp16), "
+                f"{cb.env.info().name}, {datetime.date.today().isoformat()}; made by "
+                "tools/dev/ch08_bench.py --ncu (cudabook.ncu.profile, clocks not locked)\n")
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()})
+    log(open(path).read())
 
 
 def main():
@@ -208,8 +238,8 @@ def main():
     if args and args[0] == "--child":
         child_check(args[1:])
         return
-    if args and args[0] == "--ncu-child":
-        ncu_child(int(args[1]), args[2:])
+    if args and args[0] == "--ncu-only":
+        ncu(list(args[1:]) or ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9"])
         return
     OUT.mkdir(parents=True, exist_ok=True)
     quick = "--quick" in args

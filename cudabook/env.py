@@ -160,6 +160,22 @@ def cc() -> tuple[int, int]:
     return info().cc
 
 
+def _no_nvidia_gpu() -> bool:
+    """True when the machine has no NVIDIA driver or the driver sees no GPU (as opposed to a GPU
+    that CuPy cannot use, whose reason report() prints as it is)."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    n = ctypes.c_int(0)
+    try:
+        return lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(n)) != 0 or n.value == 0
+    except AttributeError:
+        return True
+
+
 def report() -> DeviceInfo:
     """Print what the book will run on, and the fix for any environment problem found."""
     d = info()
@@ -167,6 +183,15 @@ def report() -> DeviceInfo:
         print(f"GPU      : {d.name} ({d.arch}, {d.sms} SMs, {d.mem_gb:.0f} GiB, "
               f"L2 {d.l2_mb:.0f} MiB)")
         print(f"CUDA     : driver {d.driver}, runtime {d.runtime}")
+    elif not _forced_sim and _no_nvidia_gpu():
+        print("mode     : SIMULATOR - no NVIDIA GPU found: simulator mode.")
+        print("           Numba kernels run on the CPU under the CUDA simulator, with small "
+              "problem sizes;")
+        print("           cells marked %%gpu (CuPy/CUDA C++, timings) are skipped with a message.")
+        print("           For a GPU: on Colab, Runtime > Change runtime type > T4 GPU, then run "
+              "the notebook again;")
+        print("           elsewhere, a machine with an NVIDIA GPU and its driver (nvidia-smi "
+              "lists the GPU).")
     else:
         print("mode     : SIMULATOR - no usable GPU "
               f"({_why_no_gpu}).")

@@ -7,6 +7,15 @@
   python tools/nbtools.py from-py SRC.py OUT.ipynb   percent-format script -> notebook
   python tools/nbtools.py to-py NB.ipynb OUT.py      notebook -> percent-format script
   python tools/nbtools.py canon NB.ipynb ...         rewrite notebooks in canonical form
+  python tools/nbtools.py urls               fail where a file carries another project address
+  python tools/nbtools.py set-url URL [OLD]  a fork's address: _config.yml, then every copy
+  python tools/nbtools.py stamp REF [LAUNCH] publish time: setup cells install cudabook at REF,
+                                             launch buttons open the notebooks at LAUNCH (or REF)
+  python tools/nbtools.py check-stamp SITE REF [LAUNCH]   the built book carries that stamp
+
+The project's address lives once, in _config.yml (repository.url); the setup cell below and the
+publish workflow read it, the book's buttons too, and ``urls`` fails CI where README.md, a page,
+a notebook or CITATION.cff carries another.
 
 Solution regions
   Python:  ### BEGIN SOLUTION ex01.1   ...   ### END SOLUTION
@@ -46,14 +55,50 @@ METADATA = {
     "colab": {"gpuType": "T4", "provenance": []},
 }
 
-SETUP_CELL = '''\
+CONFIG = ROOT / "_config.yml"
+
+
+def repo_url(config: Path = CONFIG) -> str:
+    """The project's address, ``repository.url`` of _config.yml (the one place it is kept)."""
+    import yaml
+
+    url = (yaml.safe_load(config.read_text()).get("repository") or {}).get("url", "")
+    if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url or ""):
+        raise SystemExit(f"{config}: repository.url must be https://github.com/OWNER/REPO, "
+                         f"not {url!r}")
+    return url
+
+
+def owner_repo(url: str) -> tuple[str, str]:
+    owner, repo = url.rstrip("/").split("/")[-2:]
+    return owner, repo
+
+
+def book_url(url: str) -> str:
+    """Where GitHub Pages serves the book of the repository ``url``."""
+    owner, repo = owner_repo(url)
+    return f"https://{owner.lower()}.github.io/{repo}/"
+
+
+def setup_cell(url: str, ref: str | None = None) -> str:
+    """The first code cell of every notebook; ``ref`` (a tag or commit) only in published copies:
+    the committed notebooks install the default branch, a published page installs the release it
+    was built from (``stamp``)."""
+    where = (f"it from the repository at {ref}, the release this page was built from, or from "
+             "$CUDABOOK_SRC\n# if set." if ref else
+             "it from the repository, or from $CUDABOOK_SRC if set.")
+    return f'''\
 # Setup. Where the book's helper package cudabook is missing (a fresh Colab runtime), install
-# it from the repository, or from $CUDABOOK_SRC if set. Where it is installed: nothing to do.
+# {where} Where it is installed: nothing to do.
 import importlib.util, os, subprocess, sys
 if importlib.util.find_spec("cudabook") is None:
-    src = os.environ.get("CUDABOOK_SRC", "git+https://github.com/cuda-dl-book/cuda-dl-book")
+    src = os.environ.get("CUDABOOK_SRC", "git+{url}{"@" + ref if ref else ""}")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", src], check=True)
     importlib.invalidate_caches()'''
+
+
+REPO_URL = repo_url()
+SETUP_CELL = setup_cell(REPO_URL)
 
 _PY_BEGIN = re.compile(r"^(\s*)### BEGIN SOLUTION (ex\d\d\.\d+)\s*$")
 _PY_END = re.compile(r"^\s*### END SOLUTION\s*$")
@@ -280,6 +325,134 @@ def cmd_check(only: list[str] | None = None) -> int:
     return 1 if errs else 0
 
 
+# ----------------------------------------------------------------------------- the address
+def _set_key(text: str, section: str, key: str, value: str) -> str:
+    """Set ``key`` inside the top-level ``section:`` block of a YAML text, keeping comments."""
+    m = re.search(rf"^{section}:\n((?:[ #].*\n|\n)*)", text, re.M)
+    if not m:
+        raise SystemExit(f"_config.yml has no {section}: block")
+    block, n = re.subn(rf"^(\s+{key}:[ \t]*)(\"[^\"]*\"|[^\s#]*)(.*)$",
+                       lambda k: k.group(1) + value + k.group(3), m.group(1), count=1,
+                       flags=re.M)
+    if not n:
+        raise SystemExit(f"_config.yml: {section}.{key} is missing")
+    return text[:m.start(1)] + block + text[m.end(1):]
+
+
+def _carriers() -> list[Path]:
+    """Every file that may carry the project's address."""
+    files = [ROOT / f for f in ("README.md", "CITATION.cff", "CONTRIBUTING.md", "pyproject.toml")]
+    files += sorted((ROOT / "book").rglob("*.md"))
+    files += sorted(p for d in ("lessons", "solutions", "exercises") for p in (ROOT / d).glob(
+        "*.ipynb"))
+    files += sorted((ROOT / "cudabook").rglob("*.py")) + sorted((ROOT / ".github").rglob(
+        "*.yml"))
+    return [f for f in files if f.is_file()]
+
+
+_GH = re.compile(r"github\.com/([\w-]+)/([\w.-]*\w)", re.I)
+_IO = re.compile(r"([\w-]+)\.github\.io/([\w.-]*\w)", re.I)
+
+
+def url_errors(url: str) -> list[str]:
+    """Files that carry an address of this project other than ``url`` (a stale copy of an old
+    address, as a fork would leave): any github.com/OWNER/REPO or OWNER.github.io/REPO link whose
+    owner or repository name is this project's but which is not this project's address. Links to
+    other projects (NVIDIA/cutlass, karpathy/llm.c) pass."""
+    owner, repo = (s.lower() for s in owner_repo(url))
+    errs = []
+    for f in _carriers():
+        text = f.read_text(errors="replace")
+        for rx, what in ((_GH, url), (_IO, book_url(url))):
+            for m in rx.finditer(text):
+                o, r = m.group(1).lower(), m.group(2).lower()
+                if (o == owner or r == repo) and (o, r) != (owner, repo):
+                    line = text.count("\n", 0, m.start()) + 1
+                    errs.append(f"{f.relative_to(ROOT)}:{line}: {m.group(0)} is not this "
+                                f"project's address ({what}, from _config.yml)")
+    readme = (ROOT / "README.md").read_text()
+    if book_url(url) not in readme:
+        errs.append(f"README.md does not say where the book is read ({book_url(url)})")
+    return errs
+
+
+def cmd_urls() -> int:
+    errs = url_errors(REPO_URL)
+    for e in errs:
+        print("ADDRESS:", e)
+    print(f"project address {REPO_URL}: {len(_carriers())} files, {len(errs)} problems")
+    if errs:
+        print(f"Fix: python tools/nbtools.py set-url {REPO_URL} OLD_ADDRESS  (rewrites every "
+              "copy of OLD_ADDRESS)")
+    return 1 if errs else 0
+
+
+def cmd_set_url(new: str, old: str | None = None) -> int:
+    """A fork's address: _config.yml first, then every file that carries the old one (``old``,
+    by default the address _config.yml holds now)."""
+    for u in (new, old):
+        if u is not None and not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", u):
+            raise SystemExit(f"set-url: {u!r} is not https://github.com/OWNER/REPO")
+    text = CONFIG.read_text()
+    old = old or repo_url()
+    CONFIG.write_text(_set_key(text, "repository", "url", new))
+    n = 0
+    for f in _carriers():
+        t = f.read_text()
+        t2 = t.replace(old, new).replace(book_url(old), book_url(new))
+        if t2 != t:
+            f.write_text(t2)
+            n += 1
+    print(f"set-url: {old} -> {new} in _config.yml and {n} other files")
+    return 0
+
+
+def cmd_stamp(ref: str, launch: str | None) -> int:
+    """Publish time (the workflow, on its own checkout): every notebook's setup cell installs
+    cudabook at ``ref``, the launch buttons open the notebooks at ``launch`` (a commit that holds
+    these stamped notebooks; default ``ref``), the footer names the release."""
+    if not re.fullmatch(r"[\w.+/-]+", ref) or (launch and not re.fullmatch(r"[\w.+/-]+",
+                                                                           launch)):
+        raise SystemExit(f"stamp: {ref!r} / {launch!r} is not a tag or commit")
+    cell = setup_cell(REPO_URL, ref)
+    n = 0
+    for p in sorted(p for d in ("lessons", "solutions", "exercises") for p in
+                    (ROOT / d).glob("*.ipynb")):
+        nb = read(p)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        if not code or SETUP_MARK not in code[0].source:
+            raise SystemExit(f"stamp: {p.relative_to(ROOT)} has no setup cell")
+        code[0].source = cell
+        p.write_text(nbformat.writes(nb, version=4) + "\n")
+        n += 1
+    text = _set_key(CONFIG.read_text(), "repository", "branch", launch or ref)
+    CONFIG.write_text(re.sub(r"^(\s+cudabook_release:\s*).*$", lambda m: m.group(1) + f'"{ref}"',
+                             text, count=1, flags=re.M))
+    print(f"stamp: {n} notebooks install cudabook at {ref}; launch buttons open {launch or ref}")
+    return 0
+
+
+def stamp_errors(site: Path, ref: str, launch: str) -> list[str]:
+    """A built book whose notebooks and buttons are not stamped with ``ref`` / ``launch``."""
+    errs = []
+    want = setup_cell(REPO_URL, ref)
+    srcs = sorted((site / "_sources").rglob("*.ipynb"))
+    if not srcs:
+        errs.append(f"{site}/_sources holds no notebook")
+    for p in srcs:
+        code = [c for c in read(p).cells if c.cell_type == "code"]
+        if not code or code[0].source != want:
+            errs.append(f"{p.relative_to(site)}: the setup cell does not install cudabook at {ref}")
+    colab = re.compile(r"colab\.research\.google\.com/github/([^\"'<> ]+?\.ipynb)")
+    for page in sorted(site.rglob("*.html")):
+        for m in colab.finditer(page.read_text(errors="replace")):
+            o, r = owner_repo(REPO_URL)
+            if not m.group(1).startswith(f"{o}/{r}/blob/{launch}/"):
+                errs.append(f"{page.relative_to(site)}: Colab button opens {m.group(1)}, not the "
+                            f"{launch} copy")
+    return errs
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
@@ -295,6 +468,18 @@ def main(argv: list[str]) -> int:
     if cmd == "to-py":
         Path(rest[1]).write_text(to_py(read(Path(rest[0]))))
         return 0
+    if cmd == "urls":
+        return cmd_urls()
+    if cmd == "set-url" and len(rest) in (1, 2):
+        return cmd_set_url(*rest)
+    if cmd == "stamp" and len(rest) in (1, 2):
+        return cmd_stamp(rest[0], rest[1] if len(rest) == 2 else None)
+    if cmd == "check-stamp" and len(rest) in (2, 3):
+        errs = stamp_errors(Path(rest[0]), rest[1], rest[2] if len(rest) == 3 else rest[1])
+        for e in errs:
+            print("STAMP:", e)
+        print(f"stamp {rest[1]}: {len(errs)} problems")
+        return 1 if errs else 0
     if cmd == "canon":
         for p in rest:
             write(read(Path(p)), Path(p))

@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
 # The CPU lane (what CI runs, no GPU needed), from the repository root, in an environment made by
-# tools/setup.sh. Numba runs on the CUDA simulator; cells marked %%gpu are skipped.
+# tools/setup.sh. Numba runs on the CUDA simulator; cells marked %%gpu are skipped. Each step
+# prints its time; a table of them closes the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NUMBA_ENABLE_CUDASIM=1 MPLBACKEND=Agg PYTHONUNBUFFERED=1
-pass=0; fail=0; failed=()
+pass=0; fail=0; failed=(); times=()
+t_lane=$SECONDS
 step() {
   local name=$1; shift
   local t0=$SECONDS
   echo "=== $name: $*"
   if "$@"; then pass=$((pass + 1)); echo "--- $name ok ($((SECONDS - t0)) s)"
   else fail=$((fail + 1)); failed+=("$name"); echo "--- $name FAILED ($((SECONDS - t0)) s)"; fi
+  times+=("$(printf '%-14s %5d s' "$name" $((SECONDS - t0)))")
 }
 nbs() { ls $1/*.ipynb 2>/dev/null; }
+
+# The CUDA compiler the lane uses is the pip toolkit tools/setup.sh installs
+# (tools/cuda-compiler.txt), for nvcc and for NVRTC's headers alike, not whatever the machine has.
+cu=$(python -c 'import sysconfig, pathlib; p = pathlib.Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13"; print(p if (p / "bin" / "nvcc").is_file() else "")')
+if [ -n "$cu" ]; then
+  export PATH="$cu/bin:$PATH" CUDA_PATH="$cu"
+  echo "toolkit: $cu (pip, tools/cuda-compiler.txt)"
+else
+  echo "toolkit: the pip toolkit is missing (run tools/setup.sh); nvcc is $(command -v nvcc || echo absent)"
+fi
 
 step lint          ruff check cudabook kernels tests tools conftest.py
 step sync          python tools/nbtools.py exercises --check
 step policy        python tools/nbtools.py check
+step addresses     python tools/nbtools.py urls
 step nvcc          bash tools/compile_kernels.sh
 step nvrtc         python tools/nvrtc_check.py
 step unit-tests    python -m pytest -q -p no:cacheprovider tests
@@ -24,8 +38,13 @@ step notebooks-sim python -m pytest -q -p no:cacheprovider --nbval-lax $(nbs les
 step exercises     python tools/check_exercises.py $(nbs exercises)
 rm -rf _build
 step book          jupyter-book build . -n -W --keep-going -q
+step browser       python tools/browser_test.py _build/html
+step colab-lane    python tools/colab_lane.py
 
 echo
+echo "step times:"
+printf '  %s\n' "${times[@]}"
+printf '  %-14s %5d s\n' total $((SECONDS - t_lane))
 [ $fail -eq 0 ] || echo "failed steps: ${failed[*]}"
-echo "cpu lane: $pass passed, $fail failed"
+echo "cpu-lane: $pass passed, $fail failed"
 [ $fail -eq 0 ]

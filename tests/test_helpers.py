@@ -62,6 +62,81 @@ def test_empty_nan_integers_use_minus_one():
     assert np.isnan(cb.empty_nan((2, 3))).all()
 
 
+@pytest.mark.parametrize("out, msg", [
+    (None, "out is NoneType, not an array"),
+    ("1.0", "out is str, not an array"),
+    ({"a": 1}, "out is dict, not an array"),
+    (np.ones(3, np.complex64), "out is complex"),
+    (np.array(["a", "b", "c"]), "has dtype <U1; expected numbers"),
+])
+def test_check_says_what_it_expected(out, msg):
+    with pytest.raises(TypeError, match=msg):
+        cb.check(out, np.ones(3))
+
+
+def test_check_validates_tolerances_and_reference():
+    with pytest.raises(TypeError, match="atol must be a number >= 0, got 'x'"):
+        cb.check(np.ones(3), np.ones(3), atol="x")
+    with pytest.raises(TypeError, match="rtol must be a number >= 0"):
+        cb.check(np.ones(3), np.ones(3), rtol=-1)
+    with pytest.raises(TypeError, match="ref is NoneType"):
+        cb.check(np.ones(3), None)
+    with pytest.raises(TypeError, match="name must be a str"):
+        cb.check(np.ones(3), np.ones(3), name=3)
+
+
+def test_public_helpers_validate_their_arguments():
+    with pytest.raises(TypeError, match="shape must be an int or a tuple"):
+        cb.empty_nan("3")
+    with pytest.raises(TypeError, match="not a real number type"):
+        cb.empty_nan(3, np.complex64)
+    with pytest.raises(TypeError, match="ceil_div: b must be an int >= 1"):
+        cb.ceil_div(3, 0)
+    with pytest.raises(TypeError, match="ceil_div: a must be an int"):
+        cb.ceil_div(3.5, 2)
+    with pytest.raises(TypeError, match="expected a list of result rows"):
+        cb.record({"chapter": "ch01"})
+    with pytest.raises(ValueError, match="lacks"):
+        cb.record([{"chapter": "ch01"}])
+    with pytest.raises(TypeError, match="expected a name"):
+        cb.load_cuda(3)
+    with pytest.raises(TypeError, match="expected a file name"):
+        cb.show_source(None)
+    with pytest.raises(TypeError, match="expect: name must be a str"):
+        cb.expect(np.zeros(2), 2)
+    with pytest.raises(KeyError, match="no entry 'nope'"):
+        cb.ptx_mix(".entry k(\n)", "nope")
+
+
+def test_bench_and_sweep_validate_before_they_need_a_gpu():
+    with pytest.raises(TypeError, match="fns must be a dict"):
+        cb.bench([lambda: None])
+    with pytest.raises(TypeError, match="maps names \\(str\\) to functions"):
+        cb.bench({"a": 3})
+    with pytest.raises(ValueError, match="give one baseline"):
+        cb.bench({"a": lambda: None}, baseline={"b": lambda: None, "c": lambda: None})
+    with pytest.raises(TypeError, match="bytes must be a positive number"):
+        cb.bench({"a": lambda: None}, bytes="12")
+    with pytest.raises(ValueError, match="not both"):
+        cb.bench({"a": lambda: None}, bytes=1, flops=1)
+    with pytest.raises(TypeError, match="repeat must be an int >= 1"):
+        cb.bench({"a": lambda: None}, repeat=0)
+    with pytest.raises(TypeError, match="setup must be a function"):
+        cb.sweep([1], {"fns": {}})
+    with pytest.raises(ValueError, match="no sizes"):
+        cb.sweep([], lambda n: {})
+
+
+def test_launch_arithmetic():
+    assert cb.grid_1d(1000, 256) == (4,) and cb.grid_1d(0, 256) == (1,)
+    assert cb.grid_2d(33, 70, 32) == (3, 2) and cb.grid_2d(130, 131, (128, 64)) == (3, 2)
+    assert cb.round_up(33, 32) == 64
+    assert [cb.row_block(n) for n in (1, 512, 1024, 16384, 40000)] == [32, 32, 64, 1024, 1024]
+    if not cb.HAS_GPU:
+        with pytest.raises(cb.LaunchError, match="needs a CUDA GPU"):
+            cb.need_cc(8, 0, "cp.async")
+
+
 # ----------------------------------------------------------------------------- mode and sizes
 def test_simulator_mode_and_pick():
     if cb.HAS_GPU:
@@ -93,9 +168,9 @@ def test_every_cu_file_has_a_header_listing_its_versions():
 
 
 def test_inline_includes_keeps_line_markers():
-    from cudabook.compile import KERNELS_DIR, _inline
+    from cudabook.compile import KERNELS_DIR, inline_source
 
-    src = _inline(KERNELS_DIR / "vector_add.cu")
+    src = inline_source(KERNELS_DIR / "vector_add.cu")
     assert '#line 1 "kernels/common.cuh"' in src
     assert "warp_sum" in src
     # after the include, line numbers resume at the line below it in vector_add.cu
@@ -138,18 +213,102 @@ def test_load_cuda_unknown_file():
         cb.load_cuda("no_such_op")
 
 
+def test_old_import_paths_still_resolve():
+    import cudabook.compile as comp
+
+    assert comp.show_source is cb.show_source and comp.cuda_ptx is cb.cuda_ptx
+    assert comp._inline is comp.inline_source
+    assert cbench.record is cb.record
+
+
+def test_no_kernel_is_defined_twice_under_two_names():
+    """Every extern "C" kernel body and every __device__ function name of the chapter 1-4 files
+    appears once."""
+    import re
+
+    mine = {"common.cuh", "vector_add.cu", "copy.cu", "transpose.cu", "reduce.cu", "softmax.cu",
+            "norm.cu", "activation.cu", "conv.cu", "matmul.cu", "fma_chain.cu"}
+    bodies, devices = {}, {}
+    for f in sorted(p for p in (ROOT / "kernels").iterdir() if p.name in mine):
+        text = f.read_text()
+        for name in re.findall(r'__device__\s+(?:__forceinline__\s+|inline\s+)*[\w:<>]+\s+'
+                               r'(\w+)\s*\(', text):
+            devices.setdefault(name, set()).add(f.name)
+        for m in re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s*)?'
+                             r'(\w+)\(([^{]*)\{', text):
+            body = cb.kernel_source(f.name, m.group(1)).split("{", 1)[1]
+            key = re.sub(r"\s+|//[^\n]*", "", body)
+            bodies.setdefault(key, []).append(f"{f.name}:{m.group(1)}")
+    same = [v for v in bodies.values() if len(v) > 1]
+    assert not same, f"kernels with one body under several names: {same}"
+    twice = {n: fs for n, fs in devices.items() if len(fs) > 1}
+    assert not twice, f"device functions defined in several files: {twice}"
+
+
 # ----------------------------------------------------------------------------- results file
 def test_record_merges_and_replaces(tmp_path):
     p = tmp_path / "b.json"
     e1 = {"chapter": "ch01", "kernel": "v1", "metric": "GB/s", "value": 1.0, "baseline": "b",
           "baseline_value": 2.0, "ratio": 0.5, "size": 10}
-    cbench.record([e1], p)
-    cbench.record([dict(e1, value=1.5, ratio=0.75)], p)
-    cbench.record([dict(e1, kernel="v2")], p)
+    cb.record([e1], p)
+    cb.record([dict(e1, value=1.5, ratio=0.75)], p)
+    cb.record([dict(e1, kernel="v2")], p)
     data = json.loads(p.read_text())
     assert {"gpu", "date", "results"} <= set(data)
     assert len(data["results"]) == 2
     assert data["results"][0]["value"] == 1.5
+
+
+def test_results_merge_replaces_only_the_chapters_named(tmp_path):
+    from cudabook import results
+
+    book, run = tmp_path / "book.json", tmp_path / "run.json"
+    row = {"chapter": "ch03", "kernel": "k", "metric": "GB/s", "value": 1.0, "baseline": None,
+           "baseline_value": None, "ratio": None, "size": 1, "time_us": 1.0}
+    results.write({"gpu": "A", "date": "2026-01-01",
+                   "results": [row, dict(row, kernel="k2"), dict(row, chapter="ch04")]}, book)
+    results.write({"gpu": "B", "date": "2026-02-02",
+                   "results": [dict(row, value=9.0), dict(row, chapter="ch04", value=7.0)]}, run)
+    assert results.merge(run, book, ["03"]) == {"ch03": (2, 1)}
+    data = results.read(book)
+    assert sorted((e["chapter"], e["kernel"], e["value"]) for e in data["results"]) == \
+        [("ch03", "k", 9.0), ("ch04", "k", 1.0)]
+    with pytest.raises(ValueError, match="has no rows of \\['ch08'\\]"):
+        results.merge(run, book, ["08"])            # a chapter the run did not measure
+    assert len(results.read(book)["results"]) == 2  # nothing dropped
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "results.py"), "merge", str(run),
+                        "--chapters", "04", "--into", str(book)], capture_output=True, text=True)
+    assert r.returncode == 0 and "ch04: 1 rows replaced by 1" in r.stdout, r.stdout + r.stderr
+
+
+def test_gpu_lane_refuses_without_a_gpu(tmp_path):
+    if cb.HAS_GPU:
+        pytest.skip("GPU machine")
+    import subprocess
+
+    before = (ROOT / "reports" / "benchmarks.json").read_bytes()
+    r = subprocess.run(["bash", str(ROOT / "tools" / "gpu_lane.sh"), "01"], capture_output=True,
+                       text=True, env={**__import__("os").environ, "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "no usable CUDA GPU" in r.stderr
+    assert (ROOT / "reports" / "benchmarks.json").read_bytes() == before
+
+
+def test_sanitizer_registry_finds_every_kernel_with_shared_memory_or_atomics():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import re
+
+    import sanitize
+
+    reg = sanitize.registry()
+    for f in sorted((ROOT / "kernels").glob("*.cu")):
+        text = f.read_text()
+        if re.search(r"__shared__|atomic\w*\(", text) and (ROOT / "kernels" /
+                                                           f"{f.stem}_launch.py").is_file():
+            assert f"{f.stem}_launch" in reg, f"{f.name} has no sanitizer targets"
+    for op in ("reduce", "softmax", "norm", "conv", "transpose", "matmul"):
+        assert f"{op}_launch" in reg and reg[f"{op}_launch"], op
 
 
 def test_bench_table_ratio_and_text():

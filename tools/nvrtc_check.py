@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cupy_backends.cuda.libs import nvrtc  # noqa: E402
 
-from cudabook.compile import KERNELS_DIR, _inline, _options  # noqa: E402
+from cudabook.compile import KERNELS_DIR, inline_source, nvrtc_options  # noqa: E402
 
 ARCHS = ("compute_75", "compute_80", "compute_90")
 
@@ -27,12 +27,12 @@ def main(names: list[str]) -> int:
     names = names or sorted(p.stem for p in KERNELS_DIR.glob("*.cu"))
     bad = n = 0
     for name in names:
-        src = _inline(KERNELS_DIR / f"{name}.cu")
+        src = inline_source(KERNELS_DIR / f"{name}.cu")
         bad_before = bad
         for arch in ARCHS:
             prog = nvrtc.createProgram(src, f"{name}.cu", [], [])
             try:
-                nvrtc.compileProgram(prog, [*_options(()), f"-arch={arch}"])
+                nvrtc.compileProgram(prog, [*nvrtc_options(), f"-arch={arch}"])
                 n += 1
             except Exception as e:  # noqa: BLE001
                 bad += 1

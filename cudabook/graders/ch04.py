@@ -12,6 +12,7 @@ fails), calls the answer twice with different data, and explains the first kind 
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import numpy as np
@@ -54,6 +55,22 @@ def _count_syncs(ex: str, fn) -> int:
     return calls(python_code(ex, fn), "syncthreads")
 
 
+def _returns_before_barrier(ex: str, fn) -> bool:
+    """The kernel has a ``return`` before its first barrier (threads that leave early no longer
+    load their part of the tiles, and skip barriers the others wait at)."""
+    code, barrier = (cuda_code(fn), "__syncthreads") if isinstance(fn, str) else \
+        (python_code(ex, fn), "syncthreads")
+    ret = re.search(r"\breturn\b", code)
+    bar = re.search(rf"\b{barrier}\s*\(", code)
+    return ret is not None and bar is not None and ret.start() < bar.start()
+
+
+_EARLY_RETURN = ("a thread returns before the tile loop, so it no longer loads its part of "
+                 "the tiles (they hold stale values) and skips the barriers the others wait at: "
+                 "keep every thread in the loop; guard only the loads (zero past the edges) "
+                 "and the store")
+
+
 SENTINEL = 1234.5   # second-run fill: tells "never written" from "written as NaN"
 
 _TILE_SYNC = ("a barrier after filling the tiles (before anyone reads them) and one after "
@@ -86,7 +103,8 @@ _SYNC_HINT = ("missing __syncthreads()/cuda.syncthreads()? A tile must be comple
 
 def diagnose_2d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, tile: tuple[int, int],
                 K: int, ktile: int, syncs: int | None = None,
-                rerun: Callable[[float], object] | None = None) -> None:
+                rerun: Callable[[float], object] | None = None,
+                early_return: bool = False) -> None:
     """Compare C with the float64 reference; raise GradeError naming the likely mistake.
 
     ``tile`` is the (rows, cols) of C per block, ``ktile`` the k-step of the tiles, ``syncs``
@@ -124,7 +142,13 @@ def diagnose_2d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, tile: tup
     if nan.all():
         raise GradeError(f"{ex}: {case}: C never written (all NaN): is the kernel still the "
                          "stub, or does every thread return before its store?")
+    if (o == 0).all() and (np.abs(r) > _tol(K)).any():
+        raise GradeError(f"{ex}: {case}: C is all zeros: the products are never accumulated "
+                         "(does the loop over k run, and does it add into the accumulators that "
+                         "are stored?)")
     wrong = nan | (np.abs(o - r) > _tol(K) + 1e-4 * np.abs(r))
+    if wrong.any() and early_return:
+        raise GradeError(f"{ex}: {case}: {error_summary(o, r, wrong)}: {_EARLY_RETURN}")
     if wrong.any() and not nan.any() and looks_like_low_precision(o, r, wrong):
         raise GradeError(f"{ex}: {case}: {error_summary(o, r, wrong)}: small errors spread "
                          "over the whole of C, not the edges: lower-precision arithmetic (a "
@@ -206,6 +230,7 @@ def ex04_1(matmul_abt) -> None:
     shapes = _sim_shapes([(1, 1, 1), (16, 16, 16), (17, 33, 20), (35, 3, 40)],
                          [(1000, 777, 129), (4096, 17, 300), (123, 2049, 1000)])
     syncs = _count_syncs(ex, matmul_abt)
+    early = _returns_before_barrier(ex, matmul_abt)
     for n_case, (M, N, K) in enumerate(shapes):
         for rep in range(2 if n_case in (1, 2) or not env.SIM else 1):
             A, Bt, ref = _mats(rng, M, N, K, bt=True)
@@ -215,7 +240,8 @@ def ex04_1(matmul_abt) -> None:
             dA, dBt = to_device(A), to_device(Bt)
             call(ex, case, lambda: matmul_abt[grid, block](dA, dBt, out))
             diagnose_2d(ex, case, out, ref, buf, tile=(16, 16), K=K, ktile=16, syncs=syncs,
-                        rerun=_rerun(lambda o: matmul_abt[grid, block](dA, dBt, o), (M, N)))
+                        rerun=_rerun(lambda o: matmul_abt[grid, block](dA, dBt, o), (M, N)),
+                        early_return=early)
     simulate(ex, "ex04_1", [("matmul_abt", matmul_abt)], hint=_TILE_SYNC)
     passed(ex)
 
@@ -223,7 +249,8 @@ def ex04_1(matmul_abt) -> None:
 # --------------------------------------------------------------------------------- CUDA C
 
 
-def _run_cuda(ex, kern, shapes, tile, threads, ktile, rng, seed, syncs, repeats=2):
+def _run_cuda(ex, kern, shapes, tile, threads, ktile, rng, seed, syncs, repeats=2,
+              early_return=False):
     import cupy
 
     for M, N, K in shapes:
@@ -237,7 +264,7 @@ def _run_cuda(ex, kern, shapes, tile, threads, ktile, rng, seed, syncs, repeats=
                                                        np.int32(K)))
             call(ex, case, lambda: launch(out))
             diagnose_2d(ex, case, out, ref, buf, tile=tile, K=K, ktile=ktile, syncs=syncs,
-                        rerun=_rerun(launch, (M, N)))
+                        rerun=_rerun(launch, (M, N)), early_return=early_return)
 
 
 _CUDA_SHAPES = [(1, 1, 1), (64, 64, 8), (65, 63, 9), (1023, 1025, 517), (4096, 24, 64),
@@ -255,7 +282,8 @@ def ex04_2(src: str) -> None:
     need_gpu(ex)
     kern = _compile(ex, src, "matmul_reg2d")
     rng, seed = fresh_rng()
-    _run_cuda(ex, kern, _CUDA_SHAPES, (64, 64), 256, 8, rng, seed, _count_syncs(ex, src))
+    _run_cuda(ex, kern, _CUDA_SHAPES, (64, 64), 256, 8, rng, seed, _count_syncs(ex, src),
+              early_return=_returns_before_barrier(ex, src))
     racecheck(ex, src, "matmul_reg2d", "cudabook.graders.ch04:_race_ex04_2", hint=_TILE_SYNC)
     passed(ex)
 
@@ -276,7 +304,8 @@ def ex04_4(src: str, fraction: float = FAST_FRACTION) -> None:
 
     kern = _compile(ex, src, "matmul_fast")
     rng, seed = fresh_rng()
-    _run_cuda(ex, kern, _CUDA_SHAPES, (128, 128), 256, 1, rng, seed, _count_syncs(ex, src))
+    _run_cuda(ex, kern, _CUDA_SHAPES, (128, 128), 256, 1, rng, seed, _count_syncs(ex, src),
+              early_return=_returns_before_barrier(ex, src))
     racecheck(ex, src, "matmul_fast", "cudabook.graders.ch04:_race_ex04_4", hint=_TILE_SYNC)
     n = FAST_N
     A = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
@@ -328,6 +357,7 @@ def ex04_3(matmul_ragged) -> None:
     shapes = _sim_shapes([(32, 32, 8), (1, 1, 1), (33, 31, 9), (5, 70, 17), (70, 3, 3)],
                          [(1023, 1025, 517), (4096, 20, 36), (3, 4099, 100)])
     syncs = _count_syncs(ex, matmul_ragged)
+    early = _returns_before_barrier(ex, matmul_ragged)
     for n_case, (M, N, K) in enumerate(shapes):
         for rep in range(2 if n_case == 2 or not env.SIM else 1):
             A, B, ref = _mats(rng, M, N, K)
@@ -337,7 +367,8 @@ def ex04_3(matmul_ragged) -> None:
             dA, dB = to_device(A), to_device(B)
             call(ex, case, lambda: matmul_ragged[grid, 64](dA, dB, out))
             diagnose_2d(ex, case, out, ref, buf, tile=(32, 32), K=K, ktile=8, syncs=syncs,
-                        rerun=_rerun(lambda o: matmul_ragged[grid, 64](dA, dB, o), (M, N)))
+                        rerun=_rerun(lambda o: matmul_ragged[grid, 64](dA, dB, o), (M, N)),
+                        early_return=early)
     simulate(ex, "ex04_3", [("matmul_ragged", matmul_ragged)], hint=_TILE_SYNC)
     passed(ex)
 

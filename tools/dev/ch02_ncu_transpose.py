@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Launch each transpose version of kernels/transpose.cu once, for Nsight Compute (Chapter 2).
+"""Shows the bank conflicts that padding removes: launches transpose_v1..v3 of kernels/transpose.cu
+once each, for Nsight Compute (Chapter 2).
 
     ncu --kernel-name regex:transpose_v \\
         --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,\\

@@ -15,7 +15,13 @@
 # versions that cannot work together fails here and not in the first notebook.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pip_q() { python -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "is ignored: it is neither" || true; }
+# pip's output without the noise: this machine's empty local indexes, and setuptools' banner about
+# the editable install mapping kernels/ into the package (cudabook.kernels), which is deliberate
+pip_q() {
+  python -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v -e "is ignored: it is neither" \
+    -e "editable_wheel.py" -e "^ *!!$" -e "^ *\*\*\*\*" -e "careful with folders" -e "name as your package" \
+    -e "WheelFile(wheel_path" || true
+}
 
 driver_cuda() {  # the CUDA major version the driver supports, or "cpu"
   python - <<'PY'
@@ -39,7 +45,7 @@ case $cuda in
 esac
 echo "setup: $why -> $cupy"
 
-python -m pip install -q --disable-pip-version-check --upgrade pip
+pip_q --upgrade pip
 if [ "$cuda" = cpu ]; then
   pip_q --retries 0 --timeout 20 --extra-index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
     "torch==2.13.0"

@@ -138,6 +138,7 @@ def start(browser: str, driver_path: str):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager must not try to download
     opts = webdriver.ChromeOptions()
     opts.binary_location = browser
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -153,7 +154,7 @@ def start(browser: str, driver_path: str):
         try:
             d = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
             d.set_page_load_timeout(60)
-            d.set_script_timeout(30)
+            d.set_script_timeout(120)  # MathJax on a long page, on a busy 2-core machine
             return d
         except Exception as e:  # noqa: BLE001
             last = e

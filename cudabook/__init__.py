@@ -30,7 +30,7 @@ from . import reference
 from . import roofline
 from . import plot
 from .tracer import trace  # noqa: F401  (cb.trace; cudabook.tracedraw draws it)
-from . import graphs, ncu, occupancy, torchtrace  # Chapter 5: profiling helpers
+from . import graphs, ncu, occupancy, torchtrace  # noqa: F401  (Chapter 5: profiling)
 
 __version__ = "0.1.0"
 

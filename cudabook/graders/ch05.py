@@ -1,0 +1,455 @@
+"""Graders of Chapter 5, "Profiling and optimization".
+
+ex05_1  name the bottleneck of five stored Nsight Compute tables                     no GPU needed
+ex05_2  an occupancy calculator (blocks per SM from threads, registers, shared memory)
+        against stored values in the simulator, and also against the driver on a GPU
+ex05_3  capture a chain of kernel launches in a CUDA graph, GRAPH_FACTOR x faster     GPU
+ex05_4  fix a timing function: it is fed kernels whose true durations are known       GPU
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import env
+from ..check import to_numpy
+from ..ncu import KernelProfile, NcuReport
+from ..occupancy import ARCHS, Limits
+from ..occupancy import occupancy as _occupancy
+from ._core import GradeError, fresh_rng, need_gpu, passed
+
+__all__ = ["ex05_1", "ex05_2", "ex05_3", "ex05_4", "LABELS", "NCU_CASES", "show_cases",
+           "OCC_TABLE", "DRIVER_SWEEP", "sweep_cases", "GRAPH_FACTOR", "CHAIN_LENGTH",
+           "chain_source"]
+
+# ============================================================================ ex05.1
+
+LABELS = ("memory-bound", "compute-bound", "latency-bound", "launch-bound")
+
+try:   # measured on a GPU by tools/dev/ch05_probe.py --write
+    from ._ch05_data import DRIVER_SWEEP, GPU, LIMITS, NCU_CASES
+except ImportError:      # not generated yet
+    GPU, LIMITS, NCU_CASES, DRIVER_SWEEP = "", {}, {}, []
+
+#: the bottleneck of each stored case (the kernels were chosen for it: A LayerNorm over 256 MB,
+#: B the tuned SGEMM at 4096, C a copy with one warp per SM, D an add of 1024 floats, E a chain
+#: of 512 dependent FMAs per element)
+_ANSWERS = {"A": "memory-bound", "B": "compute-bound", "C": "latency-bound",
+            "D": "launch-bound", "E": "compute-bound"}
+
+
+def _evidence(case: str) -> str:
+    """The counters that decide a case, with their values."""
+    c = NCU_CASES[case]
+    v = c["values"]
+    sm, mem, dram = v.get("sm_pct", 0), v.get("mem_pct", 0), v.get("dram_pct", 0)
+    fma, occ = v.get("fma_pct", 0), v.get("occ_pct", 0)
+    t = v.get("time_ns", 0) / 1e3
+    stall = max(c["stalls"].items(), key=lambda kv: kv[1], default=("-", 0))
+    return {
+        "memory-bound": f"memory throughput {mem:.0f}% of peak (DRAM {dram:.0f}%) against "
+                        f"compute {sm:.0f}%: the memory system is the resource near its limit",
+        "compute-bound": f"compute (SM) throughput {sm:.0f}% of peak, FMA pipe {fma:.0f}%, "
+                         f"against memory {mem:.0f}%: the arithmetic units are near their limit",
+        "latency-bound": f"compute {sm:.0f}% and memory {mem:.0f}%: nothing is near its peak; "
+                         f"achieved occupancy {occ:.1f}% and the top stall {stall[0]} "
+                         f"({stall[1]:.0f}%): warps wait and there are too few of them",
+        "launch-bound": f"the duration ({t:.1f} us) against the trace line: {c['trace']}",
+    }[_ANSWERS[case]]
+
+
+def _case_report(case: str) -> NcuReport:
+    c = NCU_CASES[case]
+    return NcuReport([KernelProfile(f"case {case}", dict(c["values"]), dict(c["stalls"]),
+                                    c["grid"], c["block"])])
+
+
+def show_cases() -> None:
+    """Print the five stored tables (the same layout as ``NcuReport.show``)."""
+    if not NCU_CASES:
+        print("no stored cases: cudabook/graders/_ch05_data.py is missing (run "
+              "tools/dev/ch05_probe.py --write on a GPU)")
+    for case, c in NCU_CASES.items():
+        _case_report(case).show()
+        print(f"  {'in the trace':<32s} {c['trace']}")
+        print()
+
+
+def ex05_1(name_bottlenecks: Callable[[], dict[str, str]]) -> None:
+    """``name_bottlenecks()`` returns, for each stored case ("A" ... "E"), one of ``LABELS``."""
+    ex = "ex05.1"
+    if not NCU_CASES:
+        raise GradeError(f"{ex}: no stored cases (cudabook/graders/ch05.py is incomplete)")
+    try:
+        got = name_bottlenecks()
+    except NotImplementedError:
+        raise GradeError(f"{ex}: not implemented yet (the stub still raises "
+                         "NotImplementedError)") from None
+    if not isinstance(got, dict):
+        raise GradeError(f"{ex}: return a dict {{case: label}}, got {type(got).__name__}")
+    missing = [c for c in NCU_CASES if c not in got]
+    if missing:
+        raise GradeError(f"{ex}: no answer for case(s) {missing}")
+    for case in NCU_CASES:
+        label = str(got[case]).strip().lower().replace("_", "-").replace(" ", "-")
+        if label not in LABELS:
+            raise GradeError(f"{ex}: case {case}: {got[case]!r} is not one of {list(LABELS)}")
+        if label != _ANSWERS[case]:
+            raise GradeError(f"{ex}: case {case}: not {label}. Look again at "
+                             f"{_evidence(case)}")
+    passed(ex)
+
+
+# ============================================================================ ex05.2
+
+#: (arch, threads, registers per thread, shared bytes per block, resident blocks per SM): the
+#: answers of cudabook.occupancy, which agrees with the driver on every configuration of the
+#: lesson's sweep (sm_90 on an H100); the test suite checks that these values stay in sync.
+#: The configurations are chosen so that each rule of the calculation decides some of them.
+OCC_CONFIGS = [(256, 32, 0), (128, 24, 0), (32, 16, 0), (1024, 32, 0), (1024, 64, 0),
+               (1024, 72, 0), (96, 40, 0), (192, 37, 0), (160, 255, 0), (48, 20, 0),
+               (64, 30, 6000), (64, 16, 7000), (128, 32, 49152), (256, 32, 100_000),
+               (128, 32, 163_000), (256, 32, 232_448), (100, 16, 1000), (2048, 16, 0),
+               (512, 128, 0), (640, 96, 20_000), (96, 168, 3000), (288, 56, 12_345),
+               (128, 33, 0), (200, 20, 0)]
+OCC_TABLE: list[tuple[str, int, int, int, int]] = [
+    (a, th, rg, sm, _occupancy(th, rg, 0, sm, a).blocks) for a in ARCHS
+    for th, rg, sm in OCC_CONFIGS]
+
+
+def _occ_variant(threads: int, regs: int, smem: int, lim: Limits, mistake: str) -> int:
+    """The blocks per SM a calculation with one known mistake gives (for the hints)."""
+    ws = lim.warp_size
+    warps = threads // ws if mistake == "warps rounded down" else -(-threads // ws)
+    if warps == 0:
+        return -1
+    if threads > lim.max_threads_per_block and mistake != "no block-size check":
+        return 0
+    by_warps = lim.max_warps_per_sm // warps
+    per_warp = regs * ws if mistake == "no register unit" else -(-regs * ws // 256) * 256
+    if per_warp * -(-warps // 4) * 4 > lim.regs_per_block:
+        return 0
+    if not per_warp:
+        by_regs = lim.max_blocks_per_sm
+    elif mistake in ("no sub-partitions",):
+        by_regs = lim.regs_per_sm // (per_warp * warps)
+    else:
+        by_regs = (lim.regs_per_sm // 4 // per_warp) * 4 // warps
+    if smem > lim.smem_per_block_optin:
+        return 0
+    need = smem + (0 if mistake == "no reserved shared memory" else lim.smem_reserved_per_block)
+    if mistake != "no shared-memory unit":
+        need = -(-need // lim.smem_alloc_unit) * lim.smem_alloc_unit
+    by_smem = lim.smem_per_sm // need if need else lim.max_blocks_per_sm
+    limits = [by_warps, by_regs, by_smem]
+    if mistake != "no block limit":
+        limits.append(lim.max_blocks_per_sm)
+    return min(limits)
+
+
+_MISTAKES = {
+    "warps rounded down": "a block of 100 threads is 4 warps, not 3: round threads / 32 up",
+    "no register unit": "registers are given to a warp in units of lim.reg_alloc_unit (256): "
+                        "round regs x 32 up to a multiple of 256",
+    "no sub-partitions": "the register file is split between lim.sub_partitions (4) warp "
+                         "schedulers: warps per SM = 4 * floor((regs_per_sm / 4) / regs_per_warp)",
+    "no reserved shared memory": "the driver reserves lim.smem_reserved_per_block (1 KiB on "
+                                 "sm_80+) of shared memory for every block",
+    "no shared-memory unit": "shared memory is allocated in units of lim.smem_alloc_unit (128 "
+                             "or 256 bytes): round each block's bytes up",
+    "no block limit": "an SM holds at most lim.max_blocks_per_sm blocks, however small",
+    "no block-size check": "a block of more than lim.max_threads_per_block threads cannot "
+                           "launch: 0 blocks",
+}
+
+
+def _grade_occupancy(ex: str, fn: Callable, cases: list[tuple[Limits, int, int, int, int]],
+                     source: str) -> None:
+    got_all, first_bad = [], None
+    for lim, th, rg, sm, want in cases:
+        try:
+            got = fn(th, rg, sm, lim)
+        except NotImplementedError:
+            raise GradeError(f"{ex}: not implemented yet (the stub still raises "
+                             "NotImplementedError)") from None
+        except Exception as e:  # noqa: BLE001
+            why = ""
+            if isinstance(e, ZeroDivisionError) and th < lim.warp_size:
+                why = (f": a block of {th} threads is still one warp (round threads / "
+                       f"{lim.warp_size} up)")
+            elif isinstance(e, ZeroDivisionError) and sm + lim.smem_reserved_per_block == 0:
+                why = (": this block needs no shared memory at all (and this SM reserves none "
+                       "per block), so shared memory does not limit it: nothing to divide by")
+            raise GradeError(f"{ex}: {lim.arch}, threads={th}, regs={rg}, smem={sm} ({source}): "
+                             f"raised {type(e).__name__}: {e}{why}") from None
+        if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, np.integer)):
+            raise GradeError(f"{ex}: return an int (blocks per SM), got {got!r}")
+        got_all.append(int(got))
+        if int(got) != want and first_bad is None:
+            first_bad = (lim, th, rg, sm, want, int(got))
+    if first_bad is None:
+        return
+    lim, th, rg, sm, want, got = first_bad
+    o = _occupancy(th, rg, 0, sm, lim)
+    for mistake, why in _MISTAKES.items():
+        if all(_occ_variant(c[1], c[2], c[3], c[0], mistake) == g for c, g in
+               zip(cases, got_all)):
+            raise GradeError(f"{ex}: {lim.arch}, threads={th}, regs={rg}, smem={sm} bytes "
+                             f"({source}): got {got} blocks, expected {want}: {why}")
+    raise GradeError(f"{ex}: {lim.arch}, threads={th}, regs={rg}, smem={sm} bytes ({source}): "
+                     f"got {got} blocks, expected {want} (the limits allow "
+                     + ", ".join(f"{k}: {v}" for k, v in o.per_limit.items())
+                     + f"; {o.limited_by} binds)")
+
+
+def ex05_2(blocks_per_sm: Callable[[int, int, int, Limits], int]) -> None:
+    """``blocks_per_sm(threads, regs, smem, lim)``: resident blocks per SM for a kernel with
+    ``threads`` per block, ``regs`` registers per thread and ``smem`` bytes of shared memory per
+    block (static + dynamic; assume the kernel opted in to ``lim.smem_per_block_optin``), on an SM
+    described by ``lim`` (a ``cudabook.occupancy.Limits``).
+
+    Checked against the stored answers for sm_75 ... sm_90 (24 configurations each); on a GPU,
+    also against the driver (``cuOccupancyMaxActiveBlocksPerMultiprocessor``) for compiled
+    kernels with several register counts and shared-memory sizes.
+    """
+    ex = "ex05.2"
+    table = [(ARCHS[a], th, rg, sm, want) for a, th, rg, sm, want in OCC_TABLE]
+    _grade_occupancy(ex, blocks_per_sm, table, "the calculation of cudabook.occupancy")
+    _grade_occupancy(ex, blocks_per_sm, sweep_cases(), f"the driver on an {GPU}, stored")
+    if env.HAS_GPU:
+        _grade_occupancy(ex, blocks_per_sm, _driver_cases(), "the driver on this GPU")
+    passed(ex)
+
+
+def sweep_cases() -> list[tuple[Limits, int, int, int, int]]:
+    """The stored driver answers (DRIVER_SWEEP) for kernels that opted in to the largest shared
+    memory per block, as (limits, threads, registers, shared bytes, blocks per SM)."""
+    if not DRIVER_SWEEP:
+        return []
+    lim = Limits(**{k: tuple(v) if isinstance(v, list) else v for k, v in LIMITS.items()})
+    return [(lim, th, regs, static + dyn, blocks)
+            for regs, static, opted, _maxdyn, maxth, th, dyn, blocks in DRIVER_SWEEP
+            if opted and blocks >= 0 and th <= maxth]
+
+
+def _driver_cases() -> list[tuple[Limits, int, int, int, int]]:
+    """Configurations of compiled occupancy probes, answered by the driver on this GPU."""
+    from ..compile import load_cuda
+    from ..occupancy import device_limits, driver_blocks_per_sm
+
+    lim = device_limits()
+    out = []
+    for opts in (("-DPROBE_LIVE=16",), ("-DPROBE_LIVE=250", "-maxrregcount=40"),
+                 ("-DPROBE_LIVE=250", "-maxrregcount=168"),
+                 ("-DPROBE_LIVE=32", "-DPROBE_SMEM=10000")):
+        k = load_cuda("profiling", options=opts).get("occupancy_probe")
+        static = int(k.attributes["shared_size_bytes"])
+        k.max_dynamic_shared_size_bytes = lim.smem_per_block_optin - static
+        regs = int(k.attributes["num_regs"])
+        for th in (32, 96, 128, 200, 256, 512, 1024):
+            if th > int(k.attributes["max_threads_per_block"]):
+                continue
+            for dyn in (0, 3000, 30_000, 70_000):
+                out.append((lim, th, regs, static + dyn, driver_blocks_per_sm(k, th, dyn)))
+    return out
+
+
+# ============================================================================ ex05.3
+
+#: ex05.3: the graph replay must be at least this many times faster than eager launches
+GRAPH_FACTOR = 3.0
+#: ex05.3: launches in the chain (one y = x * a + b, then y = y * a_i + b_i in place)
+CHAIN_LENGTH = 60
+CHAIN_N = 4096
+
+
+def chain_source() -> str:
+    """The kernel of the ex05.3 chain: y = x * a + b elementwise (in place when y is x)."""
+    return r'''
+extern "C" __global__ void affine(const float* x, float* y, float a, float b, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * a + b;
+}'''
+
+
+def _wall_us(fn: Callable[[], Any], repeat: int = 30) -> float:
+    import cupy
+
+    dev = cupy.cuda.Device()
+    for _ in range(3):
+        fn()
+    dev.synchronize()
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        dev.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return 1e6 * statistics.median(ts)
+
+
+def ex05_3(capture: Callable[[Callable[[], None]], Callable[[], None]],
+           factor: float = GRAPH_FACTOR) -> None:
+    """``capture(run_chain)`` returns a function that replays, from a CUDA graph, every launch of
+    one call of ``run_chain()`` (CHAIN_LENGTH small kernels on the current stream).
+
+    The replay must compute the chain on whatever data is in the input buffer at replay time
+    (two trials with fresh data, output NaN-filled before each), and one replay + synchronize must
+    be at least ``factor`` times faster than ``run_chain()`` + synchronize.
+    """
+    ex = "ex05.3"
+    need_gpu(ex, "CUDA graphs are captured from CuPy launches")
+    import cupy
+
+    from ..compile import compile_source
+
+    k = compile_source(chain_source(), name="ex05.3 chain").get("affine")
+    rng, seed = fresh_rng()
+    n = CHAIN_N
+    coef = [(np.float32(rng.uniform(0.9, 1.1)), np.float32(rng.uniform(-0.1, 0.1)))
+            for _ in range(CHAIN_LENGTH)]
+    x = cupy.asarray(rng.standard_normal(n, dtype=np.float32))
+    y = cupy.empty(n, cupy.float32)
+    grid, block, ni = ((n + 255) // 256,), (256,), np.int32(n)
+    calls = [0]
+
+    def run_chain() -> None:
+        calls[0] += 1
+        k(grid, block, (x, y, coef[0][0], coef[0][1], ni))
+        for a, b in coef[1:]:
+            k(grid, block, (y, y, a, b, ni))
+
+    def prefix(xh: np.ndarray, m: int) -> np.ndarray:   # the first m launches, in float64
+        v = xh.astype(np.float64)
+        for a, b in coef[:m]:
+            v = v * float(a) + float(b)
+        return v
+
+    try:
+        replay = capture(run_chain)
+        cupy.cuda.Device().synchronize()
+    except NotImplementedError:
+        raise GradeError(f"{ex}: not implemented yet (the stub still raises "
+                         "NotImplementedError)") from None
+    except Exception as e:  # noqa: BLE001
+        raise GradeError(f"{ex}: capture(run_chain) raised {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''} (launch the chain inside "
+                         "`with stream:` between stream.begin_capture() and "
+                         "stream.end_capture(), on a non-blocking stream)") from None
+    if not callable(replay):
+        raise GradeError(f"{ex}: capture must return a function that replays the graph, got "
+                         f"{type(replay).__name__}")
+    captured_calls = calls[0]
+    for trial in range(2):
+        xh = rng.standard_normal(n, dtype=np.float32)
+        x[...] = cupy.asarray(xh)
+        y.fill(np.nan)
+        cupy.cuda.Device().synchronize()
+        try:
+            replay()
+            cupy.cuda.Device().synchronize()
+        except Exception as e:  # noqa: BLE001
+            raise GradeError(f"{ex}: the replay raised {type(e).__name__}: {e}") from None
+        got = to_numpy(y).astype(np.float64)
+        case = f"trial {trial + 1} (seed {seed})"
+        if np.isnan(got).all():
+            raise GradeError(f"{ex}: {case}: the replay wrote nothing: the graph is empty. Were "
+                             "the launches made on the capturing stream (inside `with stream:`)"
+                             "? Launched elsewhere they run at once and are not recorded.")
+        want = prefix(xh, CHAIN_LENGTH)
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+            part = next((m for m in range(CHAIN_LENGTH) if np.allclose(got, prefix(xh, m),
+                                                                       rtol=1e-4, atol=1e-5)),
+                        None)
+            if part is not None:
+                raise GradeError(f"{ex}: {case}: the replay ran only the first {part} of the "
+                                 f"{CHAIN_LENGTH} launches: was the capture ended early?")
+            raise GradeError(f"{ex}: {case}: wrong output after the replay (first element "
+                             f"{got[0]:.6g}, expected {want[0]:.6g}); does the replay compute "
+                             "on the current contents of x (the same buffers as at capture)?")
+    if calls[0] != captured_calls:
+        raise GradeError(f"{ex}: the replay called run_chain() again ({calls[0] - captured_calls}"
+                         " extra calls): it must launch the captured graph instead")
+    t_eager = _wall_us(run_chain)
+    t_graph = _wall_us(replay)
+    if t_eager < factor * t_graph:
+        raise GradeError(f"{ex}: correct, but a replay takes {t_graph:.1f} us against "
+                         f"{t_eager:.1f} us for the eager launches ({t_eager / t_graph:.1f}x; "
+                         f"the goal is {factor:.0f}x): is the capture done once, in capture(), "
+                         "and only graph.launch() left in the replay?")
+    passed(ex)
+
+
+# ============================================================================ ex05.4
+
+SPIN_US = (100.0, 1000.0, 3000.0)
+
+
+def ex05_4(time_gpu: Callable[..., float]) -> None:
+    """``time_gpu(fn, repeat)`` returns the median time of one call of ``fn()`` in milliseconds,
+    all the GPU work that ``fn`` launched included.
+
+    Fed kernels that busy-wait a known number of clock cycles (``spin`` of kernels/profiling.cu,
+    about 0.1, 1 and 3 ms), whose durations the grader measures with CUDA events first.
+    """
+    ex = "ex05.4"
+    need_gpu(ex, "it times GPU kernels")
+    import cupy
+
+    from ..compile import load_cuda
+
+    spin = load_cuda("profiling").get("spin")
+    mhz = cupy.cuda.Device().attributes["ClockRate"] / 1e3
+
+    def launcher(us: float) -> Callable[[], None]:
+        cycles = np.int64(us * mhz)
+        return lambda: spin((1,), (1,), (cycles,))
+
+    def truth_ms(fn: Callable[[], None]) -> float:
+        ts = []
+        for _ in range(3):
+            a, b = cupy.cuda.Event(), cupy.cuda.Event()
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(cupy.cuda.get_elapsed_time(a, b))
+        return statistics.median(ts)
+
+    for us in SPIN_US:
+        fn = launcher(us)
+        want = truth_ms(fn)
+        cupy.cuda.Device().synchronize()
+        try:
+            got = time_gpu(fn, 5)
+        except NotImplementedError:
+            raise GradeError(f"{ex}: not implemented yet (the stub still raises "
+                             "NotImplementedError)") from None
+        except Exception as e:  # noqa: BLE001
+            hint = (" - an event's time can be read only after the GPU has passed it: "
+                    "end.synchronize() first" if "NotReady" in type(e).__name__ + str(e) else "")
+            raise GradeError(f"{ex}: kernel of {want:.3f} ms: raised {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}{hint}") from None
+        cupy.cuda.Device().synchronize()
+        if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, float, np.floating)):
+            raise GradeError(f"{ex}: return the time as a float in milliseconds, got {got!r}")
+        got = float(got)
+        case = f"a kernel that runs {want:.3f} ms"
+        if got < 0.5 * want:
+            if got * 1e3 > 0.5 * want and got * 1e3 < 1.5 * want:
+                raise GradeError(f"{ex}: {case}: got {got:.6f}: seconds instead of milliseconds?")
+            raise GradeError(f"{ex}: {case}: measured {got:.4f} ms: the timer stopped before "
+                             "the GPU finished - the launch is asynchronous; synchronize (or "
+                             "wait on an end event) before reading the clock")
+        if got > 1.15 * want + 0.03:
+            if 0.5 * want < got / 1e3 < 1.5 * want:
+                raise GradeError(f"{ex}: {case}: got {got:.1f}: microseconds instead of "
+                                 "milliseconds?")
+            raise GradeError(f"{ex}: {case}: measured {got:.4f} ms, more than the kernel takes: "
+                             "does the timed interval include work queued before fn (wait for "
+                             "the GPU before starting the clock) or several calls?")
+    passed(ex)

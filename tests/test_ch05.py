@@ -1,0 +1,445 @@
+"""Chapter 5: the profiling helpers (the occupancy calculator against the driver's stored answers,
+the Nsight Compute parser and its one-line messages, the PyTorch-trace reader, CUDA graph
+capture) and the graders ex05_1..ex05_4: the reference from solutions/05_profiling.ipynb passes,
+the stub fails, wrong answers generated from the reference fail with the hint of their mistake."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from solution_cells import Solution
+
+import cudabook as cb
+from cudabook import env, ncu, torchtrace
+from cudabook import occupancy as oc
+from cudabook.graders import GradeError, ch05, ex05_1, ex05_2, ex05_3, ex05_4
+
+SOL = Solution("05")
+gpu = pytest.mark.gpu
+HAS_DATA = pytest.mark.skipif(not ch05.NCU_CASES or not ch05.DRIVER_SWEEP,
+                              reason="cudabook/graders/_ch05_data.py not generated yet")
+
+
+# ============================================================================ occupancy
+
+@pytest.mark.parametrize("arch, threads, regs, smem, blocks, limited_by", [
+    ("sm_90", 256, 32, 0, 8, "warps"),          # 64 warps / 8 per block
+    ("sm_90", 128, 255, 0, 2, "registers"),     # 8192 per warp, 2 warps per sub-partition
+    ("sm_90", 1024, 64, 0, 1, "registers"),     # 2048 per warp: 32 warps fit, not 64
+    ("sm_90", 1024, 72, 0, 0, "registers"),     # 2304 x 32 warps > 65536: cannot launch
+    ("sm_90", 64, 16, 7000, 28, "shared memory"),   # (7000 + 1024) -> 8064 bytes per block
+    ("sm_90", 32, 16, 0, 32, "blocks"),
+    ("sm_75", 1024, 32, 0, 1, "warps"),         # a T4 holds 32 warps
+    ("sm_75", 256, 32, 0, 4, "warps"),
+    ("sm_75", 256, 32, 20_000, 3, "shared memory"),   # 20224 bytes (unit 256), 64 KiB per SM
+    ("sm_80", 256, 32, 232_448, 0, "shared memory"),  # more than an A100 block may have
+    ("sm_86", 128, 48, 0, 10, "registers"),    # 1536 per warp: 10 per sub-partition = 40 warps
+    ("sm_90", 2048, 16, 0, 0, "warps"),         # more than 1024 threads per block
+])
+def test_occupancy_cases(arch, threads, regs, smem, blocks, limited_by):
+    o = oc.occupancy(threads, regs, 0, smem, arch)
+    assert (o.blocks, o.limited_by) == (blocks, limited_by), str(o)
+    assert oc.blocks_per_sm(threads, regs, smem, arch) == blocks
+    assert f"{blocks} blocks/SM" in str(o)
+
+
+def test_occupancy_refuses_bad_input():
+    with pytest.raises(ValueError, match="no occupancy limits for 'sm_70'"):
+        oc.limits("sm_70")
+    with pytest.raises(ValueError, match="regs must be a non-negative int"):
+        oc.occupancy(128, -1, dev="sm_90")
+    with pytest.raises(ValueError, match="at least one thread"):
+        oc.occupancy(0, 32, dev="sm_90")
+    with pytest.raises(ValueError, match="threads must be a non-negative int"):
+        oc.occupancy(128.0, 32, dev="sm_90")
+
+
+def test_occupancy_kernel_limits():
+    # a launch may not ask for more dynamic shared memory than the kernel allows
+    assert oc.occupancy(128, 32, 0, 60_000, "sm_90", max_dynamic=48 * 1024 - 0).blocks == 0
+    assert oc.occupancy(128, 32, 0, 60_000, "sm_90").blocks == 3
+    # __launch_bounds__(256): 512 threads cannot launch
+    assert oc.occupancy(512, 32, 0, 0, "sm_90", max_threads=256).blocks == 0
+    # a preferred carve-out of 50% of 228 KiB -> the 132 KiB configuration
+    assert oc.occupancy(128, 32, 0, 40_000, "sm_90", carveout=50).blocks == 3
+
+
+@HAS_DATA
+def test_calculator_matches_the_stored_driver_sweep():
+    """Every configuration the driver answered on the GPU of the probe run."""
+    lim = oc.Limits(**{k: tuple(v) if isinstance(v, list) else v
+                       for k, v in ch05.LIMITS.items()})
+    bad = []
+    for regs, static, _opted, maxdyn, maxth, th, dyn, blocks in ch05.DRIVER_SWEEP:
+        ours = oc.occupancy(th, regs, static, dyn, lim, max_dynamic=maxdyn,
+                            max_threads=maxth).blocks
+        if ours != max(blocks, 0):
+            bad.append((regs, static, maxdyn, th, dyn, ours, blocks))
+    assert len(ch05.DRIVER_SWEEP) > 2000
+    assert not bad, f"{len(bad)} mismatches, first {bad[:5]}"
+
+
+def test_stored_table_is_the_calculator():
+    for arch, th, rg, sm, want in ch05.OCC_TABLE:
+        assert oc.occupancy(th, rg, 0, sm, arch).blocks == want
+    # each rule decides some configuration (so a formula without it fails the grader)
+    for mistake in ch05._MISTAKES:
+        assert any(ch05._occ_variant(th, rg, sm, oc.ARCHS[a], mistake) != want
+                   for a, th, rg, sm, want in ch05.OCC_TABLE), mistake
+
+
+@gpu
+def test_calculator_matches_the_driver_here():
+    dev = oc.device_limits()
+    k = cb.load_cuda("profiling", options=("-DPROBE_LIVE=250", "-maxrregcount=72")) \
+        .get("occupancy_probe")
+    rows = oc.compare_with_driver(k, [32, 96, 128, 256, 1000], [0, 5000, 40_000], dev)
+    assert all(ours == max(theirs, 0) for _, _, ours, theirs in rows), rows
+
+
+# ============================================================================ Nsight Compute
+
+def _csv(rows: list[dict[str, str]]) -> str:
+    head = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
+            "Block Size", "Grid Size", "Device", "CC"] + list(ncu.METRICS.values()) + \
+        [ncu._STALL.format(r) for r in ("long_scoreboard", "barrier", "not_selected")]
+    units = {m: "" for m in head}
+    units.update({ncu.METRICS["time_ns"]: "nsecond", ncu.METRICS["dram_bytes"]: "byte"})
+    q = lambda vals: ",".join(f'"{v}"' for v in vals)
+    lines = ["==PROF== Connected to process 1 (python3)", q(head),
+             q([units[m] if m in units else "" for m in head])]
+    for r in rows:
+        lines.append(q([r.get(h, "") for h in head]))
+    lines.append("==PROF== Disconnected from process 1")
+    return "\n".join(lines)
+
+
+def test_parse_csv_and_table():
+    M = ncu.METRICS
+    row = {"ID": "0", "Kernel Name": "matmul_v1", "Block Size": "(32, 32, 1)",
+           "Grid Size": "(64, 64, 1)", M["time_ns"]: "35,000,000", M["sm_pct"]: "12.5",
+           M["mem_pct"]: "95.1", M["dram_bytes"]: "70000000", M["gld_sectors"]: "3200",
+           M["gld_requests"]: "100", M["occ_pct"]: "98.2", M["occ_limit_warps"]: "2",
+           M["occ_limit_blocks"]: "32", M["occ_limit_regs"]: "2", M["occ_limit_smem"]: "16",
+           M["max_warps"]: "64", M["block"]: "1024",
+           M["regs"]: "32", M["smem_static"]: "0", M["smem_dynamic"]: "1024",
+           M["bank_ld"]: "0", M["bank_st"]: "n/a",
+           ncu._STALL.format("long_scoreboard"): "61.0", ncu._STALL.format("barrier"): "2",
+           ncu._STALL.format("not_selected"): "70"}
+    ks = ncu.parse_csv(_csv([row, dict(row, ID="1", **{"Kernel Name": "matmul_v2(float*)"})]))
+    assert [k.name for k in ks] == ["matmul_v1", "matmul_v2"]
+    k = ks[0]
+    assert k.time_us == pytest.approx(35_000.0)
+    assert k.dram_gbs == pytest.approx(2.0)              # 70 MB in 35 ms
+    assert k.sectors_per_request == pytest.approx(32.0)
+    assert k.smem_bytes == 1024 and k.bank_conflicts == 0
+    assert k.top_stalls(1) == [("long_scoreboard", 61.0)]   # not_selected is not a stall
+    assert k.theoretical_occupancy == pytest.approx(100.0)      # 2 blocks of 32 warps of 64
+    rep = ncu.NcuReport(ks)
+    text = rep.table()
+    assert "matmul_v1" in text and "long_scoreboard 61%" in text and "32.0" in text
+    assert "v1" in rep.table(columns=("time", "sectors"), names=["v1", "v2"])
+    with pytest.raises(ValueError, match="unknown column"):
+        rep.table(columns=("nope",))
+    with pytest.raises(ValueError, match="2 launches"):
+        rep.table(names=["only one"])
+    with pytest.raises(KeyError, match="no profiled launch"):
+        rep["matmul_v9"]
+    assert ncu.parse_csv("no csv here\n") == []
+
+
+def test_reports_without_counters_print_one_line(capsys):
+    msg = ncu._why_not("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission", 1)
+    assert "no permission" in msg and "\n" not in msg
+    rep = ncu.NcuReport([], msg)
+    assert not rep and str(rep) == msg
+    rep.show()
+    assert capsys.readouterr().out.strip() == msg
+    assert ncu._why_not("==ERROR== Failed to find metric foo\n", 1) == \
+        "Nsight Compute failed: Failed to find metric foo"
+    assert ncu._unknown_metrics("==ERROR== Failed to find metric sm__nope.sum\n") == \
+        {"sm__nope.sum"}
+    assert "no kernel launch matched" in ncu._why_not("==WARNING== No kernels were profiled.", 0)
+
+
+def test_profile_without_gpu_or_ncu(monkeypatch):
+    def target():
+        import cupy  # noqa: F401
+
+    if not env.HAS_GPU:
+        rep = ncu.profile(target)
+        assert not rep and "needs a CUDA GPU" in rep.message
+    monkeypatch.setattr(env, "HAS_GPU", True)
+    monkeypatch.setattr(ncu, "find_ncu", lambda: None)
+    rep = ncu.profile(target)
+    assert not rep and "not installed" in rep.message
+    with pytest.raises(ValueError, match="clock_control"):
+        ncu.profile(target, clock_control="max")
+
+
+def _standalone():
+    x = 1
+    return x
+
+
+def test_script_of_a_function():
+    s = ncu._script(_standalone)
+    assert "def _standalone" in s or "import _standalone" in s
+    assert s.rstrip().endswith("_standalone()")
+    assert "print(1)" in ncu._script("print(1)")
+    with pytest.raises(TypeError, match="lambda"):
+        ncu._script(lambda: None)
+    with pytest.raises(TypeError, match="function or a string"):
+        ncu._script(3)
+
+
+@gpu
+def test_profile_one_kernel():
+    def add_once():
+        import cupy as cp
+        import numpy as np
+
+        import cudabook as cb
+
+        va = cb.load_cuda("vector_add")
+        x = cp.ones(4096, cp.float32)
+        va.vector_add_v1((16,), (256,), (x, x, x, np.int32(4096)))
+        cp.cuda.Device().synchronize()
+
+    rep = ncu.profile(add_once, kernel="vector_add_v1")
+    if not rep and ("permission" in rep.message or "not installed" in rep.message):
+        pytest.skip(rep.message)
+    assert len(rep) == 1 and rep[0].name == "vector_add_v1", rep.message
+    assert rep[0].time_us > 0 and rep[0].get("regs") > 0
+
+
+# ============================================================================ traces
+
+def _ev(cat, name, ts, dur, corr=None, **args):
+    a = dict(args)
+    if corr is not None:
+        a["correlation"] = corr
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": a}
+
+
+def _trace():
+    return [_ev("user_annotation", "step", 0, 100),
+            _ev("cuda_runtime", "cudaLaunchKernel", 10, 5, corr=1),
+            _ev("cuda_driver", "cuLaunchKernel", 20, 4, corr=2),
+            _ev("cuda_runtime", "cudaMemcpyAsync", 30, 8, corr=3),
+            _ev("cuda_runtime", "cudaLaunchKernel", 200, 5, corr=4),      # outside "step"
+            _ev("kernel", "gemm", 15, 10, corr=1),
+            _ev("kernel", "bias_gelu_v1", 40, 10, corr=2),
+            _ev("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 50, 20, corr=3,
+                bytes=2_000_000),
+            _ev("kernel", "gemm", 210, 10, corr=4),
+            {"ph": "i", "name": "instant", "ts": 3}]
+
+
+def test_trace_summary_within_a_range():
+    evs = torchtrace.events({"traceEvents": _trace()})
+    assert all(e["ph"] == "X" for e in evs)
+    s = torchtrace.summary(evs, within="step",
+                           origin=lambda n: "CuPy" if n.startswith("bias") else "PyTorch")
+    assert [(k[0], k[1], k[2]) for k in s.kernels] == [("gemm", "PyTorch", 1),
+                                                       ("bias_gelu_v1", "CuPy", 1)]
+    assert s.copies[0][0].startswith("Memcpy HtoD") and s.copies[0][4] == pytest.approx(100.0)
+    assert s.window_us == 55 and s.busy_us == 40 and s.gaps == [15]
+    assert s.host_us == 100 and s.busy_pct == pytest.approx(100 * 40 / 55)
+    assert "bias_gelu_v1" in str(s) and "cuLaunchKernel" in str(s)
+    with pytest.raises(KeyError, match="no record_function range 'nope'"):
+        torchtrace.select(evs, "nope")
+    with pytest.raises(TypeError, match="expected a profiler"):
+        torchtrace.events(42)
+
+
+def test_trace_timeline_draws():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = torchtrace.timeline(torchtrace.events(_trace()), within="step", origin=lambda n: "x")
+    assert len(ax.get_yticklabels()) == 4
+
+
+def test_trace_of_a_real_profile():
+    """The reader on what torch.profiler writes (a CPU-only profile works anywhere)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        with record_function("step"):
+            torch.ones(64, 64) @ torch.ones(64, 64)
+    evs = torchtrace.events(p)
+    s = torchtrace.summary(evs, within="step")
+    assert s.host_us > 0 and not s.kernels
+
+
+# ============================================================================ graphs
+
+def test_graphs_need_a_gpu():
+    if env.HAS_GPU:
+        pytest.skip("simulator-mode behaviour")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        cb.graphs.capture(lambda: None)
+    assert cb.graphs.graph_nodes(object()) is None
+
+
+@gpu
+def test_capture_and_replay():
+    import cupy as cp
+
+    va = cb.load_cuda("vector_add")
+    x = cp.ones(1000, cp.float32)
+
+    def chain():
+        for _ in range(10):
+            va.vector_add_v1((4,), (256,), (x, x, x, np.int32(1000)))   # x doubles 10 times
+
+    g = cb.graphs.capture(chain)           # runs chain once (x = 1024), then captures
+    assert g.nodes == 10
+    x.fill(1)
+    g()
+    g.synchronize()
+    assert float(x[0]) == 1024.0
+    with pytest.raises(RuntimeError, match="the graph is empty"):
+        cb.graphs.capture(lambda: None)
+    assert cb.graphs.wall_us(g, repeat=5) > 0
+
+
+# ============================================================================ graders
+
+def test_ex05_1_reference_passes(capsys):
+    if not ch05.NCU_CASES:
+        pytest.skip("no stored cases")
+    ex05_1(SOL.get("ex05.1", "name_bottlenecks"))
+    assert capsys.readouterr().out.strip() == "PASS ex05.1"
+
+
+@HAS_DATA
+@pytest.mark.parametrize("old, new, match", [
+    ('"C": "latency-bound"', '"C": "memory-bound"', r"case C: not memory-bound\. .*occupancy"),
+    ('"A": "memory-bound"', '"A": "compute-bound"', r"case A: not compute-bound\. .*DRAM"),
+    ('"D": "launch-bound"', '"D": "latency-bound"', r"case D: not latency-bound\. .*one launch"),
+    ('"B": "compute-bound"', '"B": "fast"', r"case B: 'fast' is not one of"),
+    ('"E": "compute-bound"', '', r"no answer for case\(s\) \['E'\]"),
+])
+def test_ex05_1_wrong_answers(old, new, match):
+    fn = SOL.get("ex05.1", "name_bottlenecks", edits=[(old, new)])
+    with pytest.raises(GradeError, match=match):
+        ex05_1(fn)
+
+
+def test_ex05_1_stub_fails():
+    if not ch05.NCU_CASES:
+        pytest.skip("no stored cases")
+    stub = SOL.get("ex05.1", "name_bottlenecks",
+                   edits=[("    return {", '    raise NotImplementedError\n    return {')])
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex05_1(stub)
+
+
+def test_ex05_2_reference_passes(capsys):
+    ex05_2(SOL.get("ex05.2", "blocks_per_sm"))
+    assert capsys.readouterr().out.strip() == "PASS ex05.2"
+
+
+_OCC_WRONG = [
+    ("warps = -(-threads // lim.warp_size)", "warps = threads // lim.warp_size",
+     "round threads / 32 up"),
+    ("regs_per_warp = -(-regs * lim.warp_size // lim.reg_alloc_unit) * lim.reg_alloc_unit",
+     "regs_per_warp = regs * lim.warp_size", "units of lim.reg_alloc_unit"),
+    ("(lim.regs_per_sm // parts // regs_per_warp) * parts // warps",
+     "lim.regs_per_sm // (regs_per_warp * warps)", "sub_partitions"),
+    ("(smem + lim.smem_reserved_per_block)", "(smem)", "reserves lim.smem_reserved_per_block"),
+    ("need = -(-(smem + lim.smem_reserved_per_block) // lim.smem_alloc_unit) * "
+     "lim.smem_alloc_unit", "need = smem + lim.smem_reserved_per_block",
+     "units of lim.smem_alloc_unit"),
+    ("min(by_warps, by_regs, by_smem, lim.max_blocks_per_sm)", "min(by_warps, by_regs, by_smem)",
+     "at most lim.max_blocks_per_sm blocks"),
+    ("    if threads > lim.max_threads_per_block or regs", "    if regs",
+     "more than lim.max_threads_per_block threads cannot launch"),
+    ("by_smem = lim.smem_per_sm // need if need else lim.max_blocks_per_sm",
+     "by_smem = lim.smem_per_sm // need", "needs no shared memory at all"),
+]
+
+
+@pytest.mark.parametrize("old, new, match", _OCC_WRONG, ids=[w[2][:20] for w in _OCC_WRONG])
+def test_ex05_2_wrong_formulas(old, new, match):
+    with pytest.raises(GradeError, match=match):
+        ex05_2(SOL.get("ex05.2", "blocks_per_sm", edits=[(old, new)]))
+
+
+def test_ex05_2_answers_that_fit_one_configuration():
+    with pytest.raises(GradeError, match=r"got 8 blocks, expected .* binds"):
+        ex05_2(lambda threads, regs, smem, lim: 8)          # right for 256 x 32 on an H100
+    warps_only = SOL.get("ex05.2", "blocks_per_sm", edits=[(
+        "    return min(by_warps, by_regs, by_smem, lim.max_blocks_per_sm)",
+        "    return by_warps")])
+    with pytest.raises(GradeError, match="expected"):
+        ex05_2(warps_only)
+    with pytest.raises(GradeError, match="return an int"):
+        ex05_2(lambda threads, regs, smem, lim: 8.0)
+
+
+def test_ex05_2_stub_fails():
+    stub = SOL.get("ex05.2", "blocks_per_sm", edits=[(
+        "    warps = -(-threads", '    raise NotImplementedError\n    warps = -(-threads')])
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex05_2(stub)
+
+
+@gpu
+def test_ex05_3(capsys):
+    ex05_3(SOL.get("ex05.3", "capture"))
+    assert capsys.readouterr().out.strip() == "PASS ex05.3"
+
+
+@gpu
+@pytest.mark.parametrize("edits, match", [
+    ([("    with stream:\n        stream.begin_capture()\n        run_chain()"
+       "                               # recorded, not run\n        graph = stream.end_capture()",
+       "    stream.begin_capture()\n    run_chain()\n    graph = stream.end_capture()")],
+     "the replay wrote nothing|capture\\(run_chain\\) raised"),
+    ([("return lambda: graph.launch()", "return run_chain")], "called run_chain\\(\\) again"),
+    ([("    import cupy as cp\n", '    raise NotImplementedError\n    import cupy as cp\n')],
+     "not implemented yet"),
+])
+def test_ex05_3_wrong(edits, match):
+    with pytest.raises(GradeError, match=match):
+        ex05_3(SOL.get("ex05.3", "capture", edits=edits))
+
+
+@gpu
+def test_ex05_3_rejects_a_replay_without_work():
+    def eager_once(run_chain):           # right output once, then a replay that does nothing
+        run_chain()
+        return lambda: None
+
+    with pytest.raises(GradeError, match="the replay wrote nothing"):
+        ex05_3(eager_once)
+
+
+@gpu
+def test_ex05_4(capsys):
+    ex05_4(SOL.get("ex05.4", "time_gpu"))
+    assert capsys.readouterr().out.strip() == "PASS ex05.4"
+
+
+_EVENTS = ("        start, end = cp.cuda.Event(), cp.cuda.Event()\n        start.record()\n"
+           "        fn()\n        end.record()\n        end.synchronize()"
+           "                     # the GPU has passed `end`: both stamps exist\n"
+           "        times.append(cp.cuda.get_elapsed_time(start, end))\n")
+
+
+@gpu
+@pytest.mark.parametrize("new, match", [
+    ("        import time\n        t0 = time.perf_counter()\n        fn()\n"
+     "        times.append(1e3 * (time.perf_counter() - t0))\n", "the timer stopped before"),
+    (_EVENTS.replace("        end.synchronize()", "        pass"), "end.synchronize\\(\\) first"),
+    (_EVENTS.replace("cp.cuda.get_elapsed_time(start, end)",
+                     "cp.cuda.get_elapsed_time(start, end) / 1e3"), "seconds instead"),
+    ('        raise NotImplementedError("ex05.4")\n', "not implemented yet"),
+])
+def test_ex05_4_wrong(new, match):
+    with pytest.raises(GradeError, match=match):
+        ex05_4(SOL.get("ex05.4", "time_gpu", edits=[(_EVENTS, new)]))

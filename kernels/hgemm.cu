@@ -8,7 +8,8 @@
 //   only the stores are guarded, so full tiles pay nothing for ragged sizes.
 //
 //   hgemm_v1  WMMA: one warp per 16x16 tile of C, fragments straight from global memory     sm_70+
-//   hgemm_v2  WMMA with 128x128x32 shared-memory tiles, 8 warps of 64x32 each              sm_70+
+//   hgemm_v2  WMMA with 128x128x32 shared-memory tiles, 8 warps of 64x32 each, the next
+//             tile's global loads in registers during the math                           sm_70+
 //   hgemm_v3  mma.sync m16n8k16 + ldmatrix (inline PTX, mma.cuh), 128x128x64 tiles,
 //             row-major shared tiles: each ldmatrix is an 8-way bank conflict              sm_75+
 //   hgemm_v4  v3 with the XOR swizzle (chunk c of row r at c ^ r%8): conflict-free          sm_75+
@@ -103,8 +104,11 @@ hgemm_v1(const __half* A, const __half* B, __half* C, int M, int N, int K) {
 
 constexpr int V2_LD = 40;   // 32 halves of a tile row + 8 of padding: rows 80 bytes apart
 
-// launch: grid (ceil(N/128), ceil(M/128)), block 256: warps 2 (rows) x 4 (columns) of 64x32
-extern "C" __global__ void __launch_bounds__(256)
+// launch: grid (ceil(N/128), ceil(M/128)), block 256: warps 2 (rows) x 4 (columns) of 64x32.
+// Per 32-deep step: the tiles go from registers to shared memory, the next step's global loads
+// are issued into registers (so they are in flight during the math), then 4 x 2 fragments of
+// 16x16 per warp and 16-deep slice.
+extern "C" __global__ void __launch_bounds__(256, 2)
 hgemm_v2(const __half* A, const __half* B, __half* C, int M, int N, int K) {
     __shared__ __align__(128) __half As[128 * V2_LD];   // A[m0.., k0..k0+31], row-major
     __shared__ __align__(128) __half Bs[128 * V2_LD];   // B[n0.., k0..k0+31]: B^T column-major
@@ -119,20 +123,29 @@ hgemm_v2(const __half* A, const __half* B, __half* C, int M, int N, int K) {
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    for (int k0 = 0; k0 < K; k0 += 32) {
-        // 128 rows x 4 chunks of 8 halves per matrix: 2 chunks per thread, zeros outside
+    // 128 rows x 4 chunks of 8 halves per matrix: 2 chunks per thread, zeros outside
+    uint4 ra[2], rb[2];
+    auto fetch = [&](int k0) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int e = tid + i * 256, r = e >> 2, c = (e & 3) * 8;
-            uint4 va = make_uint4(0, 0, 0, 0), vb = make_uint4(0, 0, 0, 0);
+            ra[i] = rb[i] = make_uint4(0, 0, 0, 0);
             if (m0 + r < M && k0 + c < K)
-                va = *reinterpret_cast<const uint4*>(A + (size_t)(m0 + r) * K + k0 + c);
+                ra[i] = *reinterpret_cast<const uint4*>(A + (size_t)(m0 + r) * K + k0 + c);
             if (n0 + r < N && k0 + c < K)
-                vb = *reinterpret_cast<const uint4*>(B + (size_t)(n0 + r) * K + k0 + c);
-            *reinterpret_cast<uint4*>(As + r * V2_LD + c) = va;
-            *reinterpret_cast<uint4*>(Bs + r * V2_LD + c) = vb;
+                rb[i] = *reinterpret_cast<const uint4*>(B + (size_t)(n0 + r) * K + k0 + c);
         }
-        __syncthreads();
+    };
+    fetch(0);
+    for (int k0 = 0; k0 < K; k0 += 32) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int e = tid + i * 256, r = e >> 2, c = (e & 3) * 8;
+            *reinterpret_cast<uint4*>(As + r * V2_LD + c) = ra[i];
+            *reinterpret_cast<uint4*>(Bs + r * V2_LD + c) = rb[i];
+        }
+        __syncthreads();                                  // the tiles are complete
+        if (k0 + 32 < K) fetch(k0 + 32);                  // next step's loads, in flight now
 #pragma unroll
         for (int kk = 0; kk < 32; kk += 16) {
 #pragma unroll
@@ -146,7 +159,7 @@ hgemm_v2(const __half* A, const __half* B, __half* C, int M, int N, int K) {
 #pragma unroll
                 for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
         }
-        __syncthreads();
+        __syncthreads();                                  // everyone is done reading them
     }
 #pragma unroll
     for (int i = 0; i < 4; i++)

@@ -294,12 +294,22 @@ def test_ex08_4_reference_passes(capsys):
     assert capsys.readouterr().out.strip().endswith("PASS ex08.4")
 
 
+@pytest.mark.parametrize("edits,hint", [
+    ([], "main loop is missing"),
+    ([("        cp_async_wait<STAGES - 2>();", "        ")], "no cp_async_wait"),
+    ([("        __syncthreads();", "        ")], "no __syncthreads"),
+])
+def test_ex08_4_static_checks(edits, hint):
+    """Caught from the source before anything runs (CPU too): the stub, no wait, no barrier."""
+    src = SOL.stub("ex08.4", "hgemm_pipe_src") if not edits else \
+        SOL.get("ex08.4", "hgemm_pipe_src", edits=edits)
+    with pytest.raises(GradeError, match=hint):
+        ex08_4(src)
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("edits,hint", [
-    ([], "all zeros"),
-    ([("        cp_async_wait<STAGES - 2>();", "        ")], "no cp_async_wait"),
-    ([("        __syncthreads();", "        ")], "no __syncthreads"),
     ([("cp_async_wait<STAGES - 2>()", "cp_async_wait<STAGES - 1>()")], "cp_async_wait<STAGES - 2>"),
     ([("        __syncthreads();                        // everyone's have", "        //"),
       ("        mma_stage(As + (kt % STAGES) * BM * BK, Bs + (kt % STAGES) * BN * BK, acc);\n",

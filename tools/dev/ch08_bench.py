@@ -176,10 +176,40 @@ def bench_bf16(versions, n=4096, repeat=10):
     return {r.name: dict(tflops=r.value, ratio=r.ratio) for r in t.rows}
 
 
-NCU_METRICS = {
-    "tensor_hmma_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
-    "tensor_gmma_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
-}
+def tensor_metrics() -> dict[str, str]:
+    """The tensor-pipe counters this ncu has for this GPU: every ``*pipe_tensor*cycles_active``
+    (busy cycles, as % of peak: hmma is mma.sync and WMMA, the Hopper ones count wgmma)."""
+    from cudabook.ncu import _available_metrics, find_ncu
+
+    have = _available_metrics(find_ncu() or "ncu") or set()
+    names = sorted(m for m in have if "pipe_tensor" in m and m.endswith("cycles_active"))
+    log("tensor-pipe metrics available:", names)
+    return {m.replace("sm__pipe_", "").replace("_cycles_active", "") + "_pct":
+            m + ".avg.pct_of_peak_sustained_active" for m in names[:6]}
+
+
+def raw_columns(raw: str, names: list[str]) -> list[dict]:
+    """Per launch (in order), the values of metric columns ``names`` in ncu's raw CSV."""
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO(raw)))
+    if not rows:
+        return []
+    head = rows[0]
+    col = {h: i for i, h in enumerate(head)}
+    out = []
+    for r in rows[1:]:
+        if len(r) != len(head) or not r[col["ID"]].strip():
+            continue
+        vals = {}
+        for n in names:
+            try:
+                vals[n] = float(r[col[n]].replace(",", ""))
+            except (KeyError, ValueError):
+                vals[n] = None
+        out.append(vals)
+    return out
 NCU_TARGET = """
 import cupy as cp
 import cudabook as cb
@@ -204,19 +234,24 @@ def ncu(versions, n=4096, path=ROOT / "reports" / "ch08_ncu.csv"):
 
     import cudabook as cb
 
-    metrics = {**cb.ncu.METRICS, **NCU_METRICS}
+    tensor = tensor_metrics()
+    metrics = {**cb.ncu.METRICS, **tensor}
     rep = cb.ncu.profile(NCU_TARGET.format(n=n, versions=list(versions)), "regex:hgemm",
                          launch_count=len(versions), metrics=metrics, timeout=400)
     log(f"ncu: {len(rep)} launches in {rep.seconds:.0f} s; dropped metrics {rep.dropped}; "
         f"{rep.message}")
     if not rep:
         return
+    tens = raw_columns(rep.raw, list(tensor.values()))
     rows = []
-    for v, k in zip(versions, rep.kernels):
+    for i, (v, k) in enumerate(zip(versions, rep.kernels)):
         g = k.values.get
+        tv = {lab: (tens[i].get(m) if i < len(tens) else None) for lab, m in tensor.items()}
+        busy = [x for x in tv.values() if x is not None]
         rows.append({"version": v, "kernel": k.name[:40], "time_us": k.time_us,
-                     "tensor_hmma_pct": g("tensor_hmma_pct"),
-                     "tensor_gmma_pct": g("tensor_gmma_pct"), "issue_pct": g("issue_pct"),
+                     "tensor_pct": max(busy) if busy else None,
+                     "tensor_pipe": max(tv, key=lambda t: tv[t] or -1) if busy else "",
+                     **tv, "issue_pct": g("issue_pct"),
                      "occupancy_pct": g("occ_pct"), "regs": g("regs"),
                      "smem_kib": None if k.smem_bytes is None else k.smem_bytes / 1024,
                      "bank_conflicts_ld": g("bank_ld"), "bank_conflicts_st": g("bank_st"),

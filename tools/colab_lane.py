@@ -8,7 +8,8 @@
    ``numba``, ``numba-cuda``, ``cupy-cuda12x``, ``matplotlib``, ...: ``name>=X`` installs
    ``name==X``; what Colab ships) and PyTorch's CPU build (older CPU builds of torch are not on
    PyPI; Colab ships its own). No cudabook.
-2. ``numba.cuda`` must import next to the ``numba`` pip chose, in both modes.
+2. ``numba.cuda`` must import next to the ``numba`` pip chose, in both modes (and, at the end,
+   next to the newest ``numba`` the bounds admit: the pair that breaks without the bound).
 3. Each lesson ``lessons/*.ipynb`` is copied alone into an empty folder and run there with
    ``pytest --nbval-lax``, ``CUDABOOK_SRC`` pointing at this clone: the first one's setup cell
    installs cudabook (as a wheel, not the clone); without a GPU, cudabook picks simulator mode.
@@ -72,6 +73,40 @@ def pip(vpy: Path, *args: str) -> None:
     if r.returncode:
         raise SystemExit(f"colab lane: pip install {' '.join(args)} failed:\n{r.stdout[-2000:]}"
                          f"{r.stderr[-3000:]}")
+
+
+SIM_KERNEL = """
+from numba import cuda
+import numpy as np
+@cuda.jit
+def k(a):
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = 2 * i
+a = np.zeros(40, np.float32)
+k[2, 32](a)
+assert a[39] == 78, a
+"""
+
+
+def newest_numba_corner(vpy: Path, env: dict[str, str]) -> list[str]:
+    """The other corner of what requirements.txt admits: the oldest numba-cuda next to the newest
+    numba the bounds allow (the pair that breaks without the bound). Imports in both modes and a
+    kernel on the simulator."""
+    spec = next(ln.split("#")[0].strip() for ln in (ROOT / "requirements.txt").read_text()
+                .splitlines() if re.match(r"^numba\s*[<>=]", ln))
+    pip(vpy, "--upgrade", spec)
+    v = run([str(vpy), "-c", "import importlib.metadata as m; print(m.version('numba'), "
+             "m.version('numba-cuda'))"], env=env).stdout.split()
+    errs = []
+    for sim, code in (("1", SIM_KERNEL), ("0", "import numba.cuda")):
+        r = run([str(vpy), "-c", code], env={**env, "NUMBA_ENABLE_CUDASIM": sim})
+        if r.returncode:
+            errs.append(f"numba-cuda {v[1]} next to numba {v[0]} ({spec}) fails "
+                        f"(NUMBA_ENABLE_CUDASIM={sim}): {r.stderr.strip().splitlines()[-1]}")
+    print(f"  numba-cuda {v[1]} next to numba {v[0]}, the newest {spec!r} admits: "
+          f"{'ok' if not errs else 'FAILS'}")
+    return errs
 
 
 def lane_env(venv: Path) -> dict[str, str]:
@@ -191,6 +226,7 @@ def main(chapters: list[str]) -> int:
                   f"{sum(st_u.get(k) == 'failed' for k in gr)} fail, solved "
                   f"{sum(st_s.get(k) == 'passed' for k in gr)} pass, "
                   f"{sum(st_s.get(k) == 'skipped' for k in gr)} skipped ({time.time() - t1:.0f} s)")
+        bad += newest_numba_corner(vpy, env)
     finally:
         if os.environ.get("COLAB_LANE_KEEP"):
             print(f"colab lane: kept {work}")

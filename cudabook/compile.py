@@ -134,7 +134,7 @@ class CudaModule:
 
     def get(self, name: str):
         """The kernel ``name``; AttributeError naming the kernels defined if there is none."""
-        from cupy.cuda.driver import CUDADriverError
+        from cupy_backends.cuda.api.driver import CUDADriverError   # cupy.cuda.driver's
 
         try:
             return self.raw.get_function(_need_str(name, "kernel name"))

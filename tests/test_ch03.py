@@ -243,7 +243,7 @@ def test_ex03_1_reference_passes(capsys):
 @pytest.mark.parametrize("edits, hint", [
     ([("blocks = (n + TPB - 1) // TPB", "blocks = max(n // TPB, 1)")], "last partial block"),
     ([("s[tid] = x[i] if i < x.size else float32(0)", "s[tid] = x[i]")],
-     "missing bounds guard|elements past the end read"),
+     "missing bounds guard|values past the end read"),
     ([TREE_NO_SYNC], "a cuda.syncthreads\\(\\) after loading the shared array and after every "
                      "level"),
     ([("        if blocks == 1:\n            return float(partial.copy_to_host()[0])\n",
@@ -296,7 +296,7 @@ def test_ex03_1_sequential_float32_sum_gets_the_precision_hint():
                                                    "running_total[blocks, TPB](x, partial)")])
     launcher.__globals__["running_total"] = _running_total
     assert ns is not launcher.__globals__
-    with pytest.raises(GradeError, match="A running float32 total"):
+    with pytest.raises(GradeError, match="what a running float32 total gives"):
         ex03_1(launcher)
 
 
@@ -335,7 +335,7 @@ def test_ex03_3_wrong_answers_fail(edits, hint):
 
 
 def test_ex03_3_stub_fails():
-    with pytest.raises(GradeError, match="not implemented yet|still the stub"):
+    with pytest.raises(GradeError, match="not implemented yet"):
         ex03_3(SOL.stub("ex03.3", "softmax_online"))
 
 
@@ -369,7 +369,7 @@ def test_ex03_4_wrong_answers_fail(edits, hint):
 
 
 def test_ex03_4_stub_fails():
-    with pytest.raises(GradeError, match="not implemented yet|still the stub"):
+    with pytest.raises(GradeError, match="not implemented yet"):
         ex03_4(SOL.stub("ex03.4", "layernorm"))
 
 

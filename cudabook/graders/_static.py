@@ -23,7 +23,7 @@ import tokenize
 
 from ._core import GradeError
 
-__all__ = ["cuda_code", "python_code", "calls", "mentions"]
+__all__ = ["cuda_code", "python_code", "calls", "mentions", "refuse_stub"]
 
 
 def cuda_code(src: str) -> str:
@@ -97,3 +97,12 @@ def calls(code: str, name: str) -> int:
 def mentions(code: str, word: str) -> bool:
     """True when ``word`` appears in ``code`` as a whole word (or as a prefix: ``__shfl``)."""
     return re.search(rf"(?<!\w){re.escape(word)}", code) is not None
+
+
+def refuse_stub(ex: str, kernel) -> None:
+    """GradeError if a Numba kernel is still the exercise's stub. (On a GPU a ``raise`` inside a
+    kernel is not propagated: the kernel just writes nothing, which would read as a wrong
+    answer.)"""
+    if re.search(r"\braise\s+NotImplementedError\b", python_code(ex, kernel)):
+        raise GradeError(f"{ex}: not implemented yet (the stub still raises "
+                         "NotImplementedError)")

@@ -35,7 +35,7 @@ from ._core import (
 )
 from ._core import compile_kernel as _compile
 from ._race import racecheck, simulate
-from ._static import calls, cuda_code, python_code
+from ._static import calls, cuda_code, python_code, refuse_stub
 
 __all__ = ["ex04_1", "ex04_2", "ex04_3", "ex04_4", "FAST_FRACTION", "diagnose_2d"]
 
@@ -226,6 +226,7 @@ def ex04_1(matmul_abt) -> None:
     different data per shape; the big shapes run only on a GPU.
     """
     ex = "ex04.1"
+    refuse_stub(ex, matmul_abt)
     rng, seed = fresh_rng()
     shapes = _sim_shapes([(1, 1, 1), (16, 16, 16), (17, 33, 20), (35, 3, 40)],
                          [(1000, 777, 129), (4096, 17, 300), (123, 2049, 1000)])
@@ -353,6 +354,7 @@ def ex04_3(matmul_ragged) -> None:
     (so a problem elsewhere is told apart), then ragged M, N, K and tall-skinny ones.
     """
     ex = "ex04.3"
+    refuse_stub(ex, matmul_ragged)
     rng, seed = fresh_rng()
     shapes = _sim_shapes([(32, 32, 8), (1, 1, 1), (33, 31, 9), (5, 70, 17), (70, 3, 3)],
                          [(1023, 1025, 517), (4096, 20, 36), (3, 4099, 100)])

@@ -249,6 +249,19 @@ def test_ex09_4_wrong_answers_fail(edits, hint):
         ex09_4(SOL.get("ex09.4", "flash_fwd_causal", edits=edits))
 
 
+def test_ex09_4_hint_when_the_diagonal_is_masked_on_a_gpu():
+    """On a GPU, log(0) is -inf and 0 / 0 NaN (the simulator raises instead): a kernel that masks
+    the diagonal leaves row 0 NaN; alone (Nq = 1) the whole output is NaN."""
+    from cudabook.graders.ch09 import _fwd_hint
+
+    rng = np.random.default_rng(3)
+    for Nq in (1, 17):
+        q, k, v = (rng.standard_normal((1, Nq, 8)).astype(np.float32) for _ in range(3))
+        got, _ = attention_reference(q, k, v, True, shift=-1)
+        got[:, 0] = np.nan
+        assert "diagonal" in _fwd_hint(got, None, None, q, k, v, True, "BH=1")
+
+
 # ============================================================================ ex09_5
 def test_ex09_5_reference_passes(capsys):
     ex09_5(SOL.get("ex09.5", "bwd_tile"))

@@ -399,6 +399,9 @@ def _fwd_hint(got, gl, ref, q, k, v, causal, what) -> str:
                 "< min(Nk, q0 + BR) only: stop the tile loop there (those tiles are skipped, not "
                 "loaded and masked)")
     if np.isnan(got).all():
+        if causal:                  # 0 / 0 where a query sees no key, as with the diagonal masked
+            return ("output all NaN: never written (is the kernel body still the stub?), or no "
+                    "query saw a key: is the diagonal masked? a query sees itself, j <= i")
         return "output never written: is the kernel body still the stub?"
     if causal:
         for shift, msg in ((-1, "the diagonal is masked (j < i): a query sees itself, j <= i"),

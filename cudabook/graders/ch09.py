@@ -33,6 +33,7 @@ from ._core import (
     sync,
     to_device,
 )
+from ._core import compile_kernel as _compile
 from ._race import simulate
 
 __all__ = ["ex09_1", "ex09_2", "ex09_3", "ex09_4", "ex09_5", "attention_reference",
@@ -42,26 +43,6 @@ BR = 16        # ex09_3, ex09_4: queries per block (one thread each)
 BC = 16        # ex09_3, ex09_4: keys per tile
 RTOL = 1e-4    # float32 results against float64 references
 ATOL = 1e-5
-
-
-def _compile(ex: str, src: str, name: str):
-    """The kernel ``name`` of the student's CUDA C++ source; compile errors and a missing kernel
-    become a GradeError. (Straight from CuPy's RawModule: CudaModule.get imports
-    cupy.cuda.driver, which CuPy 14 does not have.)"""
-    from ..compile import compile_source, kernel_names
-
-    if not isinstance(src, str):
-        raise GradeError(f"{ex}: expected the CUDA C++ source as a str, got "
-                         f"{type(src).__name__}")
-    try:
-        mod = compile_source(src, name=f"{ex} source")
-    except RuntimeError as e:
-        raise GradeError(f"{ex}: does not compile:\n{e}") from None
-    try:
-        return mod.raw.get_function(name)
-    except Exception:  # noqa: BLE001 - CUDA_ERROR_NOT_FOUND from the driver
-        raise GradeError(f"{ex}: the source defines no kernel {name!r} (extern \"C\" "
-                         f"__global__); it defines {kernel_names(src)}") from None
 
 
 # ----------------------------------------------------------------------------- references

@@ -58,11 +58,21 @@ METADATA = {
 CONFIG = ROOT / "_config.yml"
 
 
+def _block(text: str, section: str) -> re.Match | None:
+    """The body of the top-level ``section:`` of a YAML text (no YAML library: the GPU machine
+    that runs this module has none)."""
+    return re.search(rf"^{section}:[ \t]*(?:#.*)?\n((?:[ #].*\n|\n)*)", text, re.M)
+
+
+def _get_key(text: str, section: str, key: str) -> str:
+    m = _block(text, section)
+    k = m and re.search(rf"^\s+{key}:[ \t]*(\"[^\"]*\"|[^\s#]*)", m.group(1), re.M)
+    return k.group(1).strip('"') if k else ""
+
+
 def repo_url(config: Path = CONFIG) -> str:
     """The project's address, ``repository.url`` of _config.yml (the one place it is kept)."""
-    import yaml
-
-    url = (yaml.safe_load(config.read_text()).get("repository") or {}).get("url", "")
+    url = _get_key(config.read_text(), "repository", "url")
     if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url or ""):
         raise SystemExit(f"{config}: repository.url must be https://github.com/OWNER/REPO, "
                          f"not {url!r}")
@@ -328,7 +338,7 @@ def cmd_check(only: list[str] | None = None) -> int:
 # ----------------------------------------------------------------------------- the address
 def _set_key(text: str, section: str, key: str, value: str) -> str:
     """Set ``key`` inside the top-level ``section:`` block of a YAML text, keeping comments."""
-    m = re.search(rf"^{section}:\n((?:[ #].*\n|\n)*)", text, re.M)
+    m = _block(text, section)
     if not m:
         raise SystemExit(f"_config.yml has no {section}: block")
     block, n = re.subn(rf"^(\s+{key}:[ \t]*)(\"[^\"]*\"|[^\s#]*)(.*)$",

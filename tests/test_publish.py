@@ -249,3 +249,14 @@ def test_config_reads_the_address_once():
     assert "sphinx-mathjax-offline" in cfg["sphinx"]["extra_extensions"]
     assert not cfg["sphinx"]["config"]["mathjax_path"].startswith("http")
     json.dumps(cfg)  # plain data
+
+
+def test_release_checklist_and_readme_say_how_the_book_is_published():
+    page = (ROOT / "book" / "maintainers.md").read_text()
+    steps = page.split("## Releasing", 1)[1]
+    for what in ("gpu_lane.sh", "reports/gpu-lane-DATE.md", "git tag", "book.yml", ".ci/run"):
+        assert what in steps, f"the release checklist does not mention {what}"
+    readme = (ROOT / "README.md").read_text()
+    assert nbtools.book_url(nbtools.REPO_URL) in readme          # where the book is read
+    assert re.search(r"GPU-lane run of\s+\*\*\d{4}-\d\d-\d\d\*\*", readme)  # and from when
+    assert "set-url" in readme and "3.13" in readme

@@ -32,7 +32,8 @@ __all__ = ["ex08_1", "ex08_2", "ex08_3", "ex08_4", "FAST_FRACTION", "FAST_N", "p
 
 #: ex08_4: the fraction of cuBLAS fp16 (same run, n = FAST_N) the pipelined kernel must reach.
 #: On the H100 the single-stage kernel of the lesson (v4) reaches 0.34-0.36 and the 3-stage one
-#: (v5) 0.44-0.46 (run of tools/dev/ch08_bench.py, reports/ch08_bench.json).
+#: (v5) 0.44-0.46 (tools/dev/ch08_bench.py, reports/ch08_bench.json; the lesson's ladder), and the
+#: reference solution of ex08.4 reached 0.43 in the run of solutions/08_tensor_cores.ipynb.
 FAST_FRACTION = 0.40
 FAST_N = 4096
 U16 = 2.0 ** -11          # unit roundoff of fp16
@@ -130,7 +131,9 @@ def _diagnose(ex: str, case: str, out, ref, absprod, K: int, out_dtype: str, buf
     msg = (f"{ex}: {case}: {int(bad.sum())} of {M * N} elements outside the fp32-accumulation "
            f"bound, first at ({i}, {j}): got {o[i, j]:.6g}, expected {ref[i, j]:.6g}")
     half_bound = _bound(ref, absprod, K, out_dtype, acc="float16")
-    if (err <= half_bound).all():
+    # fp16 accumulation: most elements off, each by no more than an fp16 running sum allows
+    # (a race or a missing tile leaves most elements right, or misses by far more)
+    if bad.mean() > 0.1 and (err <= half_bound).all():
         raise GradeError(f"{msg}; the errors fit fp16 accumulation (they grow with K = {K}): "
                          "accumulate in fp32 (an accumulator fragment of float, the .f32 "
                          "accumulator of mma.sync) and round only the result")

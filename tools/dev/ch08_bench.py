@@ -184,7 +184,7 @@ def tensor_metrics() -> dict[str, str]:
     have = _available_metrics(find_ncu() or "ncu") or set()
     names = sorted(m for m in have if "pipe_tensor" in m and m.endswith("cycles_active"))
     log("tensor-pipe metrics available:", names)
-    return {m.replace("sm__pipe_", "").replace("_cycles_active", "") + "_pct":
+    return {m.split("__pipe_")[-1].replace("_cycles_active", "") + "_busy_pct":
             m + ".avg.pct_of_peak_sustained_active" for m in names[:6]}
 
 
@@ -250,7 +250,8 @@ def ncu(versions, n=4096, path=ROOT / "reports" / "ch08_ncu.csv"):
         busy = [x for x in tv.values() if x is not None]
         rows.append({"version": v, "kernel": k.name[:40], "time_us": k.time_us,
                      "tensor_pct": max(busy) if busy else None,
-                     "tensor_pipe": max(tv, key=lambda t: tv[t] or -1) if busy else "",
+                     "tensor_pipe": max(tv, key=lambda t: tv[t] or -1).replace("_busy_pct", "")
+                     if busy else "",
                      **tv, "issue_pct": g("issue_pct"),
                      "occupancy_pct": g("occ_pct"), "regs": g("regs"),
                      "smem_kib": None if k.smem_bytes is None else k.smem_bytes / 1024,

@@ -134,7 +134,8 @@ class CudaModule:
 
     def get(self, name: str):
         """The kernel ``name``; AttributeError naming the kernels defined if there is none."""
-        from cupy_backends.cuda.api.driver import CUDADriverError   # cupy.cuda.driver's
+        # cupy.cuda.driver is an attribute, not a module, in CuPy 14: import from where it lives
+        from cupy_backends.cuda.api.driver import CUDADriverError
 
         try:
             return self.raw.get_function(_need_str(name, "kernel name"))

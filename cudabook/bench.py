@@ -304,7 +304,9 @@ def sweep(sizes, setup: Callable[[Any], Mapping[str, Any]], *, xlabel: str = "si
     from tqdm import tqdm  # text bar (stderr): no widget state in stored outputs
 
     tables = []
-    for n in tqdm(sizes, desc=desc, leave=False):
+    # CUDABOOK_PROGRESS=0 (set by tools/gpu_execute.py): no bar in the outputs the book stores
+    quiet_bar = os.environ.get("CUDABOOK_PROGRESS", "1") == "0"
+    for n in tqdm(sizes, desc=desc, leave=False, disable=quiet_bar):
         kw = dict(bench_kw)
         got = setup(n)
         if not isinstance(got, Mapping):

@@ -38,6 +38,9 @@ def _probe_gpu() -> tuple[bool, str]:
 # Small grids are deliberate in this book (ragged-size tests, demos); Numba's low-occupancy
 # warning would print into graded outputs, which must be exactly one line.
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
+# Lessons pass host arrays to Numba on purpose where they teach implicit copies (and say so in the
+# text); the per-launch NumbaPerformanceWarning would repeat that in every stored output.
+os.environ.setdefault("NUMBA_CUDA_WARN_ON_IMPLICIT_COPY", "0")
 
 _forced_sim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
 if _forced_sim:

@@ -37,6 +37,7 @@ def gpu_name() -> str:
 
 def main(paths: list[str]) -> int:
     os.environ.pop("MPLBACKEND", None)   # the kernels must use the inline backend to store figures
+    os.environ["CUDABOOK_PROGRESS"] = "0"  # no progress bars (stderr) in the stored outputs
     gpu = gpu_name()
     results, bad = [], 0
     for p in paths:

@@ -4,6 +4,8 @@
 #   bash tools/gpu_lane.sh            every chapter
 #   bash tools/gpu_lane.sh 03 04      only these chapters
 #   LESSONS_ONLY=1 bash tools/gpu_lane.sh 04    lessons only (execute, nbval, policy)
+#   SKIP_NBVAL=1 bash tools/gpu_lane.sh          no second execution (step 3), for a run short of
+#                                                device time; the report marks the step skipped
 #
 # It refuses to start without a GPU. Then, chapter by chapter:
 #   1. execute lessons/NN_* and solutions/NN_* in place (tools/gpu_execute.py); their bench
@@ -95,8 +97,12 @@ for c in "${chapters[@]}"; do
     step "$c" exercises "$py" tools/nbtools.py exercises
     for f in exercises/${c}_*.ipynb; do [ -f "$f" ] && nbs_e+=("$f"); done
   fi
-  CUDABOOK_RACE_CHECKS=0 \
-    step "$c" nbval "$py" -m pytest -q -p no:cacheprovider --nbval-lax "${nbs_l[@]}" "${nbs_s[@]}"
+  if [ -z "${SKIP_NBVAL:-}" ]; then
+    CUDABOOK_RACE_CHECKS=0 \
+      step "$c" nbval "$py" -m pytest -q -p no:cacheprovider --nbval-lax "${nbs_l[@]}" "${nbs_s[@]}"
+  else   # a run short of device time: the report says the outputs were not re-checked here
+    rows+=("| $c | nbval | skipped (SKIP_NBVAL=1: outputs not re-executed a second time) | 0 s | |")
+  fi
   if [ -z "${LESSONS_ONLY:-}" ]; then
     [ ${#nbs_e[@]} -gt 0 ] && CUDABOOK_RACE_CHECKS=0 \
       step "$c" graders "$py" tools/check_exercises.py "${nbs_e[@]}"

@@ -4,6 +4,9 @@ records every global, shared and constant-memory access of every thread.
 Run as ``python -c "import runpy; runpy.run_path(THIS, run_name='__main__')" JOB RESULT``
 (by path, not as ``cudabook._traceworker``, so the package and its GPU probe are not imported).
 JOB is a pickle written by ``cudabook.tracer``; RESULT receives a pickle of plain data.
+``build_functions`` (re-create the functions of a ``tracer.Shipment``) is also imported, as
+``cudabook._traceworker``, by the simulator process of ``cudabook.graders._race.simulate``;
+importing the module changes nothing: the patches and the simulator switch are in ``main``.
 
 How the record is made (numba-cuda 0.22 to 0.30 simulator internals, all read-only here):
 
@@ -34,10 +37,7 @@ import threading
 import time
 import traceback
 
-os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 READ, WRITE, ATOMIC = 0, 1, 2
 
@@ -295,12 +295,16 @@ def _patch_simulator() -> None:
             setattr(sima.FakeCUDAAtomic, name, atomic(name, fn))
 
 
-def _build_functions(job: dict, tmp: str, cuda) -> tuple[object, list[str]]:
-    """Re-create the kernel and its device functions from their source; returns (kernel,
-    notes about globals that could not be sent)."""
+def build_functions(funcs: list[dict], namespaces: dict[int, dict], tmp: str,
+                    cuda) -> tuple[dict[int, object], list[str]]:
+    """Re-create the functions of a ``tracer.Shipment`` (its ``funcs`` and ``namespaces``):
+    returns ({id: kernel, device function or Python function}, notes about globals that could
+    not be sent). The sources are written to files in ``tmp`` (so ``inspect.getsource`` and
+    tracebacks work while it exists); ``cuda`` is ``numba.cuda``. Also used by
+    ``cudabook.graders._race`` to re-create an answer in the simulator."""
     spaces: dict[int, dict] = {}
     notes: list[str] = []
-    for nsid, ns in job["namespaces"].items():
+    for nsid, ns in namespaces.items():
         g = {"__name__": f"cbtrace_ns{nsid}", "__builtins__": builtins}
         for name, mod in ns["modules"].items():
             try:
@@ -315,7 +319,7 @@ def _build_functions(job: dict, tmp: str, cuda) -> tuple[object, list[str]]:
         notes += [f"{name}: {why}" for name, why in ns["missing"].items()]
         spaces[nsid] = g
     made = {}
-    for f in job["funcs"]:     # dependencies first
+    for f in funcs:     # dependencies first
         path = os.path.join(tmp, f"f{f['id']}_{f['name']}.py")
         with open(path, "w") as fh:
             fh.write(f["source"])
@@ -323,13 +327,14 @@ def _build_functions(job: dict, tmp: str, cuda) -> tuple[object, list[str]]:
         g = spaces[f["ns"]]
         exec(compile(f["source"], path, "exec"), g)  # noqa: S102
         py = g[f["name"]]
-        made[f["id"]] = cuda.jit(device=True)(py) if f["device"] else cuda.jit(py)
+        made[f["id"]] = {"device": lambda p: cuda.jit(device=True)(p), "kernel": cuda.jit,
+                         "python": lambda p: p}[f["kind"]](py)
         g[f["name"]] = made[f["id"]]
-        for nsid, ns in job["namespaces"].items():
+        for nsid, ns in namespaces.items():
             for name, fid in ns["funcs"].items():
                 if fid == f["id"]:
                     spaces[nsid][name] = made[fid]
-    return made[job["kernel"]], notes
+    return made, notes
 
 
 def _error_text(e: BaseException, notes: list[str]) -> str:
@@ -344,6 +349,8 @@ def _error_text(e: BaseException, notes: list[str]) -> str:
 
 
 def main(job_path: str, out_path: str) -> None:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"         # before numba.cuda is imported
+    os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
     with open(job_path, "rb") as fh:
         job = pickle.load(fh)
     STATE["max"], STATE["grid"] = job["max_accesses"], job["grid"]
@@ -355,7 +362,8 @@ def main(job_path: str, out_path: str) -> None:
     with tempfile.TemporaryDirectory(prefix="cbtrace_") as tmp:
         notes: list[str] = []
         try:
-            kernel, notes = _build_functions(job, tmp, cuda)
+            made, notes = build_functions(job["funcs"], job["namespaces"], tmp, cuda)
+            kernel = made[job["kernel"]]
             args = []
             for kind, name, val in job["args"]:
                 args.append(_new_array(val, name, "global", None) if kind == "array" else val)

@@ -139,7 +139,8 @@ def analyse(t: Trace, outputs: list[str] | None = None) -> Findings:
     """All findings of a trace. ``outputs``: the arrays checked for elements never written
     (default: every global array that the kernel writes at least once)."""
     f = Findings(t)
-    f.out_of_bounds = list(t.oob[:MAX_EACH])
+    # by thread, not in the order the simulator happened to run the threads
+    f.out_of_bounds = sorted(t.oob, key=lambda o: (o.block, o.thread, o.phase))[:MAX_EACH]
     f.counts["out_of_bounds"] = len(t.oob)
     acc = t.acc
     space = np.array([a.space for a in t.arrays] or [""], dtype=object)

@@ -313,8 +313,20 @@ def _source(py: types.FunctionType) -> str:
     return "\n" * (first - 1) + "\n".join(out) + "\n"
 
 
-class _Shipper:
-    """Collects what the subprocess needs to re-create a kernel: sources, globals, modules."""
+class Shipment:
+    """What a fresh Python process needs to re-create some functions: their sources and the
+    globals they read. The one way the book sends code to another process: ``cb.trace`` sends
+    a kernel to the tracing process, ``graders._race.simulate`` an answer to the simulator.
+
+    ``add(obj)`` takes a Numba kernel or device function (GPU or simulator mode) or a plain
+    Python function and returns its id. Its source travels with the decorators removed (a
+    Numba function is re-decorated there with ``cuda.jit``, ``device=True`` where it was); the
+    globals and closure variables it reads travel by value (pickle; GPU arrays as NumPy
+    arrays), modules by name, and the functions it calls the same way, recursively: Numba
+    functions and functions defined in a notebook or ``kernels/`` by source, functions of an
+    importable module by reference. What cannot be sent is listed in ``missing()``.
+    ``_traceworker.build_functions`` re-creates everything on the other side.
+    """
 
     def __init__(self) -> None:
         self.funcs: list[dict] = []
@@ -333,11 +345,16 @@ class _Shipper:
         return self._ns_of[key]
 
     def add(self, obj) -> int:
+        """Ship ``obj`` (a Numba function or a plain Python function); returns its id."""
         py = _py_func(obj)
+        kind = ("device" if _is_device(obj) else "kernel") if py is not None else "python"
+        if py is None and isinstance(obj, types.FunctionType):
+            py = obj
         if py is None:
-            raise TraceError(f"cb.trace: {obj!r} is not a Numba @cuda.jit function")
+            raise TraceError(f"{obj!r} is not a Numba @cuda.jit function or a Python function")
         if id(py) in self.ids:
             return self.ids[id(py)]
+        src = _source(py)                 # before any id is taken: a TraceError leaves no trace
         fid = len(self.ids)
         self.ids[id(py)] = fid
         nsid = self._namespace(py)
@@ -350,25 +367,51 @@ class _Shipper:
                 ns["missing"][name] = "closure variable not set yet"
         for name, val in refs.items():
             self._classify(ns, name, val)
-        self.funcs.append(dict(id=fid, name=py.__name__, source=_source(py), ns=nsid,
-                               filename=py.__code__.co_filename, device=_is_device(obj)))
+        self.funcs.append(dict(id=fid, name=py.__name__, source=src, ns=nsid,
+                               filename=py.__code__.co_filename, kind=kind))
         return fid
+
+    def missing(self) -> list[str]:
+        """``name: why`` for every global that could not be sent."""
+        return [f"{n}: {why}" for ns in self.namespaces.values()
+                for n, why in ns["missing"].items()]
 
     def _classify(self, ns: dict, name: str, val) -> None:
         if isinstance(val, types.ModuleType):
             ns["modules"][name] = val.__name__
-        elif _py_func(val) is not None and type(val).__module__.startswith("numba"):
-            ns["funcs"][name] = self.add(val)     # a device function: its source too
-        else:
+            return
+        if _py_func(val) is not None and type(val).__module__.startswith("numba"):
+            ns["funcs"][name] = self.add(val)     # a device function or kernel: its source too
+            return
+        if isinstance(val, types.FunctionType) and not _importable(val):
             try:
-                blob = pickle.dumps(val, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as e:  # noqa: BLE001
-                ns["missing"][name] = f"{type(val).__name__} cannot be pickled ({e})"
+                ns["funcs"][name] = self.add(val)  # defined in a notebook or kernels/: source
                 return
-            if len(blob) > _MAX_GLOBAL_BYTES:
-                ns["missing"][name] = f"{len(blob) >> 20} MiB is too big to send"
-                return
-            ns["values"][name] = blob
+            except TraceError:
+                pass                               # a lambda: pickle decides below
+        if hasattr(val, "__cuda_array_interface__") or \
+                type(val).__module__.startswith(("torch", "cupy")):
+            from .check import to_numpy
+
+            val = np.array(to_numpy(val))          # the other process has no GPU arrays
+        try:
+            blob = pickle.dumps(val, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001
+            ns["missing"][name] = f"{type(val).__name__} cannot be pickled ({e})"
+            return
+        if len(blob) > _MAX_GLOBAL_BYTES:
+            ns["missing"][name] = f"{len(blob) >> 20} MiB is too big to send"
+            return
+        ns["values"][name] = blob
+
+
+def _importable(fn: types.FunctionType) -> bool:
+    """A function that a fresh process can import by name (pickle sends it by reference):
+    not defined in a notebook, a solution cell or a ``kernels/`` file loaded by path."""
+    mod = sys.modules.get(fn.__module__ or "")
+    return (mod is not None and getattr(mod, "__file__", None) is not None and
+            not fn.__module__.startswith(("__main__", "cudabook.kernels")) and
+            getattr(mod, fn.__qualname__, None) is fn)
 
 
 # ============================================================================ launch
@@ -425,7 +468,7 @@ def trace(kernel, grid, block, *args, shared: int = 0, max_threads: int = MAX_TH
     if len(args) != len(params):
         raise TraceError(f"cb.trace: {py.__name__}({', '.join(params)}) takes {len(params)} "
                          f"arguments, got {len(args)}")
-    sh = _Shipper()
+    sh = Shipment()
     kid = sh.add(kernel)
     job_args = [(kind, n, val) for n, (kind, val) in zip(params, map(_host, args))]
     job = dict(funcs=sh.funcs, namespaces=sh.namespaces, kernel=kid, grid=g, block=b,
@@ -473,7 +516,7 @@ def _run(job: dict, timeout: float, name: str) -> dict:
     return res
 
 
-def _assemble(res: dict, name: str, g, b, sh: _Shipper) -> Trace:
+def _assemble(res: dict, name: str, g, b, sh: Shipment) -> Trace:
     arrays = [ArrayInfo(id=i, name=d["name"], space=d["space"], shape=tuple(d["shape"]),
                         dtype=np.dtype(d["dtype"]), line=d["line"], after=d["after"])
               for i, d in enumerate(res["arrays"])]

@@ -39,6 +39,25 @@ def test_ex01_1_wrong_answers_fail(edits, hint):
         ex01_1(saxpy_launcher(*edits))
 
 
+# the grader traces the launch of a failing answer (cb.trace) and says who wrote what
+def test_ex01_1_block_offset_missing_is_a_double_write():
+    # every block writes elements 0..255: the output check sees a gap at the end, the trace
+    # the cause; the value check's guess (a grid too small) is dropped
+    with pytest.raises(GradeError, match=r"n=257 .*: elements 256\.\.256 never written; cb\.trace "
+                       r"of the launch saxpy\[2, 256\] shows why: out\[0\] written by threads 0 "
+                       r"and 256 \(blocks 0 and 1\): two blocks cover the same range") as e:
+        ex01_1(saxpy_launcher(("    i = cuda.grid(1)\n", "    i = cuda.threadIdx.x\n")))
+    assert "grid is too small" not in str(e.value)
+
+
+def test_ex01_1_no_guard_names_the_thread():
+    with pytest.raises(GradeError, match=r"n=1 .*missing bounds guard.* cb\.trace of the launch "
+                       r"saxpy\[1, 256\] shows why: x\[1\] read out of bounds \(x has shape "
+                       r"\(1,\)\) by thread 1 \(block 0, thread 1\), line \d+: x\[i\]"):
+        ex01_1(saxpy_launcher(("    if i < out.size:\n        out[i] = a * x[i] + y[i]",
+                               "    out[i] = a * x[i] + y[i]")))
+
+
 def test_ex01_1_no_launch_and_array_expression_fail():
     with pytest.raises(GradeError, match="output never written"):
         ex01_1(lambda a, x, y, out: None)
@@ -80,6 +99,26 @@ def test_ex01_3_reference_passes(capsys):
 def test_ex01_3_wrong_answers_fail(edit, hint):
     with pytest.raises(GradeError, match=hint):
         ex01_3(SOL.get("ex01.3", "add_row_bias", edits=[edit]))
+
+
+def test_ex01_3_block_offsets_missing_is_a_double_write():
+    # cuda.threadIdx instead of cuda.grid: the holes look like swapped indices to the value
+    # check; the trace shows two blocks writing the same elements
+    with pytest.raises(GradeError, match=r"M=3, N=17 .*: 3 elements never written, first at "
+                       r"\(0, 16\); cb\.trace of the launch add_row_bias\[2, \(16, 16\)\] shows "
+                       r"why: out\[0, 0\] written by thread \(0, 0\) of block \(0, 0\) and by "
+                       r"thread \(0, 0\) of block \(1, 0\): two blocks cover the same range") as e:
+        ex01_3(SOL.get("ex01.3", "add_row_bias", edits=[
+            ("col, row = cuda.grid(2)", "col, row = cuda.threadIdx.x, cuda.threadIdx.y")]))
+    assert "swapped" not in str(e.value)
+
+
+def test_ex01_3_column_guard_only_names_the_thread():
+    with pytest.raises(GradeError, match=r"M=1, N=1 .*missing bounds guard.*cb\.trace of the "
+                       r"launch add_row_bias\[1, \(16, 16\)\] shows why: x\[1, 0\] read out of "
+                       r"bounds \(x has shape \(1, 1\)\) by thread \(0, 1\) of block \(0, 0\)"):
+        ex01_3(SOL.get("ex01.3", "add_row_bias", edits=[
+            ("if row < out.shape[0] and col < out.shape[1]:", "if col < out.shape[1]:")]))
 
 
 def test_ex01_3_stub_fails():

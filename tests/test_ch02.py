@@ -67,8 +67,13 @@ def moving_average(*edits):
 
 
 NO_SYNC = ("    cuda.syncthreads()\n    if i < n:", "    if i < n:")
+NO_GUARD = ("    if i < n:\n        acc = 0.0", "    if True:\n        acc = 0.0")
 # a barrier, but before the halo is loaded: the halo entries are read before they are written
 SYNC_BEFORE_HALO = [NO_SYNC, ("    if t < R:\n", "    cuda.syncthreads()\n    if t < R:\n")]
+# the grader traces the failing launch (cb.trace) and names the threads and lines
+TRACED_RACE = (r"cb\.trace of the launch moving_average\[\d, 64\] shows why: race on shared "
+               r"tile\[1\] in block 0: thread 1 writes it \(line \d+: tile\[t\]\) and thread 0 "
+               r"reads it \(line \d+: tile\[t \+ k\]\) with no cuda\.syncthreads\(\) between them")
 
 
 @cuda.jit
@@ -92,8 +97,7 @@ def test_ex02_4_reference_passes(capsys):
     ([("tile[t] = x[j] if j >= 0 and j < n else 0.0", "tile[t] = 0.0"),
       ("tile[t + BLOCK + R] = x[j] if j < n else 0.0", "tile[t + BLOCK + R] = 0.0")],
      "the halo. Load the 2 elements"),
-    ([("    if i < n:\n        acc = 0.0", "    if True:\n        acc = 0.0")],
-     "missing bounds guard"),
+    ([NO_GUARD], "missing bounds guard"),
 ], ids=["no-barrier", "no-halo", "no-guard"])
 def test_ex02_4_rejects(edits, hint):
     with pytest.raises(GradeError, match=hint):
@@ -102,13 +106,27 @@ def test_ex02_4_rejects(edits, hint):
 
 def test_ex02_4_barrier_before_the_halo_is_a_race():
     """The barrier is there (the source check passes) but the halo is loaded after it. The
-    simulator reads the halo too early; on a GPU, where the numbers may come out right, the
-    grader runs the kernel again in the simulator and says so."""
-    with pytest.raises(GradeError, match="the halo. Load the 2 elements .* before the "
-                                         "barrier") as e:
+    simulator reads the halo too early (which outputs come out wrong depends on how its
+    threads interleave); the trace of the failing launch names the race, the same every time.
+    On a GPU, where the numbers may come out right, the grader runs the kernel again in the
+    simulator and says so."""
+    with pytest.raises(GradeError, match=TRACED_RACE) as e:
         ex02_4(moving_average(*SYNC_BEFORE_HALO))
     if cb.HAS_GPU:
         assert "exposes races the GPU hid" in str(e.value) or "wrong only" in str(e.value)
+
+
+def test_ex02_4_missing_barrier_is_traced():
+    with pytest.raises(GradeError, match=r"(without|never calls) cuda\.syncthreads\(\).*"
+                       + TRACED_RACE):
+        ex02_4(moving_average(NO_SYNC))
+
+
+def test_ex02_4_no_guard_names_the_thread():
+    with pytest.raises(GradeError, match=r"n=1 .*missing bounds guard.* cb\.trace of the launch "
+                       r"moving_average\[1, 64\] shows why: out\[1\] written out of bounds \(out "
+                       r"has shape \(1,\)\) by thread 1 \(block 0, thread 1\), line \d+: out\[i\]"):
+        ex02_4(moving_average(NO_GUARD))
 
 
 def test_ex02_4_no_shared_and_stub_fail():

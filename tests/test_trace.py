@@ -300,6 +300,58 @@ def test_closure_device_function_global_and_device_array():
     assert (t.array("out").after == 2 * x + 5).all()
 
 
+def _launch_add(x):                          # a plain function that reads the module cb
+    return cb.ceil_div(x.size, 64), _make_add(0.0)
+
+
+def test_shipment_by_source_and_by_name():
+    """One shipper (tracer.Shipment) for cb.trace and the graders' simulator check: functions
+    from a notebook or a test file travel as source, library functions by name."""
+    from solution_cells import Solution
+
+    from cudabook.tracer import Shipment
+
+    sh = Shipment()
+    launcher = Solution("01").get("ex01.1", "launch_saxpy")     # defined in a solution cell
+    sh.add(launcher)
+    assert [(f["name"], f["kind"]) for f in sh.funcs] == [("saxpy", "kernel"),
+                                                            ("launch_saxpy", "python")]
+    sh.add(_make_add(1.0))
+    assert [f["kind"] for f in sh.funcs[2:]] == ["device", "kernel"] and not sh.missing()
+    ns = sh.namespaces[sh.funcs[-1]["ns"]]
+    assert set(ns["funcs"]) == {"_twice"} and set(ns["values"]) == {"k"}   # the closure's k
+    sh.add(_launch_add)
+    assert "cb" in sh.namespaces[sh.funcs[-1]["ns"]]["modules"]
+
+
+def test_simulator_check_ships_the_answer(monkeypatch):
+    """graders._race.simulate (on a GPU) grades a Numba answer again in a simulator process;
+    here its core runs in the CPU lane: a launcher and its kernel from a solution cell pass,
+    a barrier before the halo fails there, and an answer that cannot travel is a skip (an
+    error under CUDABOOK_STRICT_RACECHECK=1)."""
+    from solution_cells import Solution
+
+    from cudabook.graders import GradeError, _race
+
+    ok = Solution("01").get("ex01.1", "launch_saxpy")
+    assert _race._simulate_run("ex01.1", "ex01_1", [("launch_saxpy", ok)]) is None
+    racy = Solution("02").get("ex02.4", "moving_average", edits=[
+        ("    cuda.syncthreads()\n    if i < n:", "    if i < n:"),
+        ("    if t < R:\n", "    cuda.syncthreads()\n    if t < R:\n")])
+    msg = _race._simulate_run("ex02.4", "ex02_4", [("moving_average", racy)])
+    assert "shows why: race on shared tile[1] in block 0" in msg
+    lock = __import__("threading").Lock()
+
+    @cuda.jit
+    def locked(x):
+        if lock:
+            x[0] = 1.0
+    assert _race._simulate_run("ex02.4", "ex02_4", [("moving_average", locked)]) is None
+    monkeypatch.setenv(_race.STRICT_ENV, "1")
+    with pytest.raises(GradeError, match="could not run .*lock: lock cannot be pickled"):
+        _race._simulate_run("ex02.4", "ex02_4", [("moving_average", locked)])
+
+
 def test_limits_and_errors(nb):
     x, y, z = _vec(10_000)
     with pytest.raises(TraceError, match="limited to 4096 threads"):

@@ -9,7 +9,8 @@ turn a hazard into a GradeError that says which check caught it:
   racecheck`` runs ``driver(kernel)`` (a module-level function ``"package.module:function"``
   that launches the compiled kernel a few times) and reports shared-memory hazards;
 * ``simulate(ex, grader, *answers)`` (Numba, GPU): the answer's source, and the globals it
-  uses, are shipped to a Python running the CUDA simulator, where the grader runs again. The
+  uses, are shipped (``tracer.Shipment``, as ``cb.trace`` ships a kernel) to a Python running
+  the CUDA simulator, where the grader runs again. The
   simulator runs a block's threads one at a time between barriers, so a missing
   ``cuda.syncthreads()`` reads values that were never written there.
 
@@ -23,25 +24,23 @@ to keep the lane within its time.
 
 from __future__ import annotations
 
-import dis
-import inspect
+import contextlib
+import io
 import json
-import math
 import os
+import pickle
 import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
-import types
+import warnings
 from pathlib import Path
-
-import numpy as np
 
 from .. import env
 from ._core import GradeError
 
-__all__ = ["racecheck", "simulate", "ship", "ShipError", "STRICT_ENV", "ENABLE_ENV"]
+__all__ = ["racecheck", "simulate", "explain", "first_launch", "STRICT_ENV", "ENABLE_ENV",
+           "EXPLAIN_THREADS"]
 
 #: Set to 1 to turn a race check that cannot run into an error.
 STRICT_ENV = "CUDABOOK_STRICT_RACECHECK"
@@ -49,6 +48,9 @@ STRICT_ENV = "CUDABOOK_STRICT_RACECHECK"
 ENABLE_ENV = "CUDABOOK_RACE_CHECKS"
 _TIMEOUT = 600
 _HAZARD_EXIT = 9
+#: the largest launch ``explain`` traces (a grader stays fast: about a second per trace)
+EXPLAIN_THREADS = 4096
+_EXPLAIN_TIMEOUT = 120
 
 
 def _strict() -> bool:
@@ -136,157 +138,166 @@ def _racecheck_child(ex: str, path: str, kernel: str, driver: str) -> None:
 
 
 # ----------------------------------------------------------------------------- Numba
-class ShipError(Exception):
-    """An object whose definition cannot be written out for another process."""
-
-
-def _global_loads(code: types.CodeType) -> list[str]:
-    names = []
-    for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            names.append(ins.argval)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names += _global_loads(c)
-    return list(dict.fromkeys(names))
-
-
-def _literal(name: str, v) -> str | None:
-    if v is None or isinstance(v, (bool, int, str)):
-        return f"{name} = {v!r}"
-    if isinstance(v, float):
-        return f"{name} = float({repr(v)!r})" if not math.isfinite(v) else f"{name} = {v!r}"
-    if isinstance(v, np.generic) and v.dtype.kind in "biuf":
-        return f"{name} = __np.{v.dtype.name}(float({repr(float(v))!r}))"
-    if isinstance(v, np.ndarray) and v.dtype.kind in "biuf" and v.size <= 4096:
-        return f"{name} = __np.array({v.tolist()!r}, dtype=__np.{v.dtype.name})"
-    if isinstance(v, tuple) and all(isinstance(e, (int, float, bool)) for e in v):
-        return f"{name} = {v!r}"
-    return None
-
-
-def ship(objs: dict[str, object]) -> str:
-    """Python source that recreates ``objs`` (Numba kernels, device functions, plain functions)
-    in a fresh process: their source, then the globals they load (constants, modules, other
-    functions), recursively. ShipError for what cannot be written out (closures, objects)."""
-    header = ["import numpy as __np", "import numba as __numba"]
-    consts: list[str] = []
-    bodies: list[str] = []
-    done: set[int] = set()
-
-    def visit(name: str, obj) -> None:
-        if id(obj) in done:
-            return
-        done.add(id(obj))
-        fn = getattr(obj, "py_func", obj)
-        if not isinstance(fn, types.FunctionType):
-            raise ShipError(f"{name} is a {type(obj).__name__}")
-        if fn.__closure__:
-            raise ShipError(f"{name} is a closure (made inside another function)")
-        try:
-            src = textwrap.dedent(inspect.getsource(fn))
-        except (OSError, TypeError) as e:
-            raise ShipError(f"the source of {name} cannot be read ({e})") from None
-        if fn.__name__ != name:
-            src += f"\n{name} = {fn.__name__}\n"
-        for g in _global_loads(fn.__code__):
-            if g not in fn.__globals__:
-                continue                              # a builtin
-            v = fn.__globals__[g]
-            if isinstance(v, types.ModuleType):
-                header.append(f"import {v.__name__} as {g}" if v.__name__ != g
-                              else f"import {g}")
-                continue
-            lit = _literal(g, v)
-            if lit is not None:
-                consts.append(lit)
-                continue
-            if type(v).__module__.startswith("numba.core.types") or \
-                    type(v).__module__.startswith("numba.cuda.types"):
-                if not hasattr(__import__("numba").types, str(v)):
-                    raise ShipError(f"{g} is the Numba type {v}")
-                consts.append(f"{g} = getattr(__numba.types, {str(v)!r})")
-                continue
-            if isinstance(v, types.BuiltinFunctionType) and getattr(v, "__module__", None):
-                consts.append(f"from {v.__module__} import {v.__name__} as {g}")
-                continue
-            if hasattr(v, "py_func") or isinstance(v, types.FunctionType):
-                mod = getattr(getattr(v, "py_func", v), "__module__", None) or ""
-                home = sys.modules.get(mod)
-                if mod and not mod.startswith(("__main__", "cudabook.kernels")) and \
-                        home is not None and getattr(home, "__file__", None) and \
-                        getattr(home, getattr(v, "__name__", g), None) is v:
-                    consts.append(f"from {mod} import {v.__name__} as {g}")
-                else:
-                    visit(g, v)
-                continue
-            raise ShipError(f"{g} is a {type(v).__name__}")
-        bodies.append(src)
-
-    for name, obj in objs.items():
-        visit(name, obj)
-    return "\n".join(dict.fromkeys(header)) + "\n" + "\n".join(dict.fromkeys(consts)) + \
-        "\n\n" + "\n\n".join(bodies) + "\n"
-
-
 def simulate(ex: str, grader: str, answers: list[tuple[str, object]], hint: str) -> None:
     """On a GPU, grade ``answers`` again under the CUDA simulator, in a subprocess.
 
     ``grader`` is the grader's function name in ``cudabook.graders`` (``"ex03_4"``);
-    ``answers`` the (name, object) pairs it is called with, in order.
+    ``answers`` the (name, object) pairs it is called with, in order. The answers travel as
+    ``cb.trace`` sends a kernel (``tracer.Shipment``: source, globals, closures, the functions
+    they call).
     """
     if not env.HAS_GPU or not _enabled():
         return                       # in simulator mode the grader has just run there
+    err = _simulate_run(ex, grader, answers)
+    if err:
+        raise GradeError(f"{ex}: the results were right on this GPU, but the same answer fails "
+                         "in the CUDA simulator (which runs a block's threads one at a time "
+                         f"between barriers, so it exposes races the GPU hid): {err} [{hint}]")
+
+
+def _simulate_run(ex: str, grader: str, answers: list[tuple[str, object]]) -> str | None:
+    """Ship the answers, run ``grader`` on them in a simulator process: its GradeError message
+    (without the ``ex: `` prefix), or None when it passed (or could not run: ``_skip``)."""
+    from ..tracer import Shipment, TraceError
+
+    sh = Shipment()
     try:
-        text = ship(dict(answers))
-    except ShipError as e:
+        ids = [sh.add(obj) for _, obj in answers]
+    except TraceError as e:
         return _skip(ex, f"the answer cannot be run in another process: {e}")
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(text)
-        path = f.name
-    try:
-        r = subprocess.run([sys.executable, "-c",
-                            "import sys; from cudabook.graders._race import _simulate_child; "
-                            "_simulate_child(*sys.argv[1:])", path, grader,
-                            json.dumps([n for n, _ in answers])],
-                           capture_output=True, text=True, timeout=_TIMEOUT,
-                           env=_child_env(NUMBA_ENABLE_CUDASIM="1"))
-    except subprocess.TimeoutExpired:
-        return _skip(ex, f"the simulator took longer than {_TIMEOUT} s")
-    finally:
-        os.unlink(path)
+    if sh.missing():
+        return _skip(ex, "the answer cannot be run in another process: "
+                     + "; ".join(sh.missing()))
+    job = dict(funcs=sh.funcs, namespaces=sh.namespaces, ids=ids)
+    with tempfile.TemporaryDirectory(prefix="cbsim_") as tmp:
+        path = os.path.join(tmp, "job.pkl")
+        with open(path, "wb") as fh:
+            pickle.dump(job, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            r = subprocess.run([sys.executable, "-c",
+                                "import sys; from cudabook.graders._race import "
+                                "_simulate_child; _simulate_child(*sys.argv[1:])", path, grader],
+                               capture_output=True, text=True, timeout=_TIMEOUT, cwd=tmp,
+                               env=_child_env(NUMBA_ENABLE_CUDASIM="1"))
+        except subprocess.TimeoutExpired:
+            return _skip(ex, f"the simulator took longer than {_TIMEOUT} s")
     res = _last_json(r.stdout)
     if res is None:
         tail = ((r.stdout + r.stderr).strip().splitlines() or ["no output"])[-1]
         return _skip(ex, f"the simulator run failed: {tail}")
-    if res.get("error"):
-        msg = res["error"]
-        msg = msg[len(ex) + 2:] if msg.startswith(f"{ex}: ") else msg
-        raise GradeError(f"{ex}: the results were right on this GPU, but the same answer fails "
-                         "in the CUDA simulator (which runs a block's threads one at a time "
-                         f"between barriers, so it exposes races the GPU hid): {msg} [{hint}]")
+    if res.get("notes"):
+        return _skip(ex, "the answer cannot be run in another process: "
+                     + "; ".join(res["notes"]))
+    msg = res.get("error")
+    if msg and msg.startswith(f"{ex}: "):
+        msg = msg[len(ex) + 2:]
+    return msg or None
+
+
+def _simulate_child(path: str, grader: str) -> None:
+    """Subprocess entry (NUMBA_ENABLE_CUDASIM=1): re-create the answers, run the grader."""
+    import cudabook  # noqa: F401 - decides simulator mode before numba.cuda loads
+    from cudabook import _traceworker, graders
+
+    with open(path, "rb") as fh:
+        job = pickle.load(fh)
+    from numba import cuda  # in simulator mode: cudabook decided it above
+
+    with tempfile.TemporaryDirectory(prefix="cbsim_") as tmp:
+        made, notes = _traceworker.build_functions(job["funcs"], job["namespaces"], tmp, cuda)
+        if notes:
+            print(json.dumps({"notes": notes}), flush=True)
+            return
+        err = None
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                getattr(graders, grader)(*[made[i] for i in job["ids"]])
+            except graders.GradeError as e:
+                err = str(e)
+    print(json.dumps({"error": err}), flush=True)
+
+
+# ----------------------------------------------------------------------------- findings
+#: the findings that explain a failure; holes in the output are what the value checks already
+#: report (and name better: "row and col swapped?"), so they add nothing to a message
+_EXPLAINING = ("out_of_bounds", "races", "uninitialized", "multiple_writes", "uneven_barriers")
+
+
+def explain(ex: str, case: str, msg: str, kernel, grid, block, *args, shared: int = 0) -> str:
+    """``msg`` (a failure the grader has already found) with what ``cb.trace`` of the same
+    launch shows: who wrote an element twice, who read or wrote out of bounds, which thread
+    read shared memory before the barrier. For failures only: it never passes or fails an
+    answer, only explains one. ``msg`` comes back unchanged when the trace finds none of those
+    or cannot run (more than ``EXPLAIN_THREADS`` threads, a kernel that raises, ...).
+
+    A double write, a race or a read of shared memory nobody wrote is the cause, and the value
+    check's guess can point elsewhere (a gap left by two blocks covering the same range looks
+    like a grid too small; wrong values next to a racy halo look like a missing halo), so then
+    only the symptom of ``msg`` (up to its first ": " after the case) is kept, before the
+    trace's finding. An out-of-bounds access agrees with the guess (a bounds guard): kept."""
+    from ..tracer import _short as short
+    from ..tracer import trace
+
+    try:
+        t = trace(kernel, grid, block, *args, shared=shared, max_threads=EXPLAIN_THREADS,
+                  timeout=_EXPLAIN_TIMEOUT)
+        f = t.findings()
+        found = [k for k in _EXPLAINING if getattr(f, k)]
+        lines = f.messages(limit=2, only=found) if found else []
+    except Exception:  # noqa: BLE001 - an explanation that cannot be made is left out
+        return msg
+    if not lines:
+        return msg
+    head, rest = f"{ex}: {case}: ", msg
+    if msg.startswith(head) and found[0] in ("races", "uninitialized", "multiple_writes"):
+        rest = msg[len(head):].split(": ")[0]
+        msg = head + rest
+    sep = " " if msg.endswith(("?", ".")) else "; "
+    return (f"{msg}{sep}cb.trace of the launch {t.kernel}[{short(t.grid)}, {short(t.block)}] "
+            f"shows why: {'; and '.join(lines)}")
+
+
+class _Launch(BaseException):
+    """Raised in place of the first kernel launch by ``first_launch`` (a BaseException, so an
+    answer's own ``except Exception`` does not swallow it)."""
+
+
+def first_launch(fn) -> tuple | None:
+    """Run ``fn()`` (an answer's launcher) up to its first Numba kernel launch, which is not
+    made: returns ``(kernel, grid, block, shared, args)``, or None when ``fn`` launched nothing
+    (or failed before). For ``explain``: a launcher's kernel and grid are its own choice."""
+    if env.SIM:
+        from numba.cuda.simulator import kernel as simk
+
+        cls, attr = simk.FakeCUDAKernel, "__call__"
+
+        def catch(self, *a, **k):
+            if self._device or getattr(simk, "_kernel_context", None) is not None:
+                return orig(self, *a, **k)
+            raise _Launch((self, self.grid_dim, self.block_dim, self.dynshared_size, a))
+    else:
+        from numba.cuda.dispatcher import CUDADispatcher as cls
+
+        attr = "call"
+
+        def catch(self, args, *rest, **k):
+            lc = rest[0] if rest else k.get("launch_config")
+            if hasattr(lc, "griddim"):                   # numba-cuda >= 0.2x: a config object
+                g, b, sh = lc.griddim, lc.blockdim, lc.sharedmem
+            else:                                        # call(args, griddim, blockdim, ...)
+                g, b, sh = rest[0], rest[1], (rest[3] if len(rest) > 3 else 0)
+            raise _Launch((self, g, b, sh, tuple(args)))
+    orig = getattr(cls, attr)
+    setattr(cls, attr, catch)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn()
+    except _Launch as got:
+        return got.args[0]
+    except Exception:  # noqa: BLE001 - the answer failed before launching: nothing to trace
+        return None
+    finally:
+        setattr(cls, attr, orig)
     return None
 
-
-def _simulate_child(path: str, grader: str, names: str) -> None:
-    """Subprocess entry (NUMBA_ENABLE_CUDASIM=1): recreate the answer, run the grader."""
-    import contextlib
-    import io
-    import linecache
-
-    import cudabook  # noqa: F401 - decides simulator mode before numba.cuda loads
-    from cudabook import graders
-
-    text = Path(path).read_text()
-    fname = f"<{grader} answer>"
-    linecache.cache[fname] = (len(text), None, text.splitlines(keepends=True), fname)
-    ns: dict = {"__name__": "__main__"}
-    exec(compile(text, fname, "exec"), ns)  # noqa: S102 - the student's own code, shipped here
-    args = [ns[n] for n in json.loads(names)]
-    err = None
-    with contextlib.redirect_stdout(io.StringIO()):
-        try:
-            getattr(graders, grader)(*args)
-        except graders.GradeError as e:
-            err = str(e)
-    print(json.dumps({"error": err}), flush=True)

@@ -31,6 +31,7 @@ from ._core import (
     to_device,
 )
 from ._core import compile_kernel as _compile
+from ._race import explain, first_launch
 
 __all__ = ["ex01_1", "ex01_2", "ex01_3", "ex01_4"]
 
@@ -52,10 +53,20 @@ def ex01_1(launch_saxpy: Callable) -> None:
             y = rng.standard_normal(n, dtype=np.float32)
             out, buf = guarded(n)
             case = f"n={n} (seed {seed}, call {rep + 1})"
-            with count_launches() as launches:
-                call(ex, case, lambda: launch_saxpy(a, to_device(x), to_device(y), out))
-            ref = np.float64(a) * x.astype(np.float64) + y
-            diagnose_1d(ex, case, out, ref, buf, hint="is it a*x[i] + y[i]?")
+            try:
+                with count_launches() as launches:
+                    call(ex, case, lambda: launch_saxpy(a, to_device(x), to_device(y), out))
+                ref = np.float64(a) * x.astype(np.float64) + y
+                diagnose_1d(ex, case, out, ref, buf, hint="is it a*x[i] + y[i]?")
+            except GradeError as e:
+                # the launch the answer makes for this n, traced: who wrote what (failures only)
+                got = first_launch(lambda: launch_saxpy(a, to_device(x), to_device(y),
+                                                        guarded(n)[0]))
+                if got is None:
+                    raise
+                kernel, grid, block, shared, args = got
+                raise GradeError(explain(ex, case, str(e), kernel, grid, block, *args,
+                                         shared=shared)) from None
             need_launch(ex, case, launches[0], "the @cuda.jit kernel saxpy, launched as "
                         "saxpy[blocks, threads](a, x, y, out)")
     passed(ex)
@@ -99,30 +110,40 @@ def ex01_3(add_row_bias) -> None:
     for m, n in shapes:
         x = rng.standard_normal((m, n), dtype=np.float32)
         b = rng.standard_normal(n, dtype=np.float32)
-        out, buf = guarded((m, n))
         case = f"M={m}, N={n} (seed {seed})"
         grid, block = (ceil_div(n, 16), ceil_div(m, 16)), (16, 16)
-        call(ex, case, lambda: add_row_bias[grid, block](to_device(x), to_device(b), out))
-        o = to_numpy(out).astype(np.float64)
-        ref = x.astype(np.float64) + b[None, :]
-        if not np.isnan(to_numpy(buf[m * n:])).all():
-            raise GradeError(f"{ex}: {case}: wrote past the end of the output: missing bounds "
-                             "guard on row or column?")
-        if np.isnan(o).any():
-            rows, cols = np.nonzero(np.isnan(o))
-            hint = ("are row and col swapped? The grid's x index walks columns: "
-                    "col, row = cuda.grid(2)" if m != n else "wrong index?")
-            raise GradeError(f"{ex}: {case}: {rows.size} elements never written, first at "
-                             f"({rows[0]}, {cols[0]}): {hint}")
-        bad = ~close(o, ref, *ELEMENTWISE_TOL)
-        if bad.any():
-            r, c = (int(v[0]) for v in np.nonzero(bad))
-            hint = ""
-            if r < n and close(o[r, c], np.float64(x[r, c]) + b[r], *ELEMENTWISE_TOL):
-                hint = ": the bias is indexed by row; it belongs to the column (b[col])"
-            raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
-                             f"{ref[r, c]:.6g}{hint}")
+        try:
+            _row_bias_case(ex, case, add_row_bias, grid, block, x, b)
+        except GradeError as e:   # explained by a trace of the same launch (failures only)
+            raise GradeError(explain(ex, case, str(e), add_row_bias, grid, block, x, b,
+                                     np.full((m, n), np.nan, np.float32))) from None
     passed(ex)
+
+
+def _row_bias_case(ex: str, case: str, add_row_bias, grid, block, x: np.ndarray,
+                   b: np.ndarray) -> None:
+    m, n = x.shape
+    out, buf = guarded((m, n))
+    call(ex, case, lambda: add_row_bias[grid, block](to_device(x), to_device(b), out))
+    o = to_numpy(out).astype(np.float64)
+    ref = x.astype(np.float64) + b[None, :]
+    if not np.isnan(to_numpy(buf[m * n:])).all():
+        raise GradeError(f"{ex}: {case}: wrote past the end of the output: missing bounds "
+                         "guard on row or column?")
+    if np.isnan(o).any():
+        rows, cols = np.nonzero(np.isnan(o))
+        hint = ("are row and col swapped? The grid's x index walks columns: "
+                "col, row = cuda.grid(2)" if m != n else "wrong index?")
+        raise GradeError(f"{ex}: {case}: {rows.size} elements never written, first at "
+                         f"({rows[0]}, {cols[0]}): {hint}")
+    bad = ~close(o, ref, *ELEMENTWISE_TOL)
+    if bad.any():
+        r, c = (int(v[0]) for v in np.nonzero(bad))
+        hint = ""
+        if r < n and close(o[r, c], np.float64(x[r, c]) + b[r], *ELEMENTWISE_TOL):
+            hint = ": the bias is indexed by row; it belongs to the column (b[col])"
+        raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
+                         f"{ref[r, c]:.6g}{hint}")
 
 
 def ex01_4(src: str) -> None:

@@ -34,7 +34,7 @@ from ._core import (
     to_device,
 )
 from ._core import compile_kernel as _compile
-from ._race import racecheck, simulate
+from ._race import explain, racecheck, simulate
 from ._static import calls, cuda_code, mentions, python_code
 
 __all__ = ["ex02_1", "ex02_2", "ex02_3", "ex02_4"]
@@ -418,53 +418,68 @@ def ex02_4(moving_average) -> None:
     for n in sizes:
         for rep in range(2):
             x = rng.standard_normal(n, dtype=np.float32)
-            out, buf = guarded(n)
             case = f"n={n} (seed {seed}, call {rep + 1})"
             grid = ceil_div(n, MA_BLOCK)
-            call(ex, case, lambda: moving_average[grid, MA_BLOCK](to_device(x), out))
-            xp = np.pad(x.astype(np.float64), MA_RADIUS)
-            ref = sum(xp[k:k + n] for k in range(2 * MA_RADIUS + 1)) / (2 * MA_RADIUS + 1)
-            if not canary_ok(buf, n):
-                raise GradeError(f"{ex}: {case}: wrote past the end of out: missing bounds "
-                                 "guard (if i < n) on the write?")
-            o = to_numpy(out).astype(np.float64)
-            bad = ~close(o, ref, *ELEMENTWISE_TOL)
-            if not bad.any():
-                continue
-            idx = np.flatnonzero(bad)
-            nan = np.isnan(o)
-            if nan.all():
-                raise GradeError(f"{ex}: {case}: output never written (all NaN): still the "
-                                 "stub?")
-            if nan.any():
-                raise GradeError(f"{ex}: {case}: {int(nan.sum())} outputs never written, first "
-                                 f"at {int(np.argmax(nan))}: grid or guard wrong?")
-            if uses_tile and not has_sync:
-                raise GradeError(f"{ex}: {case}: {idx.size} of {n} wrong, first at {idx[0]}, "
-                                 "and the kernel never calls cuda.syncthreads(): values read "
-                                 "from the tile before another thread wrote them (a race)")
-            t = idx % MA_BLOCK
-            at_edge_of_array = (idx < MA_RADIUS) | (idx >= n - MA_RADIUS)
-            if at_edge_of_array.all():
-                raise GradeError(f"{ex}: {case}: wrong only at the ends of the array (first at "
-                                 f"{idx[0]}): outside the array x counts as 0 (load 0.0 into "
-                                 "the halo there)")
-            near_block_edge = (t < MA_RADIUS) | (t >= MA_BLOCK - MA_RADIUS)
-            if (near_block_edge | at_edge_of_array).all() and n > MA_BLOCK:
-                raise GradeError(f"{ex}: {case}: wrong only within {MA_RADIUS} of a block's "
-                                 f"edge (first at {idx[0]}): the halo. Load the {MA_RADIUS} "
-                                 "elements left and right of the block into the tile too, "
-                                 "before the barrier that precedes reading the tile")
-            raise GradeError(f"{ex}: {case}: {error_summary(o, ref, bad)}. out[i] is the sum "
-                             "of the 5 tile entries tile[t] .. tile[t + 4] divided by 5: check "
-                             "the window, the divisor, and that each entry is loaded before "
-                             "the barrier")
+            try:
+                _ma_case(ex, case, moving_average, x, uses_tile, has_sync)
+            except GradeError as e:   # explained by a trace of the same launch (failures only)
+                raise GradeError(explain(ex, case, str(e), moving_average, grid, MA_BLOCK, x,
+                                         np.full(n, np.nan, np.float32))) from None
     if not uses_tile:
         raise GradeError(f"{ex}: the kernel must stage x through cuda.shared.array (the rubric "
                          "of this exercise); no shared array in its source")
     if not has_sync:
-        raise GradeError(f"{ex}: the kernel reads the shared tile without cuda.syncthreads(): "
-                         "a race (a thread may read a tile element another thread has not "
-                         "written yet), even if it happened to pass this time")
+        n = 2 * MA_BLOCK + 7         # three blocks, traced: which thread reads whose element
+        raise GradeError(explain(
+            ex, f"n={n}", f"{ex}: the kernel reads the shared tile without cuda.syncthreads(): "
+            "a race (a thread may read a tile element another thread has not written yet), "
+            "even if it happened to pass this time", moving_average, ceil_div(n, MA_BLOCK),
+            MA_BLOCK, rng.standard_normal(n, dtype=np.float32), np.full(n, np.nan, np.float32)))
     simulate(ex, "ex02_4", [("moving_average", moving_average)], hint=_MA_SYNC_HINT)
     passed(ex)
+
+
+def _ma_case(ex: str, case: str, moving_average, x: np.ndarray, uses_tile: bool,
+             has_sync: bool) -> None:
+    """One launch of ex02.4's kernel on ``x``, checked; GradeError says what is wrong."""
+    n = x.size
+    out, buf = guarded(n)
+    grid = ceil_div(n, MA_BLOCK)
+    call(ex, case, lambda: moving_average[grid, MA_BLOCK](to_device(x), out))
+    xp = np.pad(x.astype(np.float64), MA_RADIUS)
+    ref = sum(xp[k:k + n] for k in range(2 * MA_RADIUS + 1)) / (2 * MA_RADIUS + 1)
+    if not canary_ok(buf, n):
+        raise GradeError(f"{ex}: {case}: wrote past the end of out: missing bounds "
+                         "guard (if i < n) on the write?")
+    o = to_numpy(out).astype(np.float64)
+    bad = ~close(o, ref, *ELEMENTWISE_TOL)
+    if not bad.any():
+        return
+    idx = np.flatnonzero(bad)
+    nan = np.isnan(o)
+    if nan.all():
+        raise GradeError(f"{ex}: {case}: output never written (all NaN): still the "
+                         "stub?")
+    if nan.any():
+        raise GradeError(f"{ex}: {case}: {int(nan.sum())} outputs never written, first "
+                         f"at {int(np.argmax(nan))}: grid or guard wrong?")
+    if uses_tile and not has_sync:
+        raise GradeError(f"{ex}: {case}: {idx.size} of {n} wrong, first at {idx[0]}, "
+                         "and the kernel never calls cuda.syncthreads(): values read "
+                         "from the tile before another thread wrote them (a race)")
+    t = idx % MA_BLOCK
+    at_edge_of_array = (idx < MA_RADIUS) | (idx >= n - MA_RADIUS)
+    if at_edge_of_array.all():
+        raise GradeError(f"{ex}: {case}: wrong only at the ends of the array (first at "
+                         f"{idx[0]}): outside the array x counts as 0 (load 0.0 into "
+                         "the halo there)")
+    near_block_edge = (t < MA_RADIUS) | (t >= MA_BLOCK - MA_RADIUS)
+    if (near_block_edge | at_edge_of_array).all() and n > MA_BLOCK:
+        raise GradeError(f"{ex}: {case}: wrong only within {MA_RADIUS} of a block's "
+                         f"edge (first at {idx[0]}): the halo. Load the {MA_RADIUS} "
+                         "elements left and right of the block into the tile too, "
+                         "before the barrier that precedes reading the tile")
+    raise GradeError(f"{ex}: {case}: {error_summary(o, ref, bad)}. out[i] is the sum "
+                     "of the 5 tile entries tile[t] .. tile[t + 4] divided by 5: check "
+                     "the window, the divisor, and that each entry is loaded before "
+                     "the barrier")

@@ -39,7 +39,11 @@ def test_lone_notebook_installs_cudabook_and_runs(tmp_path):
     # not, because .pth files in a directory added this way are not processed
     deps = [p for p in site.getsitepackages() + [sysconfig.get_paths()["purelib"]]
             if Path(p).is_dir()]
-    (vsite / "deps.pth").write_text("\n".join(dict.fromkeys(deps)) + "\n")
+    # numba-cuda's own .pth hook (which makes numba.cuda the numba-cuda package, as on Colab) is
+    # one of those .pth files: run it here
+    hook = ("import importlib.util as _u; _u.find_spec('_numba_cuda_redirector') and "
+            "__import__('_numba_cuda_redirector')")
+    (vsite / "deps.pth").write_text("\n".join(dict.fromkeys(deps)) + "\n" + hook + "\n")
     probe = subprocess.run([str(vpy), "-c", "import importlib.util as u; "
                             "print(u.find_spec('cudabook') is None, u.find_spec('numpy') is None)"],
                            capture_output=True, text=True, cwd=tmp_path, check=True)

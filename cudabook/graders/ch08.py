@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from typing import Callable
 
 import numpy as np
@@ -40,27 +39,6 @@ U16 = 2.0 ** -11          # unit roundoff of fp16
 
 
 # ============================================================================ shared helpers
-
-def _cupy_driver_alias() -> None:
-    """``cudabook.compile.CudaModule.get`` (used by ``_core.compile_kernel``, and so by every
-    racecheck child) imports ``CUDADriverError`` from ``cupy.cuda.driver``, which CuPy 14 offers
-    only as an attribute of ``cupy.cuda`` (the module is ``cupy_backends.cuda.api.driver``).
-    Registering the attribute under that module name makes the import work; where it already
-    works this does nothing. Remove once compile.py imports it from cupy_backends."""
-    if not env.HAS_GPU or "cupy.cuda.driver" in sys.modules:
-        return
-    try:
-        import cupy.cuda
-
-        drv = getattr(cupy.cuda, "driver", None)
-        if drv is not None:
-            sys.modules.setdefault("cupy.cuda.driver", drv)
-    except Exception:  # noqa: BLE001 - only a workaround; the real import reports its own error
-        pass
-
-
-_cupy_driver_alias()
-
 
 def with_mma_header(src: str) -> str:
     """``src`` with ``#include "mma.cuh"`` replaced by the header's text (NVRTC compiles a

@@ -43,6 +43,21 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
            "reference", "roofline"]
 
 
+def _ends_with_semicolon(cell: str) -> bool:
+    """True if the cell's last token, comments aside, is ';' (IPython then shows no value)."""
+    import io
+    import tokenize
+
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER,
+            tokenize.INDENT, tokenize.DEDENT}
+    try:
+        toks = [t for t in tokenize.generate_tokens(io.StringIO(cell).readline)
+                if t.type not in skip]
+    except (tokenize.TokenError, SyntaxError):
+        return cell.rstrip().endswith(";")
+    return bool(toks) and toks[-1].string == ";"
+
+
 def _gpu_cell(line: str, cell: str):
     """%%gpu: run the cell on a GPU; in simulator mode, say why it is skipped."""
     if not env.HAS_GPU:
@@ -58,7 +73,7 @@ def _gpu_cell(line: str, cell: str):
     tree = ip.compile.ast_parse(ip.transform_cell(cell))
     tree = ip.transform_ast(tree)
     last = None   # a final expression is the cell's value, unless a ';' hides it (as in IPython)
-    if tree.body and isinstance(tree.body[-1], ast.Expr) and not cell.rstrip().endswith(";"):
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(cell):
         last = ast.Expression(tree.body.pop().value)
     # builtins.compile: the name `compile` in this package is the module cudabook.compile
     exec(builtins.compile(tree, "<%%gpu cell>", "exec"), ip.user_ns)  # noqa: S102

@@ -471,6 +471,9 @@ def test_gpu_cell_magic_runs_skips_and_raises(monkeypatch, capsys):
     r = ip.run_cell("%%gpu\nc = 1\nc + 1;")                   # ';' hides the value
     assert r.result is None and ip.user_ns["c"] == 1
     assert ip.run_cell("%%gpu\nc + 1").result == 2
+    r = ip.run_cell("%%gpu\nc + 1;   # a comment after the ';'")    # still hidden, as in IPython
+    assert r.result is None
+    assert ip.run_cell("%%gpu\nc + 1  # a ';' inside a comment hides nothing").result == 2
     r = ip.run_cell("%%gpu\nraise ValueError('boom')")         # errors propagate: nbval sees them
     assert isinstance(r.error_in_exec, ValueError)
     monkeypatch.setattr(cudabook.env, "HAS_GPU", False)

@@ -203,6 +203,11 @@ def call(ex: str, case: str, fn: Callable[[], Any]) -> None:
         raise
     except Exception as e:  # noqa: BLE001
         msg = str(e).splitlines()[0] if str(e) else ""
+        if "grid values must be >= 1" in msg or "invalid configuration argument" in msg:
+            # Numba on a GPU refuses a grid of 0 blocks (the simulator runs nothing)
+            raise GradeError(f"{ex}: {case}: launched with no threads (a grid of 0 blocks: "
+                             f"{msg}): round the block count up, ceil_div(n, threads) = "
+                             "(n + threads - 1) // threads") from None
         raise GradeError(f"{ex}: {case}: raised {type(e).__name__}: {msg}") from None
 
 
@@ -221,6 +226,9 @@ def diagnose_1d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, atol=1e-5
                          "still the stub, or was it launched with no threads?")
     if nan.any():
         first = int(np.argmax(nan))
+        if first == n - 1 and n > 1:
+            raise GradeError(f"{ex}: {case}: element {n - 1}, the last, never written: does "
+                             "the guard stop one short (i < n - 1 instead of i < n)?")
         if nan[first:].all():
             raise GradeError(f"{ex}: {case}: elements {first}..{n - 1} never written: the grid "
                              "is too small or the loop stops early (round the block count up: "

@@ -138,6 +138,15 @@ def ex02_1(src: str) -> None:
             msg = _transpose_diagnose(ex, case, out, buf, x)
             if msg is None:
                 continue
+            if uses_tile and "past the end" not in msg:
+                # wrong values from a tile read before it was filled look like other mistakes:
+                # racecheck names the race (failures only; a clean run changes nothing)
+                try:
+                    racecheck(ex, src, "transpose_tiled", "cudabook.graders.ch02:_race_ex02_1",
+                              hint=_TILE_SYNC_HINT)
+                except GradeError as race:
+                    why = str(race).split("racecheck found ", 1)[-1]
+                    raise GradeError(f"{msg}; compute-sanitizer racecheck found {why}") from None
             racy = uses_tile and not has_sync
             if ("elements wrong" in msg and rep > 0) or (racy and "past the end" not in msg):
                 msg += ("; the same shape passed before with other data" if rep > 0 else "")

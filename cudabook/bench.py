@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 from . import env
 from . import results as _results
 
-__all__ = ["BenchError", "Row", "BenchTable", "Sweep", "bench", "sweep"]
+__all__ = ["BenchError", "Row", "BenchTable", "Sweep", "bench", "sweep", "progress"]
 
 
 class BenchError(RuntimeError):
@@ -292,6 +292,15 @@ class Sweep:
             t.record(chapter, kernels)
 
 
+def progress(items, desc: str):
+    """``items`` with a text progress bar (stderr, no widget state in stored outputs); none when
+    CUDABOOK_PROGRESS=0, which tools/gpu_execute.py sets so the book stores no bars."""
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, leave=False,
+                disable=os.environ.get("CUDABOOK_PROGRESS", "1") == "0")
+
+
 def sweep(sizes, setup: Callable[[Any], Mapping[str, Any]], *, xlabel: str = "size",
           desc: str = "sweep", **bench_kw) -> Sweep:
     """For each size, ``setup(size)`` returns ``bench`` keyword arguments; show progress."""
@@ -301,12 +310,8 @@ def sweep(sizes, setup: Callable[[Any], Mapping[str, Any]], *, xlabel: str = "si
     sizes = list(sizes)
     if not sizes:
         raise ValueError("sweep: no sizes given")
-    from tqdm import tqdm  # text bar (stderr): no widget state in stored outputs
-
     tables = []
-    # CUDABOOK_PROGRESS=0 (set by tools/gpu_execute.py): no bar in the outputs the book stores
-    quiet_bar = os.environ.get("CUDABOOK_PROGRESS", "1") == "0"
-    for n in tqdm(sizes, desc=desc, leave=False, disable=quiet_bar):
+    for n in progress(sizes, desc):
         kw = dict(bench_kw)
         got = setup(n)
         if not isinstance(got, Mapping):

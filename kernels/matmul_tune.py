@@ -17,14 +17,13 @@ def _launch():
 
 def autotune(configs: list[dict], n: int = 4096, repeat: int = 10, vs_cublas: bool = True
              ) -> list[dict]:
-    """Compile and time matmul_v10 for each tile configuration on n x n x n (tqdm progress bar).
+    """Compile and time matmul_v10 for each tile configuration on n x n x n (a progress bar).
 
     Each entry of the result: the parameters, threads, shared bytes, registers, spill bytes,
     time (us), TFLOP/s and ratio to cuBLAS (timed in the same call), or "error" for a
     configuration that does not compile, launch or check. Sorted best first.
     """
     import cupy
-    from tqdm import tqdm
 
     ml = _launch()
     rng = np.random.default_rng(0)
@@ -38,7 +37,7 @@ def autotune(configs: list[dict], n: int = 4096, repeat: int = 10, vs_cublas: bo
         base = cb.bench({}, baseline={"cuBLAS": lambda: cupy.matmul(A, B, out=C)}, flops=work,
                         repeat=repeat, quiet=True).rows[0].value
     out = []
-    for cfg in tqdm(configs, desc="autotune", leave=False):
+    for cfg in cb.progress(configs, "autotune"):
         entry = {"params": {**ml.TUNED_DEFAULT, **cfg}}
         try:
             entry["params"] = ml.tuned_params(cfg)

@@ -38,9 +38,9 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
            "check", "empty_nan", "to_numpy", "CheckError", "KERNELS_DIR", "load_cuda",
            "compile_source", "load_numba", "load_launch", "load_module", "show_source",
            "kernel_source", "cuda_include_dir", "cuda_ptx", "ptx_mix",
-           "bench", "sweep", "progress", "record", "BenchError", "plot", "ceil_div", "round_up", "grid_1d",
-           "grid_2d", "row_block", "need_cc", "LaunchError", "expect", "expect_aligned",
-           "reference", "roofline"]
+           "bench", "sweep", "progress", "record", "BenchError", "plot", "ceil_div", "round_up",
+           "grid_1d", "grid_2d", "row_block", "need_cc", "LaunchError", "expect",
+           "expect_aligned", "reference", "roofline"]
 
 
 def _ends_with_semicolon(cell: str) -> bool:

@@ -43,9 +43,10 @@ def test_ex01_1_wrong_answers_fail(edits, hint):
 def test_ex01_1_block_offset_missing_is_a_double_write():
     # every block writes elements 0..255: the output check sees a gap at the end, the trace
     # the cause; the value check's guess (a grid too small) is dropped
-    with pytest.raises(GradeError, match=r"n=257 .*: element 256, the last, never written; cb\.trace "
-                       r"of the launch saxpy\[2, 256\] shows why: out\[0\] written by threads 0 "
-                       r"and 256 \(blocks 0 and 1\): two blocks cover the same range") as e:
+    with pytest.raises(GradeError, match=r"n=257 .*: element 256, the last, never written; "
+                       r"cb\.trace of the launch saxpy\[2, 256\] shows why: out\[0\] written by "
+                       r"threads 0 and 256 \(blocks 0 and 1\): two blocks cover the same "
+                       r"range") as e:
         ex01_1(saxpy_launcher(("    i = cuda.grid(1)\n", "    i = cuda.threadIdx.x\n")))
     assert "grid is too small" not in str(e.value)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from . import env
 from .env import HAS_GPU, SIM, cc, pick, report, require_cc, require_gpu
 from .check import CheckError, check, empty_nan, to_numpy
-from .compile import (KERNELS_DIR, compile_source, cuda_include_dir, load_cuda, load_launch,
-                      load_module, load_numba)
+from .compile import (KERNELS_DIR, compile_source, cuda_include_dir, cuda_module, load_cuda,
+                      load_launch, load_module, load_numba)
 from .source import kernel_source, show_source
 from .ptx import cuda_ptx, ptx_mix
 from .results import record
@@ -36,8 +36,8 @@ __version__ = "0.1.0"
 
 __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "require_cc",
            "check", "empty_nan", "to_numpy", "CheckError", "KERNELS_DIR", "load_cuda",
-           "compile_source", "load_numba", "load_launch", "load_module", "show_source",
-           "kernel_source", "cuda_include_dir", "cuda_ptx", "ptx_mix",
+           "compile_source", "cuda_module", "load_numba", "load_launch", "load_module",
+           "show_source", "kernel_source", "cuda_include_dir", "cuda_ptx", "ptx_mix",
            "bench", "sweep", "progress", "record", "BenchError", "plot", "ceil_div", "round_up",
            "grid_1d", "grid_2d", "row_block", "need_cc", "LaunchError", "expect",
            "expect_aligned", "reference", "roofline"]

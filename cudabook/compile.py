@@ -26,7 +26,7 @@ from types import ModuleType
 from . import env
 
 __all__ = ["KERNELS_DIR", "kernel_path", "inline_source", "nvrtc_options", "cuda_include_dir",
-           "CudaModule", "compile_source", "load_cuda", "load_numba", "load_launch",
+           "CudaModule", "compile_source", "load_cuda", "cuda_module", "load_numba", "load_launch",
            "load_module", "kernel_names"]
 
 _HERE = Path(__file__).resolve().parent
@@ -192,6 +192,13 @@ def load_cuda(name: str, options: tuple[str, ...] = (),
     """Compile ``kernels/<name>.cu`` (local includes inlined) and return its module."""
     path = kernel_path(name)
     return compile_source(inline_source(path), options, _display(path), name_expressions)
+
+
+@lru_cache(maxsize=None)
+def cuda_module(name: str, options: tuple[str, ...] = ()) -> CudaModule:
+    """``load_cuda(name, options)`` compiled once per process: what launch helpers call on every
+    launch. A failed compile is not cached (the next call tries again)."""
+    return load_cuda(name, options)
 
 
 def _import_kernels_py(stem: str, what: str) -> ModuleType:

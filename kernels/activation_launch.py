@@ -16,14 +16,8 @@ __all__ = ["ACTIVATIONS", "activation", "bias_gelu", "sanitize_targets"]
 
 ACTIVATIONS = ("relu_v1", "gelu_v1", "gelu_v2")
 
-_MOD = None
-
-
 def _module():
-    global _MOD
-    if _MOD is None:
-        _MOD = cb.load_cuda("activation")
-    return _MOD
+    return cb.cuda_module("activation")     # compiled once per process
 
 
 def activation(x, version: str = "gelu_v1", y=None):

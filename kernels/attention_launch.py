@@ -19,7 +19,6 @@ on PyTorch's current stream when the inputs are torch tensors.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -180,14 +179,9 @@ def flops(BH: int, Nq: int, Nk: int, D: int, causal: bool = False,
 
 
 # ============================================================================== launchers
-_MODS: dict[str, Any] = {}
-
-
 def module(which: str):
     """kernels/attention_{forward,backward}.cu, compiled once per process."""
-    if which not in _MODS:
-        _MODS[which] = cb.load_cuda(f"attention_{which}")
-    return _MODS[which]
+    return cb.cuda_module(f"attention_{which}")
 
 
 def _require(what: str, dt: str, shared: int) -> None:

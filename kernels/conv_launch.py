@@ -16,14 +16,8 @@ __all__ = ["MAX_K", "conv2d", "sanitize_targets"]
 
 MAX_K = 7                         # CONV_MAX_K of conv.cu: the shared tile's halo
 
-_MOD = None
-
-
 def _module():
-    global _MOD
-    if _MOD is None:
-        _MOD = cb.load_cuda("conv")
-    return _MOD
+    return cb.cuda_module("conv")     # compiled once per process
 
 
 def conv2d(x, w, y=None, version: str = "conv2d_v2"):

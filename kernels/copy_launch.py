@@ -15,14 +15,8 @@ __all__ = ["VERSIONS", "copy", "config", "sanitize_targets"]
 
 VERSIONS = ("copy_v1", "copy_v2", "copy_v3", "copy_v4")
 
-_MOD = None
-
-
 def _module():
-    global _MOD
-    if _MOD is None:
-        _MOD = cb.load_cuda("copy")
-    return _MOD
+    return cb.cuda_module("copy")     # compiled once per process
 
 
 def config(version: str, n: int) -> tuple[tuple[int], tuple[int]]:

@@ -81,14 +81,8 @@ def rmsnorm(x, gamma, eps: float, y=None, version: str = "rmsnorm_v2"):
     return y
 
 
-_MOD = None
-
-
 def _module():
-    global _MOD
-    if _MOD is None:
-        _MOD = cb.load_cuda("norm")
-    return _MOD
+    return cb.cuda_module("norm")     # compiled once per process
 
 
 def sanitize_targets():

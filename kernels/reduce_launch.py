@@ -21,14 +21,8 @@ __all__ = ["LADDER", "ladder", "total", "maximum", "sanitize_targets"]
 #: the versions that write one partial per block, and the elements each thread loads
 LADDER = {"reduce_v1": 1, "reduce_v2": 1, "reduce_v3": 2, "reduce_v4": 2}
 
-_MOD = None
-
-
 def _module():
-    global _MOD
-    if _MOD is None:
-        _MOD = cb.load_cuda("reduce")
-    return _MOD
+    return cb.cuda_module("reduce")     # compiled once per process
 
 
 def _vector(x, what: str, aligned: bool) -> int:

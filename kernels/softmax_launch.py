@@ -53,14 +53,8 @@ def softmax(x, y=None, version: str = "softmax_v5"):
     return y
 
 
-_MOD = None
-
-
 def _module():
-    global _MOD
-    if _MOD is None:
-        _MOD = cb.load_cuda("softmax")
-    return _MOD
+    return cb.cuda_module("softmax")     # compiled once per process
 
 
 def sanitize_targets():

@@ -19,14 +19,8 @@ VERSIONS = ("transpose_v1", "transpose_v2", "transpose_v3", "transpose_v4", "tra
 TILES = {"transpose_v1": (32, 32), "transpose_v2": (32, 32), "transpose_v3": (32, 32),
          "transpose_v4": (64, 32), "transpose_v5": (64, 64)}
 
-_MOD = None
-
-
 def _module():
-    global _MOD
-    if _MOD is None:
-        _MOD = cb.load_cuda("transpose")
-    return _MOD
+    return cb.cuda_module("transpose")     # compiled once per process
 
 
 def config(version: str, rows: int, cols: int) -> tuple[tuple[int, int], tuple[int, int]]:

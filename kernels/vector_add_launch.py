@@ -16,14 +16,8 @@ __all__ = ["VERSIONS", "vector_add", "config", "sanitize_targets"]
 
 VERSIONS = ("vector_add_v1", "vector_add_v2", "vector_add_v3", "vector_add_v4")
 
-_MOD = None
-
-
 def _module():
-    global _MOD
-    if _MOD is None:
-        _MOD = cb.load_cuda("vector_add")
-    return _MOD
+    return cb.cuda_module("vector_add")     # compiled once per process
 
 
 def config(version: str, n: int) -> tuple[tuple[int], tuple[int]]:

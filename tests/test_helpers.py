@@ -489,3 +489,12 @@ def test_cuda_ptx_and_instruction_mix():
     assert v1["fma"] >= 1 and v1["ld.global"] >= 2          # naive: global loads per FMA
     assert v5["fma"] >= 64 and v5["ld.global"] == 0        # register tile fed from shared memory
     assert v5["int"] < v5["fma"]
+
+
+def test_cuda_module_compiles_once_and_never_caches_a_failure():
+    if cb.HAS_GPU:
+        assert cb.cuda_module("vector_add") is cb.cuda_module("vector_add")
+    else:       # no GPU: each call refuses again (nothing half-made is kept)
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+                cb.cuda_module("vector_add")

@@ -13,6 +13,7 @@
 //                           * every thread gets the result, and sbuf may be reused (even by
 //                             the next block_sum) as soon as the call returns.
 //   safe_max(m)             a row maximum usable in exp(x - m): 0 for a row of only -inf
+//   ld_stream16(p)          16 bytes read once (streamed weights): bypass L1 allocation
 //   INFINITY                for NVRTC, which has no math.h
 //
 // Ladder steps that teach a reduction (reduce_v1..v4 in reduce.cu) keep their own code on
@@ -83,3 +84,12 @@ __device__ __forceinline__ float block_max(float v, float* sbuf) {
 // the maximum to subtract before exp: a row of only -inf (fully masked) uses 0, so every
 // exp(-inf - 0) is 0 instead of exp(-inf - (-inf)) = NaN
 __device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0f : m; }
+
+// 16 bytes (p 16-byte aligned) that this thread reads once, such as a weight matrix streamed
+// by a GEMV: read-only path without allocating in L1, so L1 keeps what is reused (activations)
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}

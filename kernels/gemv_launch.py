@@ -1,0 +1,177 @@
+"""Launching kernels/gemv.cu: y = x @ W^T (+ bias) for a few rows of x (decode), fp16 in and out.
+
+    gv = cb.load_launch("gemv")
+    y = gv.gemv(x, W)                       # x (B, K) fp16, W (N, K) fp16 -> y (B, N) fp16
+    y = gv.gemv(x, W, bias, out=y)          # bias (N,) fp16; out preallocated (B, N) fp16
+    gv.gemv(x, W, version="gemv_v2")        # one rung of the ladder (gemv.cu's header)
+
+The stable entry point is ``gemv(x, W, bias=None, out=None)``: fp32 accumulation, fp16 result,
+B from 1 to 32 (one launch; batch tiles of up to 8 rows of x share each weight load), any K and
+N (K % 8 == 0 with 16-byte aligned x and W takes the vectorised gemv_v4, anything else gemv_v2).
+x may also be 1-D (K,), giving y of shape (N,). CuPy arrays and PyTorch CUDA tensors are
+accepted (no copy; a torch x gives a torch y, launched on torch's current stream). Bad input is
+refused before anything is launched: dtype, shape, contiguity, host arrays, B outside 1..32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import cudabook as cb
+from cudabook.launch import LaunchError, ceil_div
+
+__all__ = ["VERSIONS", "WHAT", "MAX_B", "gemv", "config", "kernel_name", "as_cupy",
+           "sanitize_targets"]
+
+VERSIONS = ("gemv_v1", "gemv_v2", "gemv_v3", "gemv_v4")
+WHAT = {
+    "gemv_v1": "one thread per output, uncoalesced",
+    "gemv_v2": "one warp per row, coalesced 2-byte loads",
+    "gemv_v3": "warp per row, 16-byte streamed loads, 4 in flight",
+    "gemv_v4": "4 warps per R rows (split K), 8 loads in flight",
+}
+MAX_B = 32            #: the largest batch gemv() takes (beyond it a GEMM is the right kernel)
+BATCH_TILES = (1, 2, 4, 8)
+ROWS = (2, 4)         #: rows of W per block in gemv_v4
+DEFAULT_ROWS = 2
+
+
+def batch_tile(B: int) -> int:
+    """Rows of x per block: the smallest tile >= B (8 for B > 8: several tiles in grid y)."""
+    for bt in BATCH_TILES:
+        if B <= bt:
+            return bt
+    return BATCH_TILES[-1]
+
+
+def kernel_name(version: str, B: int, rows: int = DEFAULT_ROWS) -> str:
+    """The instantiation of ``version`` for batch ``B`` (gemv_v3_b4, gemv_v4_b1_r2, ...)."""
+    if version in ("gemv_v1", "gemv_v2"):
+        return version
+    if version == "gemv_v3":
+        return f"gemv_v3_b{batch_tile(B)}"
+    if version == "gemv_v4":
+        if rows not in ROWS:
+            raise ValueError(f"gemv_v4: rows must be one of {ROWS}, got {rows!r}")
+        return f"gemv_v4_b{batch_tile(B)}_r{rows}"
+    raise ValueError(f"unknown version {version!r}; gemv.cu has {VERSIONS}")
+
+
+def config(version: str, B: int, N: int, rows: int = DEFAULT_ROWS):
+    """(grid, block) of ``version`` for batch B and N weight rows (gemv.cu's launch comment)."""
+    if version == "gemv_v1":
+        return (ceil_div(N, 128), B), (128,)
+    if version == "gemv_v2":
+        return (ceil_div(N, 4), B), (128,)
+    if version == "gemv_v3":
+        return (ceil_div(N, 4), ceil_div(B, batch_tile(B))), (128,)
+    if version == "gemv_v4":
+        return (ceil_div(N, rows), ceil_div(B, batch_tile(B))), (128,)
+    raise ValueError(f"unknown version {version!r}; gemv.cu has {VERSIONS}")
+
+
+def as_cupy(a: Any, name: str):
+    """(the CuPy view of ``a``, "torch" or "cupy"): no copy. TypeError for anything else."""
+    import cupy as cp
+
+    mod = type(a).__module__
+    if mod.startswith("torch"):
+        if not a.is_cuda:
+            raise TypeError(f"{name}: a PyTorch tensor on the host; move it with .to('cuda')")
+        return cp.asarray(a), "torch"
+    if isinstance(a, cp.ndarray):
+        return a, "cupy"
+    if isinstance(a, np.ndarray):
+        raise TypeError(f"{name}: a NumPy array lives on the host; move it with cupy.asarray(...)")
+    if hasattr(a, "__cuda_array_interface__"):
+        return cp.asarray(a), "cupy"
+    raise TypeError(f"{name}: expected a CuPy array or a PyTorch CUDA tensor, got "
+                    f"{mod}.{type(a).__name__}")
+
+
+def _module():
+    return cb.cuda_module("gemv")      # compiled once per process
+
+
+def _stream_of(lib: str):
+    import cupy as cp
+
+    if lib == "torch":
+        import torch
+
+        return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    return cp.cuda.get_current_stream()
+
+
+def gemv(x: Any, W: Any, bias: Any = None, out: Any = None, *, version: str = "auto",
+         rows: int = DEFAULT_ROWS):
+    """y = x @ W^T (+ bias): x (B, K) or (K,) fp16, W (N, K) fp16, bias (N,) fp16 or None;
+    fp32 accumulation, y (B, N) (or (N,)) fp16, written into ``out`` when given and returned."""
+    import cupy as cp
+
+    mod = _module()                      # first: without a GPU this says so
+    xc, lib = as_cupy(x, "x")
+    Wc, _ = as_cupy(W, "W")
+    one_d = xc.ndim == 1
+    if one_d:
+        xc = xc.reshape(1, -1)
+    cb.expect(xc, "x", dtype=np.float16, ndim=2)
+    cb.expect(Wc, "W", dtype=np.float16, ndim=2)
+    B, K = (int(s) for s in xc.shape)
+    N = int(Wc.shape[0])
+    if int(Wc.shape[1]) != K:
+        raise ValueError(f"x has K = {K} columns but W is {tuple(Wc.shape)}: W must be (N, K), "
+                         "nn.Linear's weight layout (y = x @ W.T)")
+    if not 1 <= B <= MAX_B:
+        raise LaunchError(f"gemv: batch B = {B}; this kernel takes 1..{MAX_B} rows of x "
+                          "(for more, a GEMM uses the tensor cores: cb.load_launch('hgemm'))")
+    if N < 1 or K < 1:
+        raise LaunchError(f"gemv: empty problem (N, K) = ({N}, {K})")
+    if N >= 2**31 // 4 or N * K >= 2**62:
+        raise LaunchError(f"gemv: N = {N} rows is more than one grid dimension holds")
+    bc = None
+    if bias is not None:
+        bc, _ = as_cupy(bias, "bias")
+        cb.expect(bc, "bias", dtype=np.float16, shape=(N,))
+    if out is None:
+        shape = (N,) if one_d else (B, N)
+        if lib == "torch":
+            import torch
+
+            out = torch.empty(shape, dtype=torch.float16, device=x.device)
+        else:
+            out = cp.empty(shape, cp.float16)
+    oc, _ = as_cupy(out, "out")
+    cb.expect(oc, "out", dtype=np.float16, shape=(N,) if one_d else (B, N))
+    vec_ok = K % 8 == 0 and xc.data.ptr % 16 == 0 and Wc.data.ptr % 16 == 0
+    if version == "auto":
+        version = "gemv_v4" if vec_ok else "gemv_v2"
+    if version in ("gemv_v3", "gemv_v4") and not vec_ok:
+        raise LaunchError(f"{version} reads 16 bytes at a time: it needs K % 8 == 0 (K = {K}) and "
+                          "16-byte aligned x and W; use version='auto' (falls back to gemv_v2)")
+    name = kernel_name(version, B, rows)
+    grid, block = config(version, B, N, rows)
+    bptr = bc if bc is not None else np.uint64(0)
+    with _stream_of(lib):
+        mod.get(name)(grid, block, (xc, Wc, bptr, oc, np.int32(B), np.int32(N), np.int32(K)))
+    return out
+
+
+def sanitize_targets():
+    """Every version on a ragged shape (N not a multiple of the rows per block, K % 8 != 0 for
+    the fallback) and batches that leave a tile partly empty."""
+    import cupy as cp
+
+    rng = cp.random.default_rng(0)
+    for B, N, K in ((1, 37, 264), (3, 19, 520), (11, 6, 1000), (2, 5, 97)):
+        x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
+        W = rng.standard_normal((N, K), dtype=cp.float32).astype(cp.float16)
+        b = rng.standard_normal(N, dtype=cp.float32).astype(cp.float16)
+        for v in VERSIONS:
+            if v in ("gemv_v3", "gemv_v4") and K % 8:
+                continue
+            for r in (ROWS if v == "gemv_v4" else (DEFAULT_ROWS,)):
+                yield (f"{v} r{r} ({B}x{N}x{K})",
+                       (lambda v=v, r=r, x=x, W=W, b=b: gemv(x, W, b, version=v, rows=r)))

@@ -339,19 +339,36 @@ def test_strip_solutions_unclosed_region_is_an_error():
         nbtools.strip_solutions("### BEGIN SOLUTION ex09.1\nx = 1\n")
 
 
-def test_make_exercise_keeps_only_grader_pass_lines():
+def test_make_exercise_stores_no_unearned_pass():
     import nbformat
 
     sol = nbtools.from_py("# %%\nimport os  # " + nbtools.SETUP_MARK + "\n# %%\nprint('hi')\n"
-                          "# %%\n# NBVAL_CHECK_OUTPUT\nex09_1(f)\n")
+                          "# %%\n%%gpu\n# NBVAL_CHECK_OUTPUT\nex09_1(f)\n")
     sol.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="hi\n")]
     sol.cells[1].execution_count = 2
     sol.cells[2].outputs = [nbformat.v4.new_output("stream", name="stdout", text="PASS ex09.1\n")]
     sol.cells[2].execution_count = 3
     ex = nbtools.make_exercise(sol)
     assert ex.cells[1].outputs == [] and ex.cells[1].execution_count is None
-    assert ex.cells[2].outputs[0].text == "PASS ex09.1\n"
-    assert ex.cells[2].execution_count == 3   # nbval only compares cells that were run
+    # the grader stores nothing (nbval does not compare an unrun cell; a wrong answer raises)
+    assert ex.cells[2].outputs == [] and ex.cells[2].execution_count is None
+    assert ex.cells[2].source.startswith("%%gpu\n# Run this cell after your answer: it prints "
+                                         "PASS ex09.1")
+
+
+def test_make_exercise_hints_collapse_and_notes_stay_out():
+    sol = nbtools.from_py("# %% [markdown]\n# **Hints ex09.1**\n#\n# 1. Look at the index.\n"
+                          "#    It runs past n.\n# 2. Guard with `i < n`.\n"
+                          "# %% [markdown]\n# **Solution notes ex09.1.** The guard.\n"
+                          "# %%\nx = 1\n")
+    ex = nbtools.make_exercise(sol)
+    assert len(ex.cells) == 2 and ex.cells[1].source == "x = 1"
+    src = ex.cells[0].source
+    assert src.count("<details>") == 2 and src.count("</details>") == 2
+    assert "<summary>Hint 1 for ex09.1" in src and "Look at the index.\nIt runs past n." in src
+    bad = nbtools.from_py("# %% [markdown]\n# **Hints ex09.1**\n#\n# 2. skipped one\n")
+    with pytest.raises(ValueError, match="numbered 1, 2"):
+        nbtools.make_exercise(bad)
 
 
 def test_repository_notebooks_follow_policy_except_gpu_stamp():

@@ -6,7 +6,11 @@
 For each exercise notebook, ``pytest --nbval-lax`` (the reader's command) is run twice:
 
 * as committed, with the stubs: every grader cell (``# NBVAL_CHECK_OUTPUT``) must FAIL;
-* with the solution's code put back into the exercise notebook: every grader cell must PASS.
+* with the solution's code put back into the exercise notebook: every grader cell must PASS,
+  printing exactly the ``PASS exNN.k`` line the solution stores (the exercise itself stores no
+  output, so that line is put back with the code and nbval compares it).
+
+Cells are paired by id: the exercise leaves out the solution's notes cells.
 
 Without a GPU, ``%%gpu`` grader cells are skipped and reported as such.
 """
@@ -55,8 +59,18 @@ def main(paths: list[str]) -> int:
         ex = nbformat.read(p, as_version=4)
         sol = nbformat.read(str(ROOT / "solutions" / Path(p).name), as_version=4)
         solved = nbformat.from_dict(ex)
-        for c_ex, c_sol in zip(solved.cells, sol.cells, strict=True):
+        by_id = {c.get("id"): c for c in sol.cells}
+        for c_ex in solved.cells:
+            c_sol = by_id.get(c_ex.get("id"))
+            if c_sol is None or c_sol.cell_type != c_ex.cell_type:
+                print(f"WRONG: {p}: cell {c_ex.get('id')} has no twin in the solution "
+                      "(regenerate: python tools/nbtools.py exercises)")
+                bad += 1
+                continue
             c_ex.source = c_sol.source
+            if is_grader(c_sol):   # nbval compares the PASS line the solution stores
+                c_ex.outputs = c_sol.outputs
+                c_ex.execution_count = c_sol.execution_count
         code = [c for c in ex.cells if c.cell_type == "code"]  # nbval numbers code cells only
         graders = {i: c for i, c in enumerate(code) if is_grader(c)}
         with tempfile.TemporaryDirectory(dir=ROOT) as tmp:

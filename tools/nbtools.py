@@ -24,13 +24,27 @@ A Python region becomes ``raise NotImplementedError("ex01.1: ...")``; a C++ regi
 TODO comment that leaves the kernel's output unwritten (never __trap(), which would poison the
 CUDA context for every later cell).
 
+Conventions of a solutions/ notebook that the generator turns into the exercise page
+  Grader cell (``# NBVAL_CHECK_OUTPUT`` and a call ``exNN_k(...)``): the solution stores its
+    ``PASS exNN.k`` line; the exercise stores no output and no execution count (nbval then only
+    fails it when it raises, as every grader does on a wrong answer), so the unsolved page never
+    shows a PASS that was not earned. A comment line tells the reader what running it does.
+  Hints: a markdown cell whose first line is ``**Hints exNN.k**`` followed by a numbered list,
+    one item per level (``1. ...``, ``2. ...``; an item may run over several lines), becomes
+    collapsed ``<details>`` blocks, one per level (Jupyter, Colab and the built book all render
+    them closed). The solution page shows the list as written.
+  Solution notes: a markdown cell whose first line starts with ``**Solution notes exNN.k**``
+    (the design choice, the common wrong answer, the measured effect) is left out of the
+    exercise. Cells keep their ids, so a tool can pair exercise and solution cells by id.
+
 POLICY
   * every notebook is canonical nbformat 4 (as written by ``canon``) and has the shared
     metadata (kernel python3, Colab asks for a GPU), and starts with the setup cell;
   * lessons/ and solutions/ have every code cell executed, on a GPU (``metadata.cudabook``
     names it), with outputs; a lesson stores at least one figure;
-  * exercises/ have no outputs except on grader cells (``# NBVAL_CHECK_OUTPUT``), whose
-    stored line is ``PASS exNN.k``; every grader cell of a solution stores that line.
+  * exercises/ have no outputs and no execution counts (grader cells included: a stored
+    ``PASS`` would be a pass the reader has not earned); every grader cell of a solution
+    (``# NBVAL_CHECK_OUTPUT``) stores ``PASS exNN.k``.
 """
 
 from __future__ import annotations
@@ -223,19 +237,75 @@ def is_grader(cell) -> bool:
     return cell.cell_type == "code" and GRADER_MARK in cell.source
 
 
+_HINTS = re.compile(r"^\*\*Hints (ex\d\d\.\d+)\*\*[ \t]*$")
+_NOTES = re.compile(r"^\*\*Solution notes (ex\d\d\.\d+)")
+_ITEM = re.compile(r"^(\d+)\.[ \t]+")
+GRADER_NOTE = ("# Run this cell after your answer: it prints PASS {ex} when the answer is right, "
+               "or\n# raises an error that names the failing case and the likely mistake.")
+
+
+def hint_cell_ex(cell) -> str | None:
+    """exNN.k if ``cell`` is a hints cell of the convention (``**Hints exNN.k**`` first line)."""
+    if cell.cell_type != "markdown" or not cell.source:
+        return None
+    m = _HINTS.match(cell.source.splitlines()[0])
+    return m.group(1) if m else None
+
+
+def is_solution_notes(cell) -> bool:
+    return cell.cell_type == "markdown" and bool(_NOTES.match(cell.source))
+
+
+def render_hints(src: str, where: str = "") -> str:
+    """``**Hints exNN.k**`` + a numbered list -> one collapsed ``<details>`` block per level."""
+    lines = src.splitlines()
+    ex = _HINTS.match(lines[0]).group(1)
+    items: list[list[str]] = []
+    for ln in lines[1:]:
+        m = _ITEM.match(ln)
+        if m:
+            if int(m.group(1)) != len(items) + 1:
+                raise ValueError(f"{where}: hints of {ex} must be numbered 1, 2, ...")
+            items.append([ln[m.end():]])
+        elif ln.strip() and items:
+            items[-1].append(ln.strip())
+        elif ln.strip():
+            raise ValueError(f"{where}: hints of {ex}: text before the first numbered item")
+    if not items:
+        raise ValueError(f"{where}: hints of {ex} have no numbered item")
+    out = []
+    for k, item in enumerate(items, 1):
+        label = "a first nudge" if k == 1 else ("closer to the answer" if k < len(items)
+                                                else "almost the answer")
+        out.append(f"<details><summary>Hint {k} for {ex} ({label})</summary>\n\n"
+                   + "\n".join(item) + "\n\n</details>")
+    return "\n\n".join(out)
+
+
+def _grader_note(src: str) -> str:
+    m = re.search(r"\b(ex\d\d)_(\d+)\(", src)
+    if not m:
+        return src
+    note = GRADER_NOTE.format(ex=f"{m.group(1)}.{m.group(2)}")
+    lines = src.splitlines()
+    at = 1 if lines and lines[0].startswith("%%") else 0  # a cell magic stays first
+    return "\n".join(lines[:at] + [note] + lines[at:])
+
+
 def make_exercise(sol):
     nb = copy.deepcopy(sol)
+    nb.cells = [c for c in nb.cells if not is_solution_notes(c)]
     for c in nb.cells:
-        c.source = strip_solutions(c.source, where=f"cell {c.get('id')}")
+        where = f"cell {c.get('id')}"
+        c.source = strip_solutions(c.source, where=where)
+        if hint_cell_ex(c):
+            c.source = render_hints(c.source, where=where)
         if c.cell_type != "code":
             continue
-        if not is_grader(c):
-            c.execution_count = None  # nbval compares only cells that were run: graders keep it
         if is_grader(c):
-            c.outputs = [o for o in c.outputs if o.output_type == "stream"
-                         and o.get("name") == "stdout" and o.text.startswith("PASS ")]
-        else:
-            c.outputs = []
+            c.source = _grader_note(c.source)
+        c.execution_count = None  # an exercise stores no run: no PASS the reader did not earn
+        c.outputs = []
     nb.metadata.pop("cudabook", None)
     return nb
 
@@ -304,14 +374,21 @@ def policy_errors(path: Path) -> list[str]:
                         "MPLBACKEND=Agg?)")
     if kind == "exercises":
         for i, c in enumerate(nb.cells):
-            if c.cell_type == "code" and c.outputs and not is_grader(c):
-                errs.append(f"{rel}: cell {i} has outputs (only grader cells keep theirs)")
-            if c.cell_type == "code" and (c.execution_count is None) == is_grader(c):
-                errs.append(f"{rel}: cell {i}: only grader cells keep an execution count (nbval "
-                            "compares only cells that were run)")
+            if c.cell_type == "code" and (c.outputs or c.execution_count is not None):
+                errs.append(f"{rel}: cell {i} stores a run (an exercise stores no outputs and no "
+                            "execution counts: a stored PASS would be one the reader did not "
+                            "earn)")
     if kind in ("exercises", "solutions"):
         if not graders:
             errs.append(f"{rel}: has no grader cell ({GRADER_MARK})")
+    if kind == "solutions":
+        for c in nb.cells:
+            ex = hint_cell_ex(c)
+            if ex:
+                try:
+                    render_hints(c.source, where=f"{rel} cell {c.get('id')}")
+                except ValueError as e:
+                    errs.append(str(e))
         for c in graders:
             lines = "".join(o.get("text", "") for o in c.outputs if o.output_type == "stream")
             m = re.search(r"\b(ex\d\d_\d+)\(", c.source)

@@ -11,6 +11,10 @@ import math
 
 from numba import cuda, float32
 
+from cudabook.compile import load_module
+
+common = load_module("common")           # tree_sum, the twin of common.cuh's block_sum
+
 TPB = 128
 
 
@@ -79,13 +83,6 @@ def rmsnorm_v1(x, gamma, eps, y):
     for j in range(tid, N, TPB):
         q += x[r, j] * x[r, j]
     s[tid] = q
-    cuda.syncthreads()
-    stride = TPB // 2
-    while stride > 0:
-        if tid < stride:
-            s[tid] += s[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-    rrms = float32(1) / math.sqrt(s[0] / N + eps)
+    rrms = float32(1) / math.sqrt(common.tree_sum(s, tid) / N + eps)   # common.py's block sum
     for j in range(tid, N, TPB):
         y[r, j] = x[r, j] * rrms * gamma[j]

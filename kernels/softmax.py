@@ -13,6 +13,10 @@ import math
 
 from numba import cuda, float32
 
+from cudabook.compile import load_module
+
+common = load_module("common")           # tree_sum / tree_max, the twins of common.cuh's
+
 TPB = 128
 NEG_INF = float32(-math.inf)
 
@@ -47,29 +51,14 @@ def softmax_v2(x, y):
     for j in range(tid, N, TPB):
         m = max(m, x[r, j])
     s[tid] = m
-    cuda.syncthreads()
-    stride = TPB // 2
-    while stride > 0:
-        if tid < stride:
-            s[tid] = max(s[tid], s[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
-    m = s[0]
+    m = common.tree_max(s, tid)              # common.py, the twin of common.cuh's block_max
     if m == NEG_INF:
         m = float32(0)
-    cuda.syncthreads()                       # everyone has read s[0] before it is reused
     d = float32(0)
     for j in range(tid, N, TPB):
         d += math.exp(x[r, j] - m)
     s[tid] = d
-    cuda.syncthreads()
-    stride = TPB // 2
-    while stride > 0:
-        if tid < stride:
-            s[tid] += s[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-    d = s[0]
+    d = common.tree_sum(s, tid)
     inv = float32(1) / d if d > 0 else float32(0)
     for j in range(tid, N, TPB):
         y[r, j] = math.exp(x[r, j] - m) * inv

@@ -1,0 +1,331 @@
+"""Running N ranks from a notebook: gloo CPU processes, torchrun workers, checked send/recv.
+
+    from cudabook import dist
+    out = dist.spawn(fn, 4)                 # fn(comm) in 4 forked CPU processes over gloo
+    res = dist.torchrun("tools/dist/nccl_sweep.py", 2, args=["--sizes", "4K:1G"])
+    if dist.need_gpus(2, "the NCCL sweep"):  # False (and says why) with fewer than 2 GPUs
+        ...
+
+Every call has a timeout that turns a hang into a ``DistTimeout`` naming the ranks that did
+not finish; an exception on one rank stops the others and is raised in the notebook with that
+rank's traceback. ``Comm`` is the point-to-point interface the chapter's exercises use: its
+``send`` is *synchronous* (it returns once the receiver has the message, as MPI's ``Ssend``),
+so a send/recv order that can deadlock on a real network deadlocks here too, every time, and
+the timeout reports it; ``recv`` checks that the sender sent as many elements as it expects.
+NVLink multicast stays off in every process started here (``NCCL_NVLS_ENABLE=0``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import multiprocessing as _mp
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+__all__ = ["DistError", "DistTimeout", "Comm", "spawn", "torchrun", "gpu_count", "need_gpus",
+           "SAFE_ENV"]
+
+#: set in every process this module starts: NVLink multicast (NVLS) off, as the machines require
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1"}
+os.environ.update(SAFE_ENV)
+
+_TAG_HEAD, _TAG_DATA, _TAG_ACK = 11, 12, 13
+
+
+class DistError(RuntimeError):
+    """A rank failed; the message names the rank and what it raised."""
+
+
+class DistTimeout(DistError):
+    """Ranks did not finish in time: a deadlock (or far too much work)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Comm:
+    """One rank's view of the group: ``rank``, ``world``, checked point-to-point calls and
+    all-reduce, each logged in ``events`` as ``(seconds, op, peer_or_tag, elements)``."""
+
+    def __init__(self, rank: int, world: int, sync: bool = True):
+        self.rank, self.world, self.sync = rank, world, sync
+        self.events: list[tuple[float, str, Any, int]] = []
+        self.t0 = time.perf_counter()
+
+    def log(self, op: str, what: Any = None, n: int = 0) -> None:
+        self.events.append((time.perf_counter() - self.t0, op, what, n))
+
+    def _peer(self, p: int, what: str) -> int:
+        if not isinstance(p, int) or not 0 <= p < self.world:
+            raise DistError(f"rank {self.rank}: {what} rank {p!r} is not in 0..{self.world - 1}")
+        if p == self.rank:
+            raise DistError(f"rank {self.rank}: {what} itself (rank {p}); with world size "
+                            f"{self.world} a neighbour is (rank +- 1) % world")
+        return p
+
+    def _head(self, t) -> Any:
+        import torch
+
+        return torch.tensor([t.numel()], dtype=torch.int64)
+
+    def _check_head(self, head, t, src: int) -> None:
+        n = int(head[0])
+        if n != t.numel():
+            raise DistError(f"rank {self.rank}: recv from rank {src} expects {t.numel()} "
+                            f"elements, rank {src} sent {n}: the sizes differ between ranks "
+                            "(every rank must pass a tensor of the same size)")
+
+    def send(self, t, dst: int) -> None:
+        """Send ``t`` to ``dst``; returns once ``dst`` has received it (synchronous)."""
+        import torch
+        import torch.distributed as td
+
+        dst = self._peer(dst, "send to")
+        self.log("send", dst, t.numel())
+        td.send(self._head(t), dst, tag=_TAG_HEAD)
+        td.send(t.contiguous(), dst, tag=_TAG_DATA)
+        if self.sync:
+            td.recv(torch.zeros(1, dtype=torch.int64), dst, tag=_TAG_ACK)
+
+    def recv(self, t, src: int) -> None:
+        """Receive into ``t`` (contiguous) from ``src``; sizes must match the sender's."""
+        import torch
+        import torch.distributed as td
+
+        src = self._peer(src, "recv from")
+        if not t.is_contiguous():
+            raise DistError(f"rank {self.rank}: recv needs a contiguous tensor (a slice of a 1-D "
+                            "tensor is; a strided view is not)")
+        head = torch.zeros(1, dtype=torch.int64)
+        td.recv(head, src, tag=_TAG_HEAD)
+        self._check_head(head, t, src)
+        td.recv(t, src, tag=_TAG_DATA)
+        self.log("recv", src, t.numel())
+        if self.sync:
+            td.send(torch.ones(1, dtype=torch.int64), src, tag=_TAG_ACK)
+
+    def sendrecv(self, send_t, dst: int, recv_t, src: int) -> None:
+        """Send ``send_t`` to ``dst`` and receive ``recv_t`` from ``src`` at the same time
+        (both posted before either waits): the deadlock-free step of a ring."""
+        import torch
+        import torch.distributed as td
+
+        dst, src = self._peer(dst, "send to"), self._peer(src, "recv from")
+        if not recv_t.is_contiguous():
+            raise DistError(f"rank {self.rank}: sendrecv needs a contiguous receive tensor")
+        self.log("send", dst, send_t.numel())
+        head_in = torch.zeros(1, dtype=torch.int64)
+        ops = [td.isend(self._head(send_t), dst, tag=_TAG_HEAD),
+               td.isend(send_t.contiguous(), dst, tag=_TAG_DATA)]
+        td.irecv(head_in, src, tag=_TAG_HEAD).wait()
+        self._check_head(head_in, recv_t, src)
+        td.irecv(recv_t, src, tag=_TAG_DATA).wait()
+        for w in ops:
+            w.wait()
+        self.log("recv", src, recv_t.numel())
+        if self.sync:
+            a = td.isend(torch.ones(1, dtype=torch.int64), src, tag=_TAG_ACK)
+            td.recv(torch.zeros(1, dtype=torch.int64), dst, tag=_TAG_ACK)
+            a.wait()
+
+    def all_reduce(self, t, async_op: bool = False, tag: Any = None):
+        """Sum ``t`` over the ranks in place (torch.distributed); ``async_op`` returns a handle
+        whose ``wait()`` finishes it. ``tag`` names the call in ``events``."""
+        import torch.distributed as td
+
+        self.log("all_reduce" if async_op else "all_reduce (blocking)", tag, t.numel())
+        work = td.all_reduce(t, async_op=async_op)
+        if not async_op:
+            return None
+        comm = self
+
+        class _Handle:
+            def wait(self) -> None:
+                work.wait()
+                comm.log("wait", tag, t.numel())
+
+        return _Handle()
+
+    def barrier(self) -> None:
+        import torch.distributed as td
+
+        td.barrier()
+
+
+def _worker(fn, rank, world, port, backend, args, q, timeout) -> None:
+    os.environ.update(SAFE_ENV)
+    try:
+        import torch
+        import torch.distributed as td
+
+        torch.set_num_threads(1)
+        td.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                              world_size=world, timeout=_dt.timedelta(seconds=timeout))
+        comm = Comm(rank, world)
+        out = fn(comm, *args)
+        q.put((rank, True, out))
+    except BaseException as e:  # noqa: BLE001  (everything goes back to the notebook)
+        msg = str(e) if isinstance(e, DistError) else \
+            f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"
+        q.put((rank, False, msg))
+    q.close()
+    q.join_thread()          # the result is in the pipe before the process ends
+    sys.stdout.flush()
+    os._exit(0)  # no atexit handlers, no process-group teardown that waits for dead peers
+
+
+def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 30.0,
+          backend: str = "gloo") -> list:
+    """Run ``fn(comm, *args)`` on ``world`` forked CPU processes joined by ``backend`` (gloo);
+    return the ranks' return values in rank order (they must pickle: numpy arrays, numbers).
+
+    A rank that raises stops the group and its error is raised here (``DistError``); ranks still
+    running after ``timeout`` seconds are killed and ``DistTimeout`` says which.
+    """
+    if not isinstance(world, int) or world < 1:
+        raise ValueError(f"spawn: world must be an int >= 1, got {world!r}")
+    if "fork" not in _mp.get_all_start_methods():
+        raise DistError("spawn needs the 'fork' start method (Linux; on macOS run the chapter on "
+                        "Colab or Linux)")
+    ctx = _mp.get_context("fork")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(fn, r, world, port, backend, args, q, timeout),
+                         daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    err = None
+    try:
+        while len(results) < world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                rank, ok, out = q.get(timeout=min(left, 0.5))
+            except Exception:  # noqa: BLE001  (queue.Empty: poll for dead ranks)
+                dead = [r for r, p in enumerate(procs)
+                        if r not in results and p.exitcode not in (None, 0)]
+                if dead:
+                    err = DistError(f"rank {dead[0]} died (exit code {procs[dead[0]].exitcode}) "
+                                    "without a result")
+                    break
+                continue
+            if not ok:
+                err = DistError(f"rank {rank} of {world} failed: {out}")
+                break
+            results[rank] = out
+    finally:
+        for p in procs:
+            p.join(timeout=0.2 if err is None and len(results) == world else 0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)
+    if err is not None:
+        raise err
+    if len(results) < world:
+        missing = [r for r in range(world) if r not in results]
+        raise DistTimeout(
+            f"ranks {missing} of {world} did not finish within {timeout:g} s: a deadlock? "
+            "Typically every rank sends before it receives, so each waits for a receive that "
+            "its neighbour never posts (use comm.sendrecv, or let even ranks send first)")
+    return [results[r] for r in range(world)]
+
+
+def gpu_count() -> int:
+    """CUDA devices visible here (0 in simulator mode or without a driver)."""
+    from . import env
+
+    if not env.HAS_GPU:
+        return 0
+    try:
+        import cupy as cp
+
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def need_gpus(n: int, what: str = "this cell") -> bool:
+    """True with at least ``n`` GPUs; otherwise print why ``what`` is skipped and return False."""
+    have = gpu_count()
+    if have >= n:
+        return True
+    print(f"skipped: {what} needs {n} or more GPUs of one host; this machine has {have}.")
+    return False
+
+
+def torchrun(script: str | os.PathLike, nproc: int, args: Sequence[str] = (),
+             timeout: float = 300.0, env: dict | None = None, quiet: bool = True) -> Any:
+    """Run ``script`` with ``torchrun --standalone --nproc_per_node nproc`` and return the JSON
+    that rank 0 writes to the path in ``$CUDABOOK_DIST_OUT`` (None if it writes none).
+
+    The run is killed after ``timeout`` seconds (``DistTimeout``); a non-zero exit raises
+    ``DistError`` with the last lines of the output. The same script runs unchanged on several
+    nodes: ``torchrun --nnodes 2 --node_rank i --rdzv_endpoint host:port ... script``.
+    """
+    if nproc < 1:
+        raise ValueError(f"torchrun: nproc must be >= 1, got {nproc}")
+    script = Path(script)
+    if not script.is_file():
+        raise FileNotFoundError(f"torchrun: no script {script}")
+    fd, out = tempfile.mkstemp(suffix=".json", prefix="cudabook-dist-")
+    os.close(fd)
+    os.unlink(out)
+    e = {**os.environ, **SAFE_ENV, **(env or {}), "CUDABOOK_DIST_OUT": out,
+         "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    root = str(Path(__file__).resolve().parent.parent)
+    e["PYTHONPATH"] = root + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", str(script), *map(str, args)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=e, start_new_session=True)
+    try:
+        log, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        log, _ = p.communicate()
+        raise DistTimeout(f"{script.name} on {nproc} ranks did not finish within {timeout:g} s "
+                          f"(killed). Last output:\n{_tail(log)}") from None
+    if p.returncode != 0:
+        raise DistError(f"{script.name} on {nproc} ranks failed (exit {p.returncode}):\n"
+                        f"{_tail(log)}")
+    if not quiet:
+        print(log)
+    if not os.path.exists(out):
+        return None
+    try:
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        os.unlink(out)
+
+
+def _tail(log: str, n: int = 25) -> str:
+    lines = [ln for ln in (log or "").splitlines() if ln.strip()]
+    return "\n".join(lines[-n:])
+
+
+def write_result(obj: Any) -> None:
+    """In a torchrun script: rank 0 hands ``obj`` (JSON) back to ``torchrun``'s caller."""
+    path = os.environ.get("CUDABOOK_DIST_OUT")
+    if path:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(obj, f)
+        shutil.move(tmp, path)

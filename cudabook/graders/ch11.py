@@ -1,0 +1,381 @@
+"""Graders of Chapter 11 (multi-GPU): the ring all-reduce from send/recv, gradient bucketing,
+overlap of the all-reduce with the backward pass. All run on CPU processes over gloo
+(``cudabook.dist.spawn``), so they grade on any machine; a deadlock ends in a timeout with a
+message, never in a hanging cell.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..dist import DistError, DistTimeout, spawn
+from ._core import GradeError, fresh_rng, passed
+
+__all__ = ["ex11_1", "ex11_2", "ex11_3", "reference_buckets", "TIMEOUT"]
+
+#: seconds a graded group may run; a correct answer needs well under one
+TIMEOUT = 8.0
+RTOL, ATOL = 1e-5, 1e-5
+WORLDS = (2, 3, 4)
+
+
+def _run(ex: str, fn: Callable, world: int, *args: Any, what: str) -> list:
+    try:
+        return spawn(fn, world, *args, timeout=TIMEOUT)
+    except DistTimeout as e:
+        raise GradeError(
+            f"{ex}: {what}: world size {world} did not finish within {TIMEOUT:g} s ({e}). "
+            "comm.send returns only when the neighbour has received, so a ring in which every "
+            "rank sends before it receives deadlocks: use comm.sendrecv(send, right, recv, left) "
+            "(or let even ranks send first and odd ranks receive first)") from None
+    except DistError as e:
+        msg = str(e)
+        if "NotImplementedError" in msg:
+            raise GradeError(f"{ex}: not implemented yet (the stub still raises "
+                             "NotImplementedError)") from None
+        if "'NoneType' object" in msg and ".grad" in msg:
+            raise GradeError(f"{ex}: {what}: world size {world}: a parameter's .grad was still "
+                             "None when the answer read it: the all-reduce started before the "
+                             "gradient of that parameter was ready (count the bucket's "
+                             "gradients; launch when the last one arrives)") from None
+        raise GradeError(f"{ex}: {what}: world size {world}: {msg.strip()}") from None
+
+
+# ============================================================================ ex11.1
+
+def _ring_worker(comm, fn, cases, seed):
+    import torch
+
+    outs = []
+    for n, average in cases:
+        g = np.random.default_rng([seed, n, comm.rank])
+        x = torch.from_numpy(g.standard_normal(n).astype(np.float32))
+        comm.events.clear()
+        fn(x, comm, average=average)
+        sends = [e[3] for e in comm.events if e[1] == "send"]
+        outs.append((x.numpy().copy(), sends,
+                     sum(e[1].startswith("all_reduce") for e in comm.events)))
+    return outs
+
+
+def _ring_inputs(seed, n, world):
+    return np.stack([np.random.default_rng([seed, n, r]).standard_normal(n).astype(np.float32)
+                     for r in range(world)]).astype(np.float64)
+
+
+def ex11_1(ring_allreduce: Callable) -> None:
+    """ring_allreduce(x, comm, average=False): in place, reduce-scatter + all-gather by send/recv.
+    Checked at world sizes 2, 3, 4, on sizes that the world size does not divide."""
+    ex = "ex11.1"
+    _, seed = fresh_rng()
+    for world in WORLDS:
+        cases = [(n, avg) for n in (world + 1, 1000 + world + 1 + (world == 2), 4 * world)
+                 for avg in (False, True)]
+        res = _run(ex, _ring_worker, world, ring_allreduce, cases, seed,
+                   what=f"sizes {sorted({c[0] for c in cases})}")
+        for k, (n, average) in enumerate(cases):
+            xs = _ring_inputs(seed, n, world)
+            total = xs.sum(0)
+            ref = total / world if average else total
+            case = f"world size {world}, n = {n}, average={average}"
+            for r in range(world):
+                out, sends, ars = res[r][k]
+                _diagnose_ring(ex, case, out.astype(np.float64), ref, total, xs[r], n, world,
+                               average, r)
+                if ars:
+                    raise GradeError(f"{ex}: {case}: rank {r} called comm.all_reduce: the "
+                                     "exercise asks for the ring built from sendrecv/send/recv")
+                chunk = -(-n // world)
+                if len(sends) != 2 * (world - 1) or max(sends, default=0) > chunk:
+                    raise GradeError(
+                        f"{ex}: {case}: rank {r} sent {len(sends)} messages of up to "
+                        f"{max(sends, default=0)} elements; a ring sends 2 (world - 1) = "
+                        f"{2 * (world - 1)} messages of at most ceil(n / world) = {chunk} "
+                        "(one chunk per step): not a ring")
+            first = res[0][k][0]
+            for r in range(1, world):
+                if not np.array_equal(res[r][k][0], first):
+                    raise GradeError(
+                        f"{ex}: {case}: ranks 0 and {r} hold different bits: the all-gather "
+                        "must copy each reduced chunk as it is, not add it again")
+    passed(ex)
+
+
+def _diagnose_ring(ex, case, out, ref, total, x0, n, world, average, r) -> None:
+    tol = ATOL + RTOL * np.abs(total).max() * world
+    bad = ~(np.abs(out - ref) <= tol)
+    if not bad.any():
+        return
+    if np.allclose(out, x0, atol=1e-7):
+        raise GradeError(f"{ex}: {case}: rank {r}'s x is unchanged: ring_allreduce works in "
+                         "place (write the result into x)")
+    tail = n % world
+    keep = n - tail
+    if tail and not bad[:keep].any():
+        raise GradeError(
+            f"{ex}: {case}: only the last {tail} element(s) (n % world) are wrong on rank {r}: "
+            "the chunks drop the remainder (n // world elements each); let the first n % world "
+            "chunks have one element more, so the chunks cover all n")
+    if not average and np.allclose(out, total / world, rtol=1e-4, atol=tol):
+        raise GradeError(f"{ex}: {case}: rank {r} holds the mean; average=False asks for the "
+                         "sum (divide by world only when average=True)")
+    if average and np.allclose(out, total, rtol=1e-4, atol=tol):
+        raise GradeError(f"{ex}: {case}: rank {r} holds the sum; average=True asks for the mean "
+                         "(divide the sum by world)")
+    if average and np.allclose(out, total / world**2, rtol=1e-4, atol=tol):
+        raise GradeError(f"{ex}: {case}: rank {r} holds the sum / world^2: divided twice")
+    if world > 2:
+        raise GradeError(
+            f"{ex}: {case}: wrong on rank {r} ({int(bad.sum())} of {n} elements) at world size "
+            f"{world} although world size 2 passed: a ring for two ranks only? Each phase has "
+            "world - 1 steps; rank r sends to (r + 1) % world and receives from "
+            "(r - 1) % world; at reduce-scatter step s it sends chunk (r - s) % world")
+    i = int(np.argmax(bad))
+    raise GradeError(f"{ex}: {case}: rank {r} is wrong at {int(bad.sum())} of {n} elements "
+                     f"(first at {i}: {out[i]:.6g}, expected {ref[i]:.6g})")
+
+
+# ============================================================================ ex11.2
+
+def reference_buckets(params, bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``params`` grouped in backward order (last parameter first); a bucket closes
+    once it holds at least ``bucket_bytes``; parameters without gradients are left out."""
+    out, cur, size = [], [], 0
+    for i in range(len(params) - 1, -1, -1):
+        p = params[i]
+        if not p.requires_grad:
+            continue
+        cur.append(i)
+        size += p.numel() * p.element_size()
+        if size >= bucket_bytes:
+            out.append(cur)
+            cur, size = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _param_sets(g):
+    import torch
+
+    dts = [torch.float32, torch.bfloat16, torch.float16]
+    sets = []
+    for k in range(6):
+        m = int(g.integers(5, 14))
+        ps = []
+        for j in range(m):
+            shape = (int(g.integers(1, 40)), int(g.integers(1, 40))) if j % 3 != 2 \
+                else (int(g.integers(1, 80)),)
+            p = torch.nn.Parameter(torch.zeros(shape, dtype=dts[(j + k) % 3 if k >= 3 else 0]))
+            if k >= 2 and j == m // 2:
+                p.requires_grad_(False)        # a frozen parameter
+            ps.append(p)
+        sizes = [p.numel() * p.element_size() for p in ps]
+        for cap in (int(np.median(sizes)) + 1, 3 * int(np.mean(sizes)), 1):
+            sets.append((ps, cap))
+    return sets
+
+
+def ex11_2(make_buckets: Callable) -> None:
+    """make_buckets(params, bucket_bytes) -> list of lists of indices, in backward order."""
+    ex = "ex11.2"
+    g, seed = fresh_rng()
+    for ps, cap in _param_sets(g):
+        desc = (f"{len(ps)} parameters of {[p.numel() * p.element_size() for p in ps]} bytes "
+                f"({sorted({str(p.dtype)[6:] for p in ps})}), bucket_bytes = {cap} (seed {seed})")
+        try:
+            got = make_buckets(ps, cap)
+        except NotImplementedError:
+            raise GradeError(f"{ex}: not implemented yet (the stub still raises "
+                             "NotImplementedError)") from None
+        try:
+            got = [[int(i) for i in b] for b in got]
+        except (TypeError, ValueError):
+            raise GradeError(f"{ex}: expected a list of lists of parameter indices, got "
+                             f"{got!r}"[:300]) from None
+        want = reference_buckets(ps, cap)
+        if got == want:
+            continue
+        flat = [i for b in got for i in b]
+        frozen = [i for i, p in enumerate(ps) if not p.requires_grad]
+        if any(i in frozen for i in flat):
+            raise GradeError(f"{ex}: {desc}: parameter {frozen[0]} has requires_grad=False (no "
+                             "gradient, nothing to all-reduce) but is in a bucket: skip it")
+        if sorted(flat) != sorted(i for b in want for i in b):
+            raise GradeError(f"{ex}: {desc}: the buckets hold indices {sorted(flat)}; every "
+                             "parameter with a gradient must be in exactly one bucket")
+        fwd = [list(reversed(b)) for b in reference_buckets(ps[::-1], cap)]
+        fwd = [[len(ps) - 1 - i for i in b] for b in fwd]
+        if flat == sorted(flat) and len(ps) - len(frozen) > 1:
+            raise GradeError(f"{ex}: {desc}: buckets in forward (registration) order {got}: "
+                             "the backward computes the last layer's gradients first, so walk "
+                             "the parameters in reverse (bucket 0 = the last parameters)")
+        by_el = _buckets_by(ps, cap, lambda p: p.numel())
+        if got == by_el:
+            raise GradeError(f"{ex}: {desc}: the buckets are sized in elements, not bytes: "
+                             "count p.numel() * p.element_size() (a bfloat16 element is 2 "
+                             "bytes, a float32 one 4)")
+        if got == _buckets_before(ps, cap):
+            raise GradeError(f"{ex}: {desc}: got {got}, expected {want}: a bucket closes once it "
+                             "holds at least bucket_bytes, so the parameter that crosses the "
+                             "limit joins the bucket (never close a bucket before adding it)")
+        raise GradeError(f"{ex}: {desc}: got {got}, expected {want}")
+    passed(ex)
+
+
+def _buckets_by(ps, cap, size):
+    out, cur, s = [], [], 0
+    for i in range(len(ps) - 1, -1, -1):
+        if not ps[i].requires_grad:
+            continue
+        cur.append(i)
+        s += size(ps[i])
+        if s >= cap:
+            out.append(cur)
+            cur, s = [], 0
+    return out + ([cur] if cur else [])
+
+
+def _buckets_before(ps, cap):
+    out, cur, s = [], [], 0
+    for i in range(len(ps) - 1, -1, -1):
+        p = ps[i]
+        if not p.requires_grad:
+            continue
+        nb = p.numel() * p.element_size()
+        if cur and s + nb > cap:
+            out.append(cur)
+            cur, s = [], 0
+        cur.append(i)
+        s += nb
+    return out + ([cur] if cur else [])
+
+
+# ============================================================================ ex11.3
+
+def _model():
+    import torch
+
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(7, 33), torch.nn.ReLU(), torch.nn.Linear(33, 17),
+                               torch.nn.Tanh(), torch.nn.Linear(17, 5))
+
+
+def _batch(seed, rank, it):
+    import torch
+
+    g = torch.Generator().manual_seed(int(seed) * 7919 + rank * 101 + it)
+    return torch.randn(9, 7, generator=g), torch.randn(9, 5, generator=g)
+
+
+def _loss(model, x, y):
+    return ((model(x) - y) ** 2).mean()
+
+
+def _overlap_worker(comm, attach, cap, seed, iters):
+    model = _model()
+    params = list(model.parameters())
+    buckets = [[params[i] for i in b] for b in reference_buckets(params, cap)]
+    for i, p in enumerate(params):            # the grader's hooks run first: "ready i"
+        p.register_post_accumulate_grad_hook(lambda _p, i=i: comm.log("ready", i))
+    finish = attach(model, buckets, comm)
+    if not callable(finish):
+        raise DistError(f"attach_overlap returned {type(finish).__name__}, not the finish() "
+                        "function")
+    grads = []
+    for it in range(iters):
+        model.zero_grad(set_to_none=True)
+        comm.log("iteration", it)
+        x, y = _batch(seed, comm.rank, it)
+        _loss(model, x, y).backward()
+        comm.log("backward done", it)
+        finish()
+        comm.log("finished", it)
+        grads.append([p.grad.detach().numpy().copy() for p in params])
+    return grads, list(comm.events), reference_buckets(params, cap)
+
+
+def _reference_grads(world, seed, it):
+    acc = None
+    for r in range(world):
+        model = _model()
+        x, y = _batch(seed, r, it)
+        _loss(model, x, y).backward()
+        gs = [p.grad.detach().double().numpy() for p in model.parameters()]
+        acc = gs if acc is None else [a + b for a, b in zip(acc, gs)]
+    return acc
+
+
+def ex11_3(attach_overlap: Callable) -> None:
+    """attach_overlap(model, buckets, comm) -> finish: each bucket's gradients all-reduced
+    (averaged) as soon as its last gradient is ready; finish() waits and writes them back."""
+    ex = "ex11.3"
+    _, seed = fresh_rng()
+    iters = 2
+    for world, cap in ((2, 600), (3, 1), (2, 10**9)):
+        what = f"bucket_bytes = {cap}"
+        res = _run(ex, _overlap_worker, world, attach_overlap, cap, seed, iters, what=what)
+        buckets = res[0][2]
+        for r in range(world):
+            _check_events(ex, f"world size {world}, {what}, rank {r}", res[r][1], buckets)
+        for it in range(iters):
+            tot = _reference_grads(world, seed, it)
+            for r in range(world):
+                for j, (got, t) in enumerate(zip(res[r][0][it], tot)):
+                    case = (f"world size {world}, {what}, iteration {it + 1}, rank {r}, "
+                            f"parameter {j}")
+                    mean = t / world
+                    tol = ATOL + RTOL * np.abs(t).max()
+                    if np.allclose(got, mean, atol=tol, rtol=1e-4):
+                        continue
+                    if np.allclose(got, t, atol=tol, rtol=1e-4):
+                        raise GradeError(f"{ex}: {case}: the gradient is the sum over ranks; "
+                                         "data-parallel training averages (divide by "
+                                         "comm.world), as DDP does")
+                    raise GradeError(f"{ex}: {case}: the gradient differs from the average "
+                                     "over ranks (max error "
+                                     f"{np.abs(got - mean).max():.3g}): were all of the "
+                                     "bucket's gradients in the flattened tensor, and was each "
+                                     "copied back to its own parameter?")
+    passed(ex)
+
+
+def _check_events(ex, case, events, buckets) -> None:
+    its = [k for k, e in enumerate(events) if e[1] == "iteration"] + [len(events)]
+    owner = {i: b for b, bk in enumerate(buckets) for i in bk}
+    for n_it in range(len(its) - 1):
+        evs = events[its[n_it]:its[n_it + 1]]
+        ops = [e[1] for e in evs]
+        done = ops.index("backward done") if "backward done" in ops else len(evs)
+        ready_at = {e[2]: k for k, e in enumerate(evs) if e[1] == "ready"}
+        launches = [k for k, e in enumerate(evs) if e[1].startswith("all_reduce")]
+        c = f"{case}, iteration {n_it + 1}"
+        if len(launches) != len(buckets):
+            hint = (" (the first iteration was right: reset the per-bucket counters in "
+                    "finish(), for the next backward)" if n_it else "")
+            raise GradeError(f"{ex}: {c}: {len(launches)} all-reduce calls for {len(buckets)} "
+                             f"buckets: one per bucket{hint}")
+        for b, k in enumerate(launches):
+            last = max(ready_at.get(i, 10**9) for i in buckets[b])
+            if last > k:
+                early = [i for i in buckets[b] if ready_at.get(i, 10**9) > k]
+                raise GradeError(f"{ex}: {c}: bucket {b}'s all-reduce started before the "
+                                 f"gradient of parameter {early[0]} was ready: launch when the "
+                                 "bucket's last gradient arrives (count them)")
+            if k > done:
+                raise GradeError(f"{ex}: {c}: bucket {b}'s all-reduce started after the whole "
+                                 "backward: no overlap. Launch it from a gradient hook "
+                                 "(register_post_accumulate_grad_hook) as soon as the bucket is "
+                                 "complete, with async_op=True, and wait in finish()")
+            later = [j for j, e in enumerate(evs) if e[1] == "ready" and last < j < k]
+            if later:
+                i = evs[later[0]][2]
+                raise GradeError(f"{ex}: {c}: bucket {b} was complete, but its all-reduce "
+                                 f"started only after parameter {i}'s gradient (bucket "
+                                 f"{owner[i]}): launch as soon as the bucket is complete")
+            if evs[k][1] != "all_reduce":
+                raise GradeError(f"{ex}: {c}: bucket {b}'s all-reduce is blocking: it stops "
+                                 "the backward until the network is done. Use "
+                                 "comm.all_reduce(flat, async_op=True) and wait in finish()")

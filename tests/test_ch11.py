@@ -1,0 +1,224 @@
+"""Chapter 11: the gloo process runner (results, errors, timeouts, size checks), the collectives
+helpers (chunks, the ring's schedule, one-shot and naive all-reduce, bus bandwidth, alpha-beta),
+the P2P kernels' launch checks, and the graders ex11_1..ex11_3: the reference from
+solutions/11_multi_gpu.ipynb passes, the stub fails, wrong answers generated from the reference
+fail with the hint of their mistake (a deadlock by a timeout, never a hang)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from solution_cells import Solution
+
+from cudabook import collectives as co
+from cudabook import dist
+from cudabook.graders import GradeError, ch11, ex11_1, ex11_2, ex11_3
+
+SOL = Solution("11")
+
+
+# ============================================================================ dist.spawn
+
+def _sum_rank(comm):
+    x = torch.full((4,), float(comm.rank + 1))
+    comm.all_reduce(x)
+    return x.numpy()
+
+
+def test_spawn_returns_in_rank_order_any_world():
+    for w in (1, 2, 3):
+        out = dist.spawn(_sum_rank, w)
+        assert len(out) == w and all(np.allclose(o, w * (w + 1) / 2) for o in out)
+
+
+def _deadlock(comm):
+    x, y = torch.ones(8), torch.empty(8)
+    comm.send(x, (comm.rank + 1) % comm.world)
+    comm.recv(y, (comm.rank - 1) % comm.world)
+
+
+def test_spawn_deadlock_is_a_timeout_with_a_message():
+    with pytest.raises(dist.DistTimeout, match="did not finish within 3 s: a deadlock"):
+        dist.spawn(_deadlock, 2, timeout=3)
+
+
+def _mismatch(comm):
+    x, y = torch.ones(8 + comm.rank), torch.empty(8)
+    comm.sendrecv(x, (comm.rank + 1) % comm.world, y, (comm.rank - 1) % comm.world)
+
+
+def test_spawn_mismatched_sizes_name_the_ranks():
+    with pytest.raises(dist.DistError, match="sizes differ between ranks"):
+        dist.spawn(_mismatch, 3, timeout=20)
+
+
+def _raises(comm):
+    if comm.rank == 1:
+        raise ValueError("boom on one rank")
+    comm.barrier()
+
+
+def test_spawn_error_on_one_rank_stops_the_group():
+    with pytest.raises(dist.DistError, match="rank 1 of 2 failed: ValueError: boom"):
+        dist.spawn(_raises, 2, timeout=20)
+
+
+def _self_send(comm):
+    comm.send(torch.ones(2), comm.rank)
+
+
+def test_comm_refuses_itself_and_bad_world():
+    with pytest.raises(dist.DistError, match="send to itself"):
+        dist.spawn(_self_send, 2, timeout=20)
+    with pytest.raises(ValueError, match="world must be an int >= 1"):
+        dist.spawn(_sum_rank, 0)
+
+
+def test_need_gpus_says_why(capsys):
+    assert dist.need_gpus(10**6, "the NCCL sweep") is False
+    assert "needs 1000000 or more GPUs" in capsys.readouterr().out
+
+
+# ============================================================================ collectives
+
+@pytest.mark.parametrize("n, w", [(10, 3), (7, 7), (1003, 4), (8, 2), (5, 4)])
+def test_chunk_bounds_cover_everything(n, w):
+    b = [co.chunk_bounds(n, w, c) for c in range(w)]
+    assert b[0][0] == 0 and b[-1][1] == n
+    assert all(b[i][1] == b[i + 1][0] for i in range(w - 1))
+    assert max(h - lo for lo, h in b) - min(h - lo for lo, h in b) <= 1
+
+
+@pytest.mark.parametrize("w", [2, 3, 5])
+def test_ring_schedule_reduces_every_chunk(w):
+    # simulate on sets: after the schedule every rank holds every chunk's full contribution set
+    have = [[{r} for _ in range(w)] for r in range(w)]
+    steps = co.ring_schedule(w)
+    assert len(steps) == 2 * (w - 1)
+    for k, step in enumerate(steps):
+        msgs = [(dst, c, set(have[src][c])) for src, dst, c in step]
+        for dst, c, s in msgs:
+            have[dst][c] = have[dst][c] | s if k < w - 1 else s
+    assert all(have[r][c] == set(range(w)) for r in range(w) for c in range(w))
+
+
+def _simple(comm, which):
+    x = torch.arange(6, dtype=torch.float32) * (comm.rank + 1)
+    getattr(co, which)(x, comm)
+    return x.numpy()
+
+
+@pytest.mark.parametrize("which", ["naive_allreduce", "one_shot_allreduce"])
+def test_simple_allreduces(which):
+    out = dist.spawn(_simple, 3, which)
+    assert all(np.allclose(o, np.arange(6) * 6) for o in out)
+
+
+def test_bus_bandwidth_and_alpha_beta():
+    assert co.bus_factor(2) == 1.0 and co.bus_factor(4) == 1.5 and co.bus_factor(1) == 0.0
+    assert co.bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5)
+    sizes = np.array([4e3, 64e3, 1e6, 16e6, 256e6])
+    fit = co.fit_alpha_beta(sizes, 20e-6 + sizes / 300e9)
+    assert fit.alpha_us == pytest.approx(20, rel=1e-3) and fit.gbs == pytest.approx(300, rel=1e-3)
+    assert co.ring_cost(1e9, 1, 10, 100) == 0.0
+    with pytest.raises(ValueError, match="two or more"):
+        co.fit_alpha_beta([1.0], [1.0])
+
+
+# ============================================================================ ex11.1
+
+def test_ex11_1_reference_passes(capsys):
+    ex11_1(SOL.get("ex11.1", "ring_allreduce"))
+    assert capsys.readouterr().out.strip() == "PASS ex11.1"
+
+
+def test_ex11_1_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex11_1(SOL.stub("ex11.1", "ring_allreduce"))
+
+
+@pytest.mark.parametrize("edits, match", [
+    ([("range(w - 1)", "range(1)", 2)], "although world size 2 passed: a ring for two ranks"),
+    ([("starts = [c * base + min(c, extra) for", "starts = [c * base for")],
+     "the chunks drop the remainder"),
+    ([("    if average:\n        x /= w", "    x /= w")], "average=False asks for the sum"),
+    ([("    if average:\n        x /= w", "    pass")], "average=True asks for the mean"),
+    ([("comm.sendrecv(chunk(send_c), right, incoming, left)",
+       "comm.send(chunk(send_c), right); comm.recv(incoming, left)")],
+     "did not finish within .* s .*sendrecv"),
+])
+def test_ex11_1_wrong_answers(edits, match):
+    with pytest.raises(GradeError, match=match):
+        ex11_1(SOL.get("ex11.1", "ring_allreduce", edits=edits))
+
+
+def _all_reduce_answer(x, comm, average=False):
+    comm.all_reduce(x)
+    if average:
+        x /= comm.world
+
+
+def test_ex11_1_refuses_the_library_all_reduce():
+    with pytest.raises(GradeError, match="called comm.all_reduce"):
+        ex11_1(_all_reduce_answer)
+
+
+# ============================================================================ ex11.2
+
+def test_ex11_2_reference_passes(capsys):
+    ex11_2(SOL.get("ex11.2", "make_buckets"))
+    assert capsys.readouterr().out.strip() == "PASS ex11.2"
+
+
+def test_ex11_2_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex11_2(SOL.stub("ex11.2", "make_buckets"))
+
+
+@pytest.mark.parametrize("edits, match", [
+    ([("reversed(range(len(params)))", "range(len(params))")], "forward .registration. order"),
+    ([("size += p.numel() * p.element_size()", "size += p.numel()")], "in elements, not bytes"),
+    ([("        if not p.requires_grad:\n            continue\n", "")], "requires_grad=False"),
+    ([("        current.append(i)\n        size += p.numel() * p.element_size()\n"
+       "        if size >= bucket_bytes:\n            buckets.append(current)\n"
+       "            current, size = [], 0\n",
+       "        nb = p.numel() * p.element_size()\n"
+       "        if current and size + nb > bucket_bytes:\n            buckets.append(current)\n"
+       "            current, size = [], 0\n        current.append(i)\n        size += nb\n")],
+     "never close a bucket before adding"),
+])
+def test_ex11_2_wrong_answers(edits, match):
+    with pytest.raises(GradeError, match=match):
+        ex11_2(SOL.get("ex11.2", "make_buckets", edits=edits))
+
+
+def test_reference_buckets_big_parameter_alone():
+    ps = [torch.nn.Parameter(torch.zeros(n)) for n in (10, 1000, 10, 10)]
+    assert ch11.reference_buckets(ps, 100) == [[3, 2, 1], [0]]
+
+
+# ============================================================================ ex11.3
+
+def test_ex11_3_reference_passes(capsys):
+    ex11_3(SOL.get("ex11.3", "attach_overlap"))
+    assert capsys.readouterr().out.strip() == "PASS ex11.3"
+
+
+def test_ex11_3_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex11_3(SOL.stub("ex11.3", "attach_overlap"))
+
+
+@pytest.mark.parametrize("edits, match", [
+    ([("            state[\"pending\"].append((b, flat, comm.all_reduce(flat, async_op=True)))",
+       "            state[\"pending\"].append((b, flat, None))"),
+      ("            handle.wait()\n", "            comm.all_reduce(flat)\n")],
+     "after the whole backward: no overlap"),
+    ([("            flat /= comm.world\n", "")], "the gradient is the sum over ranks"),
+    ([("== len(buckets[b]):", "== 1:")], "started before the gradient of"),
+    ([("        state[\"ready\"] = [0] * len(buckets)\n", "")], "reset the per-bucket counters"),
+])
+def test_ex11_3_wrong_answers(edits, match):
+    with pytest.raises(GradeError, match=match):
+        ex11_3(SOL.get("ex11.3", "attach_overlap", edits=edits))

@@ -174,11 +174,13 @@ def accuracy(logits: Any, y: Any) -> float:
 
 
 def train_torch(model: Any, data: Digits, *, epochs: int | None = None, steps: int | None = None,
-                optimizer: str = "adamw", seed: int = SEED, **hp: Any) -> dict:
+                optimizer: str = "adamw", seed: int = SEED, loss: Any = None,
+                **hp: Any) -> dict:
     """Train ``model`` on ``data.x_train`` in ``batch_order``; mean cross-entropy per batch.
 
-    Stops after ``steps`` steps if given. Returns ``{"losses": [float per step], "test_acc":
-    float, "steps": int}``. The model's device and dtype are used for the data.
+    Stops after ``steps`` steps if given; ``loss(logits, y)`` replaces ``F.cross_entropy``.
+    Returns ``{"losses": [float per step], "test_acc": float, "steps": int}``. The model's
+    device and dtype are used for the data.
     """
     torch = _torch()
     h = {**HPARAMS, **hp}
@@ -187,16 +189,17 @@ def train_torch(model: Any, data: Digits, *, epochs: int | None = None, steps: i
     x_train = torch.tensor(data.x_train, dtype=p0.dtype, device=p0.device)
     y_train = torch.tensor(data.y_train, device=p0.device)
     opt = make_optimizer(model, optimizer, **hp)
+    loss_fn = loss or torch.nn.functional.cross_entropy
     losses = []
     for idx in batch_order(data.n_train, h["batch"], epochs, seed):
         if steps is not None and len(losses) >= steps:
             break
         i = torch.as_tensor(idx, device=p0.device)
-        loss = torch.nn.functional.cross_entropy(model(x_train[i]), y_train[i])
+        value = loss_fn(model(x_train[i]), y_train[i])
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        value.backward()
         opt.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(value.detach()))
     with torch.no_grad():
         x_test = torch.tensor(data.x_test, dtype=p0.dtype, device=p0.device)
         acc = accuracy(model(x_test).cpu(), torch.tensor(data.y_test))

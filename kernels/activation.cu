@@ -11,6 +11,10 @@
 //   bias_gelu_v1   fused y = gelu_tanh(x + b[col]): one read and one write instead of two each
 //   bias_gelu_v2   bias_gelu_v1 with float4 loads/stores and a grid-stride loop (when N % 4 == 0
 //                  and x, b, y are 16-byte aligned; otherwise the same loop with scalars)
+//   gelu_backward_v1  (Chapter 6) the backward of bias_gelu: dh = dy * gelu_tanh'(h + b[col]),
+//                  from the saved input h (before the bias), so the forward stores nothing extra
+//   bias_add_f64, bias_gelu_f64, gelu_backward_f64   (Chapter 6) the same in double, for
+//                  torch.autograd.gradcheck
 //
 // traffic: every kernel reads 4 n and writes 4 n bytes (b is tiny and stays in cache), so all
 // are memory-bound. The unfused pair bias_add_v1 + gelu_v1 moves 16 n bytes (the intermediate
@@ -85,4 +89,50 @@ extern "C" __global__ void bias_gelu_v2(const float* x, const float* b, float* y
         v.w = gelu_tanh(v.w + c.w);
         y4[i] = v;
     }
+}
+
+// ------------------------------------------------------------------ Chapter 6: the backward
+// d/dz gelu_tanh(z) with u = k (z + c z^3), t = tanh(u):
+//     0.5 (1 + t) + 0.5 z (1 - t^2) k (1 + 3 c z^2)
+template <typename T>
+__device__ __forceinline__ T gelu_tanh_grad(T z) {
+    T k = (T)0.7978845608028654, c = (T)0.044715;
+    T t = tanh(k * (z + c * z * z * z));
+    return (T)0.5 * ((T)1 + t) + (T)0.5 * z * ((T)1 - t * t) * k * ((T)1 + (T)3 * c * z * z);
+}
+
+// launch: grid = ceil_div(M * N, 256), block = 256. h, dy, dh: (M, N); b: (N,)
+extern "C" __global__ void gelu_backward_v1(const float* h, const float* b, const float* dy,
+                                            float* dh, int M, int N) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)M * N) dh[i] = dy[i] * gelu_tanh_grad<float>(h[i] + b[i % N]);
+}
+
+template <typename T>
+__device__ __forceinline__ void add_bias(const T* x, const T* b, T* y, int M, int N) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)M * N) y[i] = x[i] + b[i % N];
+}
+
+// launch: as bias_add_v1 (the same element-wise add, in double)
+extern "C" __global__ void bias_add_f64(const double* x, const double* b, double* y, int M,
+                                        int N) {
+    add_bias<double>(x, b, y, M, N);
+}
+
+// launch: as bias_gelu_v1
+extern "C" __global__ void bias_gelu_f64(const double* x, const double* b, double* y, int M,
+                                         int N) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)M * N) {
+        double z = x[i] + b[i % N];
+        y[i] = 0.5 * z * (1.0 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
+    }
+}
+
+// launch: as gelu_backward_v1
+extern "C" __global__ void gelu_backward_f64(const double* h, const double* b, const double* dy,
+                                             double* dh, int M, int N) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)M * N) dh[i] = dy[i] * gelu_tanh_grad<double>(h[i] + b[i % N]);
 }

@@ -1,0 +1,281 @@
+"""The book's kernels inside PyTorch: a zero-copy DLPack bridge and ``torch.autograd.Function``s.
+
+    from cudabook import torchops as to
+    a = to.as_array(t)          # torch -> CuPy (GPU) or NumPy (CPU): the same memory, no copy
+    t = to.as_tensor(a)         # and back
+    y = to.Matmul.apply(x, W)   # x @ W: SGEMM of Chapter 4 (float32), matmul_f64 (float64)
+    y = to.BiasGelu.apply(h, b) # gelu_tanh(h + b): Chapter 3's fused kernel, gelu_backward_v1
+    y = to.BiasAdd.apply(h, b)  # h + b; the bias gradient is bias_grad_v2
+    loss = to.SoftmaxCrossEntropy.apply(logits, labels)   # fused forward + backward (mean)
+    model = to.MLP(digits.init_params())                  # the digits MLP on these ops
+
+Zero copy: ``as_array`` and ``as_tensor`` check that the result starts at the same address as
+their argument (``data_ptr``) and refuse otherwise. Every Function passes its inputs through
+``.contiguous()`` first (a no-op for contiguous tensors): the kernels read raw row-major memory,
+and a transposed or sliced tensor (a ``grad_output`` often is one) would be read as if dense.
+Launches go to CuPy's current stream, which is PyTorch's default (legacy) stream unless one of
+them was switched: ``on_torch_stream()`` makes CuPy follow PyTorch's current stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from . import env
+from .compile import load_launch
+
+__all__ = ["as_array", "as_tensor", "on_torch_stream", "Matmul", "BiasGelu", "BiasAdd",
+           "SoftmaxCrossEntropy", "linear", "cross_entropy", "MLP"]
+
+MATMUL_VERSION = "v9"     # Chapter 4's double-buffered SGEMM (any shape)
+
+
+def _ptr(x: Any) -> int:
+    if hasattr(x, "data_ptr"):
+        return int(x.data_ptr())
+    if hasattr(x, "__cuda_array_interface__"):
+        return int(x.__cuda_array_interface__["data"][0])
+    return int(x.__array_interface__["data"][0])
+
+
+def as_array(t: Any):
+    """A CuPy array (CUDA tensor) or NumPy array (CPU tensor) on the same memory as ``t``."""
+    t = t.detach()
+    if t.is_cuda:
+        import cupy
+
+        a = cupy.from_dlpack(t)
+    else:
+        a = np.from_dlpack(t)
+    if t.numel() and _ptr(a) != _ptr(t):
+        raise RuntimeError("as_array: DLPack returned a copy (the addresses differ)")
+    return a
+
+
+def as_tensor(a: Any):
+    """A torch tensor on the same memory as the CuPy or NumPy array ``a``."""
+    import torch
+
+    t = torch.from_dlpack(a)
+    if t.numel() and _ptr(a) != _ptr(t):
+        raise RuntimeError("as_tensor: DLPack returned a copy (the addresses differ)")
+    return t
+
+
+@contextlib.contextmanager
+def on_torch_stream() -> Iterator[None]:
+    """CuPy launches on PyTorch's current CUDA stream inside the block (if it is not the
+    default stream, which both already share)."""
+    import torch
+
+    s = torch.cuda.current_stream()
+    if not s.cuda_stream:
+        yield
+        return
+    import cupy
+
+    with cupy.cuda.ExternalStream(s.cuda_stream):
+        yield
+
+
+def _arrays(*ts: Any) -> list:
+    return [as_array(t.contiguous()) for t in ts]
+
+
+def _need_gpu(*ts: Any) -> None:
+    for t in ts:
+        if not t.is_cuda:
+            raise TypeError("cudabook.torchops: the kernels run on the GPU; move the tensors with "
+                            ".to('cuda')" + ("" if env.HAS_GPU else " (there is no GPU here)"))
+
+
+def _matmul(A, B):
+    """A @ B for CuPy arrays: SGEMM (float32, contiguous) or matmul_f64 (float64, strided)."""
+    import cupy
+
+    if A.dtype == np.float64:
+        return load_launch("matmul_f64").matmul_f64(A, B)
+    mm = load_launch("matmul")
+    from .compile import cuda_module
+
+    C = cupy.empty((A.shape[0], B.shape[1]), cupy.float32)
+    mm.launch_cupy(cuda_module("matmul"), MATMUL_VERSION, cupy.ascontiguousarray(A),
+                   cupy.ascontiguousarray(B), C)
+    return C
+
+
+def _transpose(A):
+    """A.T as a contiguous array: Chapter 2's transpose_v5 (float32), a strided view (float64)."""
+    if A.dtype == np.float64:
+        return A.T
+    return load_launch("transpose").transpose(A)
+
+
+class _Lazy(type):
+    """Builds each Function class on first use, so importing cudabook does not import torch."""
+
+    def __getattr__(cls, name: str):
+        return getattr(cls._build(), name)
+
+
+def _make_functions() -> dict:
+    import torch
+
+    class Matmul(torch.autograd.Function):
+        """y = x @ W. Backward: dx = dy @ W^T, dW = x^T @ dy (each transpose is a kernel)."""
+
+        @staticmethod
+        def forward(ctx, x, W):
+            _need_gpu(x, W)
+            ctx.save_for_backward(x, W)
+            with on_torch_stream():
+                a, w = _arrays(x, W)
+                return as_tensor(_matmul(a, w))
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, W = ctx.saved_tensors
+            with on_torch_stream():
+                d, a, w = _arrays(dy, x, W)
+                dx = as_tensor(_matmul(d, _transpose(w))) if ctx.needs_input_grad[0] else None
+                dW = as_tensor(_matmul(_transpose(a), d)) if ctx.needs_input_grad[1] else None
+            return dx, dW
+
+    class BiasGelu(torch.autograd.Function):
+        """y = gelu_tanh(h + b). Backward: dh = dy gelu'(h + b), db = sum of dh over rows."""
+
+        @staticmethod
+        def forward(ctx, h, b):
+            _need_gpu(h, b)
+            ctx.save_for_backward(h, b)
+            al = load_launch("activation")
+            with on_torch_stream():
+                a, c = _arrays(h, b)
+                y = al.bias_gelu_f64(a, c) if a.dtype == np.float64 else al.bias_gelu(a, c)
+                return as_tensor(y)
+
+        @staticmethod
+        def backward(ctx, dy):
+            h, b = ctx.saved_tensors
+            with on_torch_stream():
+                d, a, c = _arrays(dy, h, b)
+                dh = load_launch("activation").gelu_backward(a, c, d)
+                db = load_launch("bias_grad").bias_grad(dh)
+                return as_tensor(dh), as_tensor(db)
+
+    class BiasAdd(torch.autograd.Function):
+        """y = h + b. Backward: dh = dy (a new tensor, never dy itself), db = column sums."""
+
+        @staticmethod
+        def forward(ctx, h, b):
+            _need_gpu(h, b)
+            with on_torch_stream():
+                a, c = _arrays(h, b)
+                return as_tensor(load_launch("activation").bias_add(a, c))
+
+        @staticmethod
+        def backward(ctx, dy):
+            with on_torch_stream():
+                (d,) = _arrays(dy)
+                db = load_launch("bias_grad").bias_grad(d)
+            return dy.clone(), as_tensor(db)
+
+    class SoftmaxCrossEntropy(torch.autograd.Function):
+        """Mean cross-entropy of logits (M, C) and integer labels (M,). The forward kernel also
+        writes d loss / d logits; backward scales it by the incoming gradient."""
+
+        @staticmethod
+        def forward(ctx, logits, labels):
+            _need_gpu(logits, labels)
+            ce = load_launch("cross_entropy")
+            with on_torch_stream():
+                (z,) = _arrays(logits)
+                lab = as_array(labels.to(torch.int32).contiguous())
+                loss, dz = ce.cross_entropy(z, lab)
+            ctx.save_for_backward(as_tensor(dz))
+            return as_tensor(loss).reshape(())
+
+        @staticmethod
+        def backward(ctx, dloss):
+            (dz,) = ctx.saved_tensors
+            return dz * dloss, None
+
+    return {"Matmul": Matmul, "BiasGelu": BiasGelu, "BiasAdd": BiasAdd,
+            "SoftmaxCrossEntropy": SoftmaxCrossEntropy}
+
+
+_FUNCTIONS: dict = {}
+
+
+def _function(name: str):
+    if not _FUNCTIONS:
+        _FUNCTIONS.update(_make_functions())
+    return _FUNCTIONS[name]
+
+
+class Matmul(metaclass=_Lazy):
+    """``Matmul.apply(x, W)``: x @ W on the book's kernels (see the module docstring)."""
+
+    @classmethod
+    def _build(cls):
+        return _function("Matmul")
+
+
+class BiasGelu(metaclass=_Lazy):
+    """``BiasGelu.apply(h, b)``: gelu_tanh(h + b) on the book's kernels."""
+
+    @classmethod
+    def _build(cls):
+        return _function("BiasGelu")
+
+
+class BiasAdd(metaclass=_Lazy):
+    """``BiasAdd.apply(h, b)``: h + b on the book's kernels."""
+
+    @classmethod
+    def _build(cls):
+        return _function("BiasAdd")
+
+
+class SoftmaxCrossEntropy(metaclass=_Lazy):
+    """``SoftmaxCrossEntropy.apply(logits, labels)``: mean cross-entropy, fused backward."""
+
+    @classmethod
+    def _build(cls):
+        return _function("SoftmaxCrossEntropy")
+
+
+def linear(x: Any, W: Any, b: Any) -> Any:
+    """x @ W + b on the book's kernels (the ``linear`` argument of ``digits.MLP``)."""
+    return BiasAdd.apply(Matmul.apply(x, W), b)
+
+
+def cross_entropy(logits: Any, labels: Any) -> Any:
+    """Mean softmax cross-entropy on the book's fused kernel (``F.cross_entropy``'s place)."""
+    return SoftmaxCrossEntropy.apply(logits, labels)
+
+
+def MLP(params: Sequence[tuple[np.ndarray, np.ndarray]], device: str = "cuda", dtype: Any = None):
+    """``digits.MLP`` whose every op is a kernel of the book: Matmul, then BiasGelu between
+    layers and BiasAdd after the last. Train it with ``digits.train_torch(model, data,
+    loss=torchops.cross_entropy)``."""
+    import torch
+
+    from .digits import MLP as _TorchMLP
+
+    base = _TorchMLP(params, device=device, dtype=dtype)
+
+    class _OwnMLP(type(base)):
+        def forward(self, x):
+            n = len(self.W)
+            for i, (W, b) in enumerate(zip(self.W, self.b)):
+                h = Matmul.apply(x, W)
+                x = BiasGelu.apply(h, b) if i < n - 1 else BiasAdd.apply(h, b)
+            return x
+
+    base.__class__ = _OwnMLP
+    assert isinstance(base, torch.nn.Module)
+    return base

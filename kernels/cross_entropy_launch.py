@@ -1,0 +1,104 @@
+"""Launching kernels/cross_entropy.cu (and its Numba twin): the fused softmax cross-entropy.
+
+    ce = cb.load_launch("cross_entropy")
+    loss, dz = ce.cross_entropy(z, labels)               # mean over rows; dz = d loss / d z
+    ce.cross_entropy(z, labels, loss=loss, dz=dz)        # into preallocated buffers (graphs)
+    ce.cross_entropy_numba(z, labels, loss, dz)          # the Numba twin (simulator or GPU)
+
+z is (M, C) float32 (cross_entropy_v1) or float64 (cross_entropy_f64); labels (M,) int32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import cudabook as cb
+from cudabook.launch import LaunchError, ceil_div
+
+__all__ = ["REDUCTIONS", "cross_entropy", "cross_entropy_numba", "sanitize_targets"]
+
+REDUCTIONS = ("mean", "sum")
+_KERNELS = {np.dtype(np.float32): "cross_entropy_v1", np.dtype(np.float64): "cross_entropy_f64"}
+
+
+def _module():
+    return cb.cuda_module("cross_entropy")     # compiled once per process
+
+
+def _ptr_range(a) -> tuple[int, int] | None:
+    p = cb.validate.data_ptr(a)
+    return None if p is None else (p, p + int(np.prod(a.shape)) * a.dtype.itemsize)
+
+
+def _check(z, labels, loss, dz, reduction: str) -> tuple[int, int, np.dtype]:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    cb.expect(z, "z", ndim=2)
+    dt = np.dtype(str(z.dtype).replace("torch.", ""))
+    if dt not in _KERNELS:
+        raise TypeError(f"z: expected float32 or float64, got {dt} (use .astype(float32))")
+    M, C = (int(s) for s in z.shape)
+    if M == 0 or C == 0:
+        raise LaunchError(f"cross_entropy: empty logits, shape {(M, C)}")
+    if M * C >= 2**31:
+        raise LaunchError(f"cross_entropy: {M} x {C} >= 2^31 elements (the kernel indexes rows "
+                          "with int C)")
+    cb.expect(labels, "labels", dtype=np.int32, shape=(M,))
+    if loss is not None:
+        cb.expect(loss, "loss", dtype=dt, shape=(1,))
+    if dz is not None:
+        cb.expect(dz, "dz", dtype=dt, shape=(M, C))
+        rz, rd = _ptr_range(z), _ptr_range(dz)
+        if rz and rd and rz[0] < rd[1] and rd[0] < rz[1]:
+            raise ValueError("dz overlaps z: the kernel reads every z of a row after writing "
+                             "part of dz, so the gradient must go to a separate buffer")
+    return M, C, dt
+
+
+def cross_entropy(z, labels, loss=None, dz=None, reduction: str = "mean",
+                  check_labels: bool = False):
+    """(loss, dz): the softmax cross-entropy of logits ``z`` with integer ``labels`` and its
+    gradient, in one launch. ``loss`` (1,) is zeroed and then accumulated; pass ``dz=False`` for
+    the loss alone. ``check_labels`` copies the labels to the host to check their range (not
+    inside a CUDA graph capture)."""
+    import cupy as cp
+
+    want_dz = dz is not False
+    dz = None if dz is False else dz
+    M, C, dt = _check(z, labels, loss, dz, reduction)
+    if check_labels:
+        lab = cp.asnumpy(labels)
+        if lab.min() < 0 or lab.max() >= C:
+            raise ValueError(f"labels must lie in [0, {C}); found {lab.min()}..{lab.max()}")
+    loss = cp.empty(1, dt) if loss is None else loss
+    if want_dz and dz is None:
+        dz = cp.empty((M, C), dt)
+    loss.fill(0)
+    scale = (1.0 / M) if reduction == "mean" else 1.0
+    _module().get(_KERNELS[dt])((ceil_div(M, 4),), (128,),
+                                (z, labels, loss, dz if want_dz else 0, np.int32(M), np.int32(C),
+                                 dt.type(scale)))
+    return loss, (dz if want_dz else None)
+
+
+def cross_entropy_numba(z, labels, loss, dz, reduction: str = "mean") -> None:
+    """The Numba twin, ``cross_entropy_thread_per_row``: loss (zeroed here) and dz."""
+    M, _, _ = _check(z, labels, loss, dz, reduction)
+    nb = cb.load_numba("cross_entropy")
+    if hasattr(loss, "copy_to_device"):           # a Numba device array
+        loss.copy_to_device(np.zeros(1, loss.dtype))
+    else:
+        loss[...] = 0
+    scale = (1.0 / M) if reduction == "mean" else 1.0
+    nb.cross_entropy_thread_per_row[ceil_div(M, 64), 64](z, labels, loss, dz, scale)
+
+
+def sanitize_targets():
+    """Both kernels on a ragged shape, C above one warp's width (memcheck: the row guard)."""
+    import cupy as cp
+
+    z = cp.random.standard_normal((7, 45), dtype=cp.float32)
+    lab = cp.random.randint(0, 45, 7).astype(cp.int32)
+    yield "cross_entropy_v1 (7x45)", (lambda: cross_entropy(z, lab))
+    z64 = z.astype(cp.float64)
+    yield "cross_entropy_f64 (7x45)", (lambda: cross_entropy(z64, lab))

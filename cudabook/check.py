@@ -128,6 +128,8 @@ def check(out: Any, ref: Any, *, atol: float | None = None, rtol: float | None =
 
     ``ref`` should be computed in float64. NaN in ``out`` where ``ref`` is finite always fails
     (an unwritten element of a NaN-prefilled buffer). Returns the largest relative error.
+    With ``quiet=False`` it prints the largest absolute error, the tolerance that decided and
+    the share of its tolerance the closest element used.
     """
     if not isinstance(name, str):
         raise TypeError(f"check: name must be a str, got {type(name).__name__}")
@@ -163,5 +165,14 @@ def check(out: Any, ref: Any, *, atol: float | None = None, rtol: float | None =
     finite = np.isfinite(r)
     rel = float((err[finite] / (np.abs(r[finite]) + atol + 1e-300)).max()) if finite.any() else 0.0
     if not quiet:
-        print(f"{name}: OK ({r.size} elements, max rel err {rel:.1e})")
+        # what decided: the largest absolute error, the tolerance, and how close the worst
+        # element came to its own limit (a relative error alone misleads near zero, where the
+        # absolute part of the tolerance decides)
+        lim = atol + rtol * np.abs(r[finite])
+        abs_err = float(err[finite].max()) if finite.any() else 0.0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            used = float(np.max(np.where(lim > 0, err[finite] / lim, 0.0))) if finite.any() \
+                else 0.0
+        print(f"{name}: OK ({r.size} elements; max abs err {abs_err:.1e}, tolerance "
+              f"{atol:g} + {rtol:g}*|ref|; the closest element used {100 * used:.0f}% of it)")
     return rel

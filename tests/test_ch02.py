@@ -6,12 +6,16 @@ come from solutions/02_memory.ipynb; wrong answers are edits of them (tests/solu
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import numpy as np
 import pytest
 from numba import cuda
 from solution_cells import Solution
 
 import cudabook as cb
+from cudabook import graders
 from cudabook.graders import GradeError, ex02_1, ex02_2, ex02_3, ex02_4
 
 gpu = pytest.mark.gpu
@@ -259,6 +263,15 @@ def test_ex02_3_rejects(edit, hint):
 
 
 @gpu
+def test_ex02_3_serial_pipeline_fails_on_speed():
+    """Right values, streams used, but a wait inside the loop: nothing overlaps."""
+    serial = pipeline(("rt.memcpyDeviceToHost, s.ptr)\n",
+                       "rt.memcpyDeviceToHost, s.ptr)\n        s.synchronize()\n"))
+    with pytest.raises(GradeError, match="nothing overlaps"):
+        ex02_3(serial)
+
+
+@gpu
 def test_ex02_3_stub_fails():
     with pytest.raises(GradeError, match="not implemented"):
         ex02_3(SOL.stub("ex02.3", "run_pipeline"))
@@ -312,3 +325,41 @@ def test_launch_helpers_refuse_bad_input():
         cl.copy(x, cupy.zeros(9, cupy.float32))
     with pytest.raises(TypeError, match="expected a GPU array"):
         cl.copy(np.zeros(10, np.float32), x)
+
+
+# ----------------------------------------------------------------------------- pencil and paper
+QUESTIONS = {g.__name__.replace("_", "."): g for g in (graders.ex02_5, graders.ex02_6)}
+
+
+def _answers(ex: str) -> dict:
+    """The numbers of the solution cell of ``ex`` (names as the grader's parameters)."""
+    ns = SOL.namespace(ex)
+    params = inspect.signature(QUESTIONS[ex]).parameters
+    return {k: ns[k] for k in params}
+
+
+@pytest.mark.parametrize("ex", sorted(QUESTIONS))
+def test_question_reference_passes(ex, capsys):
+    QUESTIONS[ex](**_answers(ex))
+    assert capsys.readouterr().out == f"PASS {ex}\n"
+
+
+@pytest.mark.parametrize("ex", sorted(QUESTIONS))
+def test_question_stub_fails(ex):
+    with pytest.raises(NotImplementedError):
+        SOL.stub(ex, "x")
+
+
+@pytest.mark.parametrize("ex, name, value, hint", [
+    ("ex02.5", "sectors_s1", 1, "32 bytes, not 128"),
+    ("ex02.5", "sectors_s16", 64, "at most one sector per lane"),
+    ("ex02.5", "used_s2", 1.0, "every other float"),
+    ("ex02.5", "used_s2", 50, "not a percentage"),
+    ("ex02.6", "deg_34", 1, "not every padding works"),
+    ("ex02.6", "deg_32", 1, "= c for every lane"),
+])
+def test_question_common_mistake_gets_its_hint(ex, name, value, hint):
+    answers = _answers(ex) | {name: value}
+    with pytest.raises(GradeError, match=f"1 of {len(answers)} answers wrong(.|\n)*{name}.*"
+                       f"{re.escape(hint)}"):
+        QUESTIONS[ex](**answers)

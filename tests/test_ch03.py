@@ -5,7 +5,9 @@ edits of them (tests/solution_cells.py)."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from numba import cuda, float32
 from solution_cells import Solution
 
 import cudabook as cb
+from cudabook import graders
 from cudabook.graders import GradeError, ex03_1, ex03_2, ex03_3, ex03_4, ex03_5, ex03_6
 from cudabook.reference import (
     conv1d_reference,
@@ -462,6 +465,14 @@ def test_ex03_6_wrong_answers_fail(edit, hint):
         ex03_6(bias_gelu(edit))
 
 
+@gpu
+def test_ex03_6_fusion_is_measured():
+    """The fused kernel is timed against the unfused pair; a goal no kernel reaches shows the
+    message (the reference itself passes with the default goal, test above)."""
+    with pytest.raises(GradeError, match="not measurably fused"):
+        ex03_6(bias_gelu(), min_speedup=50.0)
+
+
 @pytest.mark.skipif(cb.HAS_GPU, reason="the refusal is what simulator mode shows")
 @pytest.mark.parametrize("grader", [ex03_2, ex03_5, ex03_6])
 def test_cuda_graders_say_they_need_a_gpu(grader):
@@ -473,3 +484,40 @@ def test_references_are_still_importable_from_the_grader_module():
     from cudabook.graders import ch03
 
     assert ch03.softmax_reference is softmax_reference and math.isfinite(1.0)
+
+
+# ----------------------------------------------------------------------------- pencil and paper
+QUESTIONS = {g.__name__.replace("_", "."): g for g in (graders.ex03_7, graders.ex03_8)}
+
+
+def _answers(ex: str) -> dict:
+    """The numbers of the solution cell of ``ex`` (names as the grader's parameters)."""
+    ns = SOL.namespace(ex)
+    params = inspect.signature(QUESTIONS[ex]).parameters
+    return {k: ns[k] for k in params}
+
+
+@pytest.mark.parametrize("ex", sorted(QUESTIONS))
+def test_question_reference_passes(ex, capsys):
+    QUESTIONS[ex](**_answers(ex))
+    assert capsys.readouterr().out == f"PASS {ex}\n"
+
+
+@pytest.mark.parametrize("ex", sorted(QUESTIONS))
+def test_question_stub_fails(ex):
+    with pytest.raises(NotImplementedError):
+        SOL.stub(ex, "x")
+
+
+@pytest.mark.parametrize("ex, name, value, hint", [
+    ("ex03.7", "interleaved_s4", 1, "one in 8 lanes of every warp"),
+    ("ex03.7", "interleaved_s32", 8, "does not diverge"),
+    ("ex03.7", "sequential_s16", 0, "half of warp 0"),
+    ("ex03.8", "first_partials", 7812, "round up"),
+    ("ex03.8", "launches", 2, "62"),
+])
+def test_question_common_mistake_gets_its_hint(ex, name, value, hint):
+    answers = _answers(ex) | {name: value}
+    with pytest.raises(GradeError, match=f"1 of {len(answers)} answers wrong(.|\n)*{name}.*"
+                       f"{re.escape(hint)}"):
+        QUESTIONS[ex](**answers)

@@ -4,12 +4,16 @@ wrong answers fail with the hint that names their mistake. References come from
 solutions/04_tiling.ipynb; wrong answers are edits of them (tests/solution_cells.py)."""
 # ruff: noqa: I001  (cudabook must be imported before numba.cuda)
 
+import inspect
+import re
+
 import numpy as np
 import pytest
-from solution_cells import Solution
+from solution_cells import Solution, strip_solutions
 
 import cudabook as cb  # first: decides GPU or simulator mode
 from cudabook import env
+from cudabook import graders
 from cudabook.graders import GradeError, ex04_1, ex04_2, ex04_3, ex04_4
 from cudabook.graders.ch04 import diagnose_2d
 from numba import cuda
@@ -282,7 +286,18 @@ def test_ex04_4_wrong():
         ex04_4(fast(), fraction=5.0)           # correct but (of course) not 5x cuBLAS
     # one barrier of two missing: the race that printed PASS on the H100
     with pytest.raises(GradeError, match=BARRIER):
-        ex04_4(fast(("        }\n        __syncthreads();\n    }", "        }\n    }")))
+        ex04_4(fast(("        // END SOLUTION\n        __syncthreads();\n    }",
+                     "        // END SOLUTION\n    }")))
+    # the layout half-done: the new pieces in the math, the old consecutive rows in the store
+    with pytest.raises(GradeError, match="wrong at"):
+        ex04_4(fast(("int r = m0 + (i / 4) * 64 + tr * 4 + i % 4;", "int r = m0 + tr * 8 + i;")))
+
+
+def test_ex04_4_is_scaffolded():
+    """The stub keeps v6's loads and the k-loop; what is left is the step the spec names."""
+    text = strip_solutions(SOL.source("ex04.4"))
+    assert "As[ac][ar] = a.x" in text and "for (int k0 = 0; k0 < K; k0 += BK)" in text
+    assert text.count("// TODO ex04.4") == 2 and "acc[i][j] +=" not in text
 
 
 @pytest.mark.skipif(env.HAS_GPU, reason="the refusal is what simulator mode shows")
@@ -290,3 +305,40 @@ def test_cuda_graders_need_gpu():
     for g in (ex04_2, ex04_4):
         with pytest.raises(GradeError, match="needs a CUDA GPU"):
             g("")
+
+
+# ----------------------------------------------------------------------------- pencil and paper
+QUESTIONS = {g.__name__.replace("_", "."): g for g in (graders.ex04_5, graders.ex04_6)}
+
+
+def _answers(ex: str) -> dict:
+    """The numbers of the solution cell of ``ex`` (names as the grader's parameters)."""
+    ns = SOL.namespace(ex)
+    params = inspect.signature(QUESTIONS[ex]).parameters
+    return {k: ns[k] for k in params}
+
+
+@pytest.mark.parametrize("ex", sorted(QUESTIONS))
+def test_question_reference_passes(ex, capsys):
+    QUESTIONS[ex](**_answers(ex))
+    assert capsys.readouterr().out == f"PASS {ex}\n"
+
+
+@pytest.mark.parametrize("ex", sorted(QUESTIONS))
+def test_question_stub_fails(ex):
+    with pytest.raises(NotImplementedError):
+        SOL.stub(ex, "x")
+
+
+@pytest.mark.parametrize("ex, name, value, hint", [
+    ("ex04.5", "blocks_130", 2, "rounded up to 4352"),
+    ("ex04.5", "blocks_127", 8, "the registers fewer"),
+    ("ex04.5", "occupancy_130", 12.5, "not a percentage"),
+    ("ex04.6", "intensity_64", 8, "two FLOPs"),
+    ("ex04.6", "intensity_128", 128, "per byte, not per float"),
+])
+def test_question_common_mistake_gets_its_hint(ex, name, value, hint):
+    answers = _answers(ex) | {name: value}
+    with pytest.raises(GradeError, match=f"1 of {len(answers)} answers wrong(.|\n)*{name}.*"
+                       f"{re.escape(hint)}"):
+        QUESTIONS[ex](**answers)

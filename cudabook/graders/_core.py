@@ -13,6 +13,7 @@ specific mistake can be named). Static source checks are ``_static``; race check
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 import warnings
 from typing import Any, Callable, Iterator
@@ -26,7 +27,7 @@ from ..launch import ceil_div
 __all__ = ["GradeError", "passed", "fresh_rng", "ragged_sizes", "guarded", "canary_ok",
            "call", "diagnose_1d", "xp", "to_device", "sync", "need_gpu", "compile_kernel",
            "count_launches", "need_launch", "close", "error_summary", "looks_like_low_precision",
-           "ceil_div", "CANARY",
+           "ceil_div", "CANARY", "check_numbers",
            "ELEMENTWISE_TOL", "SIM_BEYOND_ONE_BLOCK"]
 
 CANARY = 4096  # NaN elements after each output: a write past the end lands here
@@ -240,3 +241,39 @@ def diagnose_1d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, atol=1e-5
         i = int(np.argmax(bad))
         raise GradeError(f"{ex}: {case}: wrong at {i}: got {o[i]:.6g}, expected {r[i]:.6g} "
                          f"({int(bad.sum())} of {n} wrong){'; ' + hint if hint else ''}")
+
+
+def check_numbers(ex: str, got: dict[str, Any], want: dict[str, float],
+                  wrong: dict[str, dict[float, str]] | None = None,
+                  nudge: dict[str, str] | None = None, rel: float = 1e-3) -> None:
+    """A pencil-and-paper answer: each number of ``got`` against ``want`` (within ``rel``).
+
+    A value listed in ``wrong[name]`` (a mistake a reader makes) gets that hint; any other wrong
+    value gets ``nudge[name]`` (a pointer, never the answer). Every wrong number is reported in
+    one GradeError, the first line counting them.
+    """
+    wrong, nudge = wrong or {}, nudge or {}
+    msgs = []
+
+    def same(a: float, b: float) -> bool:   # a count is exact, a ratio within ``rel``
+        return a == b if float(b).is_integer() else abs(a - b) <= rel * abs(b)
+
+    for name, w in want.items():
+        v = got.get(name)
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            msgs.append(f"{name} should be a number, got {type(v).__name__} {v!r}")
+            continue
+        v = float(v)
+        if same(v, w):
+            continue
+        if not math.isfinite(v):
+            msgs.append(f"{name} = {v}: a count or a ratio is a finite number")
+            continue
+        hint = next((h for bad, h in wrong.get(name, {}).items() if same(v, bad)), None)
+        if hint is None and 0 < abs(w) < 1 and same(v, 100 * w):
+            hint = "give it as a fraction (0.25), not a percentage"
+        msgs.append(f"{name} = {v:g} is not right: "
+                    f"{hint or nudge.get(name, 'work it through again')}")
+    if msgs:
+        raise GradeError(f"{ex}: {len(msgs)} of {len(want)} answers wrong\n  "
+                         + "\n  ".join(msgs))

@@ -4,6 +4,8 @@ ex01_1  Numba: SAXPY kernel and its launcher (launch configuration, bounds guard
 ex01_2  CUDA C++ via CuPy: ReLU forward                                              GPU
 ex01_3  Numba: add a bias to every row of a matrix (2D grid, row/column strides)     simulator
 ex01_4  CUDA C++ via CuPy: SGD update with a grid-stride loop                        GPU
+ex01_5  pencil and paper: blocks and idle threads of a launch                        CPU
+ex01_6  pencil and paper: which warps diverge on a branch                            CPU
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ._core import (
     GradeError,
     call,
     ceil_div,
+    check_numbers,
     count_launches,
     diagnose_1d,
     fresh_rng,
@@ -33,7 +36,7 @@ from ._core import (
 from ._core import compile_kernel as _compile
 from ._race import explain, first_launch
 
-__all__ = ["ex01_1", "ex01_2", "ex01_3", "ex01_4"]
+__all__ = ["ex01_1", "ex01_2", "ex01_3", "ex01_4", "ex01_5", "ex01_6"]
 
 
 def ex01_1(launch_saxpy: Callable) -> None:
@@ -200,3 +203,40 @@ def ex01_4(src: str) -> None:
                              f"{ref[first]:.6g} (w[i] -= lr * g[i])")
     passed(ex)
 
+
+def ex01_5(blocks, idle_threads) -> None:
+    """n = 1000 elements, 256 threads per block, the grid rounded up: how many blocks, and how
+    many of the launched threads fail the guard ``i < n`` (do nothing)?"""
+    check_numbers("ex01.5", {"blocks": blocks, "idle_threads": idle_threads},
+                  {"blocks": 4, "idle_threads": 24},
+                  wrong={"blocks": {3: "1000 // 256 = 3 blocks cover only 768 elements: round "
+                                       "up, (n + 255) // 256"},
+                         "idle_threads": {232: "232 is what 3 blocks would leave uncovered; count "
+                                               "the threads of the rounded-up grid past n",
+                                          0: "the grid is rounded up to whole blocks: the last "
+                                             "block has threads past n"}},
+                  nudge={"blocks": "blocks = ceil(n / threads)",
+                         "idle_threads": "launched threads minus n"})
+    passed("ex01.5")
+
+
+def ex01_6(div_even_odd, div_below_100) -> None:
+    """A block of 256 threads (8 warps) branches on ``threadIdx.x % 2 == 0`` or on
+    ``threadIdx.x < 100``: how many warps hold lanes on both sides of the branch (diverge)?"""
+    check_numbers("ex01.6", {"div_even_odd": div_even_odd, "div_below_100": div_below_100},
+                  {"div_even_odd": 8, "div_below_100": 1},
+                  wrong={"div_even_odd": {4: "half the threads take each side, but in every "
+                                             "warp: a warp diverges when its own 32 lanes "
+                                             "disagree",
+                                          0: "lanes 0 and 1 of each warp disagree"},
+                         "div_below_100": {0: "100 is not a multiple of 32: which warp holds "
+                                              "threads 96..127?",
+                                           3: "warps whose 32 lanes all pass the test do not "
+                                              "diverge",
+                                           4: "warps whose 32 lanes all pass (or all fail) the "
+                                              "test do not diverge",
+                                           5: "warps whose 32 lanes all fail the test do not "
+                                              "diverge"}},
+                  nudge={"div_even_odd": "a warp is lanes 32w .. 32w + 31: do they agree?",
+                         "div_below_100": "a warp is lanes 32w .. 32w + 31: do they agree?"})
+    passed("ex01.6")

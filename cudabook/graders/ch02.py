@@ -25,6 +25,7 @@ from ._core import (
     call,
     canary_ok,
     ceil_div,
+    check_numbers,
     error_summary,
     fresh_rng,
     guarded,
@@ -37,7 +38,8 @@ from ._core import compile_kernel as _compile
 from ._race import explain, racecheck, simulate
 from ._static import calls, cuda_code, mentions, python_code
 
-__all__ = ["ex02_1", "ex02_2", "ex02_3", "ex02_4"]
+__all__ = ["ex02_1", "ex02_2", "ex02_3", "ex02_4", "ex02_5", "ex02_6", "axpy_speed",
+           "pipeline_times"]
 
 #: ex02.1 fails when the student's transpose takes longer than this times the book's padded
 #: tiled transpose (kernels/transpose.cu, transpose_v3) on a 4096 x 4096 matrix.
@@ -305,7 +307,47 @@ def ex02_2(src: str) -> None:
     msg = json.loads(lines[-1])["error"]
     if msg:
         raise GradeError(msg)
+    ratio, yours, base = _axpy_ratio(k)
+    if ratio < AXPY_MIN_RATIO:
+        raise GradeError(f"{ex}: correct, but on 2^25 floats it moves {yours:.0f} GB/s, "
+                         f"{ratio:.2f}x CuPy's fused a * x + y ({base:.0f} GB/s); the goal is "
+                         f"{AXPY_MIN_RATIO}x. Are the float4 loop's accesses coalesced (thread i "
+                         "takes vector i, then i + stride)?")
     passed(ex)
+
+
+#: ex02.2 on a GPU: at least this fraction of CuPy's fused ``a * x + y`` (GB/s, same run)
+AXPY_MIN_RATIO = 0.8
+AXPY_N = 1 << 25
+
+
+def _axpy_ratio(kern, n: int = AXPY_N, quiet: bool = True) -> tuple[float, float, float]:
+    """(ratio, your GB/s, CuPy's GB/s): ``axpy_vec`` against CuPy's fused elementwise
+    ``a * x + y`` on ``n`` floats (12 bytes an element), timed in the same call."""
+    import cupy
+
+    from ..bench import bench
+
+    x = cupy.random.standard_normal(n, dtype=cupy.float32)
+    y = cupy.random.standard_normal(n, dtype=cupy.float32)
+    out = cupy.empty_like(x)
+    a = np.float32(1.5)
+    ref = cupy.ElementwiseKernel("float32 a, float32 x, float32 y", "float32 o",
+                                 "o = a * x + y", "cudabook_axpy_ref")
+    grid = (ceil_div(n // 4, 256),)
+    t = bench({"axpy_vec (yours)": lambda: kern(grid, (256,), (x, y, out, a, np.int32(n)))},
+              baseline={"CuPy a * x + y": lambda: ref(a, x, y, out)}, bytes=12.0 * n,
+              repeat=10, quiet=quiet)
+    row, base = t["axpy_vec (yours)"], t["CuPy a * x + y"]
+    return row.ratio, row.value, base.value
+
+
+def axpy_speed(src: str) -> float:
+    """Print ex02.2's kernel against CuPy's ``a * x + y`` in GB/s; return the ratio."""
+    ratio, yours, base = _axpy_ratio(_compile("ex02.2", src, "axpy_vec"))
+    print(f"axpy_vec: {yours:.0f} GB/s, CuPy's fused a * x + y: {base:.0f} GB/s, ratio "
+          f"{ratio:.2f} (the grader asks for at least {AXPY_MIN_RATIO})")
+    return ratio
 
 
 # ----------------------------------------------------------------------------- ex02.3
@@ -396,7 +438,44 @@ extern "C" __global__ void affine(const float* x, float* y, int n, float a, floa
                                  f"{'the default stream' if streams == {0} else 'one stream'}:"
                                  " nothing can overlap. Issue each chunk on its own stream "
                                  "(with stream: ...), cycling over two or more streams")
+    t1, t8 = pipeline_times(run_pipeline)
+    if t8 > PIPELINE_MAX_RATIO * t1:
+        raise GradeError(f"{ex}: correct, but nothing overlaps: on 2^24 floats 8 chunks take "
+                         f"{t8:.2f} ms and 1 chunk {t1:.2f} ms (ratio {t8 / t1:.2f}; the goal is "
+                         f"at most {PIPELINE_MAX_RATIO}). Is there a synchronize (or a "
+                         "synchronous copy such as cupy.asarray) inside the loop? Queue every "
+                         "chunk's copies and kernel first, wait for the streams after the loop")
     passed(ex)
+
+
+#: ex02.3 on a GPU: 8 chunks must take at most this fraction of the time of 1 chunk
+PIPELINE_MAX_RATIO = 0.85
+
+
+def pipeline_times(run_pipeline: Callable, n: int = 1 << 24) -> tuple[float, float]:
+    """(ms with 1 chunk, ms with 8 chunks) of ``run_pipeline`` on ``n`` pinned floats and a
+    copy-dominated kernel (y = 2 x), best of 3 each. One chunk cannot overlap anything; with 8
+    a pipeline overlaps copy-in, compute and copy-out of different chunks."""
+    import time
+
+    import cupy
+    import cupyx
+
+    double = cupy.ElementwiseKernel("float32 x", "float32 y", "y = 2 * x", "cudabook_double")
+    xh = cupyx.empty_pinned(n, dtype=np.float32)
+    xh[:] = 1.0
+    yh = cupyx.empty_pinned(n, dtype=np.float32)
+    out = []
+    for chunks in (1, 8):
+        run_pipeline(xh, yh, chunks, lambda a, b: double(a, b))   # warm-up (pool, compile)
+        ts = []
+        for _ in range(3):
+            cupy.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            run_pipeline(xh, yh, chunks, lambda a, b: double(a, b))
+            ts.append(time.perf_counter() - t0)
+        out.append(1e3 * min(ts))
+    return out[0], out[1]
 
 
 # ----------------------------------------------------------------------------- ex02.4
@@ -492,3 +571,47 @@ def _ma_case(ex: str, case: str, moving_average, x: np.ndarray, uses_tile: bool,
                      "of the 5 tile entries tile[t] .. tile[t + 4] divided by 5: check "
                      "the window, the divisor, and that each entry is loaded before "
                      "the barrier")
+
+
+def ex02_5(sectors_s1, sectors_s2, sectors_s16, used_s2) -> None:
+    """A warp reads float32 ``x[lane * s]`` from a 128-byte-aligned array: 32-byte sectors
+    touched for s = 1, 2, 16, and the fraction of fetched bytes used at s = 2."""
+    sectors = "sectors = the distinct 32-byte pieces the 32 addresses fall in"
+    check_numbers("ex02.5", {"sectors_s1": sectors_s1, "sectors_s2": sectors_s2,
+                             "sectors_s16": sectors_s16, "used_s2": used_s2},
+                  {"sectors_s1": 4, "sectors_s2": 8, "sectors_s16": 32, "used_s2": 0.5},
+                  wrong={"sectors_s1": {1: "a sector is 32 bytes, not 128: the warp's 128 "
+                                            "bytes span several",
+                                        32: "neighbouring lanes share a sector: 8 floats fit "
+                                            "in one"},
+                         "sectors_s2": {4: "the lanes now span 256 bytes",
+                                        16: "each sector still serves 4 lanes at stride 2"},
+                         "sectors_s16": {16: "lanes 16 floats apart are 64 bytes apart: no two "
+                                             "share a 32-byte sector",
+                                         64: "a lane's 4 bytes lie in one sector: at most one "
+                                             "sector per lane"},
+                         "used_s2": {1.0: "every other float of each fetched sector is not "
+                                          "asked for",
+                                     0.25: "count bytes used over bytes fetched: 128 of ..."}},
+                  nudge={"sectors_s1": sectors, "sectors_s2": sectors, "sectors_s16": sectors,
+                         "used_s2": "bytes the warp asked for / bytes in the sectors fetched"})
+    passed("ex02.5")
+
+
+def ex02_6(deg_32, deg_33, deg_34) -> None:
+    """Lane t reads ``tile[t][c]`` of ``float tile[32][W]`` (32 banks of 4 bytes): the conflict
+    degree (most lanes in one bank) for W = 32, 33, 34."""
+    bank = "bank of tile[t][c] = (W t + c) mod 32; count lanes per bank"
+    check_numbers("ex02.6", {"deg_32": deg_32, "deg_33": deg_33, "deg_34": deg_34},
+                  {"deg_32": 32, "deg_33": 1, "deg_34": 2},
+                  wrong={"deg_32": {1: "bank = (32 t + c) mod 32 = c for every lane",
+                                    0: "bank = (32 t + c) mod 32 = c for every lane"},
+                         "deg_33": {32: "bank = (33 t + c) mod 32 = (t + c) mod 32: all "
+                                        "different?"},
+                         "deg_34": {1: "not every padding works: (34 t) mod 32 = 2 t mod 32 "
+                                       "reaches only the even banks",
+                                    16: "2 t mod 32 takes 16 values over 32 lanes: how many "
+                                        "lanes per value?",
+                                    32: "2 t mod 32 takes 16 different values"}},
+                  nudge={"deg_32": bank, "deg_33": bank, "deg_34": bank})
+    passed("ex02.6")

@@ -31,6 +31,7 @@ from ._core import (
     call,
     canary_ok,
     ceil_div,
+    check_numbers,
     count_launches,
     error_summary,
     fresh_rng,
@@ -45,7 +46,8 @@ from ._core import compile_kernel as _compile
 from ._race import racecheck, simulate
 from ._static import cuda_code, mentions, refuse_stub
 
-__all__ = ["ex03_1", "ex03_2", "ex03_3", "ex03_4", "ex03_5", "ex03_6",
+__all__ = ["ex03_1", "ex03_2", "ex03_3", "ex03_4", "ex03_5", "ex03_6", "ex03_7", "ex03_8",
+           "fusion_speed",
            # the references moved to cudabook.reference; still importable from here
            "softmax_reference", "layernorm_reference", "conv2d_reference", "gelu_tanh_reference"]
 
@@ -602,10 +604,15 @@ def ex03_5(src: str) -> None:
 
 
 # ----------------------------------------------------------------------------- ex03.6
-def ex03_6(src: str) -> None:
+#: ex03.6 on a GPU: the fused kernel must be this many times faster than the unfused pair
+FUSION_MIN_SPEEDUP = 1.3
+
+
+def ex03_6(src: str, min_speedup: float = FUSION_MIN_SPEEDUP) -> None:
     """``src`` defines ``bias_gelu(const float* x, const float* b, float* y, int M, int N)``:
     y = gelu_tanh(x + b[col]) for (M, N) row-major x, in one kernel (the fusion), launched with
-    256 threads per block and ceil(M * N / 256) blocks.
+    256 threads per block and ceil(M * N / 256) blocks. On a GPU the fusion is measured: at
+    least ``min_speedup`` times faster than the unfused pair (x + b, then GELU), same run.
     """
     ex = "ex03.6"
     need_gpu(ex)
@@ -651,4 +658,92 @@ def ex03_6(src: str) -> None:
                         "z = x + b[col]")
             raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
                              f"{ref[r, c]:.6g}: {hint}")
+    speedup, fused_us, pair_us = _fusion_speedup(k)
+    if speedup < min_speedup:
+        raise GradeError(f"{ex}: correct, but not measurably fused: on 4096 x 4096 it takes "
+                         f"{fused_us:.0f} us against {pair_us:.0f} us for the unfused pair (x + b, "
+                         f"then GELU): {speedup:.2f}x, the goal is {min_speedup}x. One read of x "
+                         "and one write of y per element, z in a register, float (not double) "
+                         "arithmetic")
     passed(ex)
+
+
+_GELU_TANH = "0.5f * z * (1.0f + tanhf(0.7978845608f * (z + 0.044715f * z * z * z)))"
+
+
+def _fusion_speedup(kern, M: int = 4096, N: int = 4096,
+                    quiet: bool = True) -> tuple[float, float, float]:
+    """(speedup, fused us, unfused-pair us): ex03.6's kernel against CuPy's ``x + b`` followed by
+    the same tanh GELU as a second kernel (16 bytes an element against 8), same run."""
+    import cupy
+
+    from ..bench import bench
+
+    x = cupy.random.standard_normal((M, N), dtype=cupy.float32)
+    b = cupy.random.standard_normal(N, dtype=cupy.float32)
+    y = cupy.empty_like(x)
+    z = cupy.empty_like(x)
+    gelu = cupy.ElementwiseKernel("float32 z", "float32 y", f"y = {_GELU_TANH}",
+                                  "cudabook_gelu_tanh")
+
+    def pair():
+        cupy.add(x, b, out=z)
+        gelu(z, y)
+
+    n = M * N
+    t = bench({"fused (yours)": lambda: kern((ceil_div(n, 256),), (256,),
+                                             (x, b, y, np.int32(M), np.int32(N)))},
+              baseline={"unfused pair": pair}, bytes=8.0 * n, repeat=10, quiet=quiet)
+    fused, base = t["fused (yours)"], t["unfused pair"]
+    return fused.ratio, fused.time_us, base.time_us
+
+
+def fusion_speed(src: str) -> float:
+    """Print ex03.6's kernel against the unfused pair; return the speedup."""
+    speedup, fused_us, pair_us = _fusion_speedup(_compile("ex03.6", src, "bias_gelu"))
+    print(f"bias_gelu (fused, yours): {fused_us:.0f} us; x + b then GELU (two kernels): "
+          f"{pair_us:.0f} us; speedup {speedup:.2f}x (the grader asks for at least "
+          f"{FUSION_MIN_SPEEDUP}x)")
+    return speedup
+
+
+def ex03_7(interleaved_s4, interleaved_s32, sequential_s64, sequential_s16) -> None:
+    """A 256-thread block (8 warps) reduces in shared memory. Interleaved addressing: at stride s
+    thread t works if ``t % (2 s) == 0``; sequential: if ``t < s``. Divergent warps (some lanes
+    work, some do not) at the given levels."""
+    lanes = "count warps whose 32 lanes disagree: a warp with no working lane does not diverge"
+    check_numbers("ex03.7", {"interleaved_s4": interleaved_s4,
+                             "interleaved_s32": interleaved_s32,
+                             "sequential_s64": sequential_s64, "sequential_s16": sequential_s16},
+                  {"interleaved_s4": 8, "interleaved_s32": 4, "sequential_s64": 0,
+                   "sequential_s16": 1},
+                  wrong={"interleaved_s4": {1: "32 threads work, but one in 8 lanes of every "
+                                                "warp, not one whole warp",
+                                            0: "one in 8 lanes of each warp works"},
+                         "interleaved_s32": {8: "threads 64 apart: every other warp has no "
+                                                 "working lane at all, and does not diverge",
+                                             0: "one lane of warps 0, 2, 4, 6 works, the other "
+                                                "31 do not"},
+                         "sequential_s64": {2: "warps 0 and 1 work with all 32 lanes: they do "
+                                                "not diverge"},
+                         "sequential_s16": {0: "16 < 32: half of warp 0 works",
+                                            0.5: "a warp diverges or not: count whole warps"}},
+                  nudge={"interleaved_s4": lanes, "interleaved_s32": lanes,
+                         "sequential_s64": lanes, "sequential_s16": lanes})
+    passed("ex03.7")
+
+
+def ex03_8(first_partials, launches) -> None:
+    """``sum_all`` of ex03.1 (TPB = 128) on n = 1,000,000: the partial sums the first launch
+    writes, and the number of launches until one value is left."""
+    check_numbers("ex03.8", {"first_partials": first_partials, "launches": launches},
+                  {"first_partials": 7813, "launches": 3},
+                  wrong={"first_partials": {7812: "round up: the last block has the last 64 "
+                                                  "elements"},
+                         "launches": {2: "the second launch leaves ceil(7813 / 128) = 62 "
+                                         "partial sums, not one",
+                                      4: "62 partial sums fit in one block of 128: that launch "
+                                         "is the last"}},
+                  nudge={"first_partials": "one partial sum per block: ceil(n / 128)",
+                         "launches": "repeat n -> ceil(n / 128) until n is 1"})
+    passed("ex03.8")

@@ -24,6 +24,7 @@ from ._core import (
     call,
     canary_ok,
     ceil_div,
+    check_numbers,
     error_summary,
     fresh_rng,
     guarded,
@@ -37,7 +38,8 @@ from ._core import compile_kernel as _compile
 from ._race import racecheck, simulate
 from ._static import calls, cuda_code, python_code, refuse_stub
 
-__all__ = ["ex04_1", "ex04_2", "ex04_3", "ex04_4", "FAST_FRACTION", "diagnose_2d"]
+__all__ = ["ex04_1", "ex04_2", "ex04_3", "ex04_4", "ex04_5", "ex04_6", "FAST_FRACTION",
+           "diagnose_2d"]
 
 #: ex04_4: the fraction of cuBLAS (same run, n = FAST_N) the optimised kernel must reach
 FAST_FRACTION = 0.5
@@ -374,3 +376,45 @@ def ex04_3(matmul_ragged) -> None:
     simulate(ex, "ex04_3", [("matmul_ragged", matmul_ragged)], hint=_TILE_SYNC)
     passed(ex)
 
+
+def ex04_5(blocks_127, blocks_130, occupancy_130) -> None:
+    """256-thread blocks, no shared memory, an SM of 65,536 registers given out per warp in
+    units of 256, at most 64 warps and 32 blocks: blocks per SM at 127 and 130 registers per
+    thread, and the fraction of the 64 warp slots in use at 130."""
+    regs = ("registers per warp = {r} x 32 rounded up to a multiple of 256; then 65,536 / "
+            "(8 warps x that), rounded down")
+    check_numbers("ex04.5", {"blocks_127": blocks_127, "blocks_130": blocks_130,
+                             "occupancy_130": occupancy_130},
+                  {"blocks_127": 2, "blocks_130": 1, "occupancy_130": 0.125},
+                  wrong={"blocks_127": {8: "the 64-warp limit allows 8, the registers fewer",
+                                        2.015: "a block fits whole or not at all: round down"},
+                         "blocks_130": {2: "130 x 32 = 4160 registers a warp, rounded up to "
+                                           "4352; 8 warps need 34,816 of the 65,536",
+                                        1.97: "a block fits whole or not at all: round down",
+                                        8: "the 64-warp limit allows 8, the registers fewer"},
+                         "occupancy_130": {0.25: "that is two blocks' worth (16 warps): how "
+                                                 "many blocks fit at 130?",
+                                           0.5: "occupancy = resident warps / 64"}},
+                  nudge={"blocks_127": regs.format(r=127), "blocks_130": regs.format(r=130),
+                         "occupancy_130": "resident warps / 64"})
+    passed("ex04.5")
+
+
+def ex04_6(intensity_64, intensity_128) -> None:
+    """A block computes a BM x BN tile of C = A B (float32), each k-step loading a BM x BK tile of
+    A and a BK x BN tile of B and doing BM BN BK multiply-adds: FLOP per byte loaded from global
+    memory for BM = BN = 64 and 128."""
+    rule = "2 BM BN BK FLOPs / ((BM + BN) BK x 4 bytes); BK cancels"
+    check_numbers("ex04.6", {"intensity_64": intensity_64, "intensity_128": intensity_128},
+                  {"intensity_64": 16, "intensity_128": 32},
+                  wrong={"intensity_64": {8: "a multiply-add is two FLOPs",
+                                          64: "per byte, not per float: a float is 4 bytes",
+                                          32: "count both: two FLOPs per multiply-add, four "
+                                              "bytes per float"},
+                         "intensity_128": {16: "a multiply-add is two FLOPs (or: the tile's "
+                                               "FLOPs grow as BM BN, its loads as BM + BN)",
+                                           128: "per byte, not per float: a float is 4 bytes",
+                                           64: "count both: two FLOPs per multiply-add, four "
+                                               "bytes per float"}},
+                  nudge={"intensity_64": rule, "intensity_128": rule})
+    passed("ex04.6")

@@ -1,0 +1,110 @@
+// allreduce.cu: all-reduce of float32 buffers over the GPUs of one host, through peer access
+// (each GPU reads the others' memory over NVLink or PCIe), driven by one process (Chapter 11).
+//
+// versions, simplest first
+//   ring_step_add   one reduce-scatter step of the ring: own[lo:hi] += left[lo:hi], where `left`
+//                   is the left neighbour's buffer, on another GPU (a pull: the reads cross the
+//                   link, the writes stay local). 2 (world - 1) such steps of n / world elements
+//                   (half of them ring_step_copy) make the ring all-reduce; the host orders them
+//                   with events (allreduce_launch.PeerGroup.ring)
+//   ring_step_copy  one all-gather step: own[lo:hi] = left[lo:hi]. Alone, on a whole buffer, it
+//                   is the "kernel that reads a peer's memory" whose bandwidth the lesson measures
+//   one_shot        out = in_0 + in_1 + ... + in_{world-1} in one kernel: every GPU reads every
+//                   peer's whole input. Per-block flags in each GPU's memory make two barriers
+//                   across the GPUs (everyone's input is ready; everyone has finished reading),
+//                   so no host synchronisation is needed: one launch per GPU per all-reduce. For
+//                   small messages, where the ring's 2 (world - 1) steps cost more than the bytes
+//
+// traffic per GPU for n floats: the ring reads 2 (world - 1) n / world floats over the links
+// (the bus-bandwidth numerator); the one-shot reads (world - 1) n. All kernels need sm_70+
+// (release/acquire at system scope for the flags) and compile for sm_75, sm_80, sm_90.
+#include "common.cuh"
+
+// 4 float4 loads in flight per thread before any store: the link's latency (~1 us) is hidden by
+// bytes in flight, not by arithmetic. Scalar head and tail where lo/hi are not multiples of 4.
+template <bool ADD>
+__device__ __forceinline__ void ring_body(float* __restrict__ own, const float* __restrict__ left,
+                                          long long lo, long long hi) {
+    long long a = (lo + 3) & ~3LL;                    // first 16-byte aligned element (buffers are)
+    if (a > hi) a = hi;
+    long long b = a + ((hi - a) & ~3LL);              // end of the float4 body
+    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long nth = (long long)gridDim.x * blockDim.x;
+    if (tid < a - lo) { long long i = lo + tid; own[i] = ADD ? own[i] + left[i] : left[i]; }
+    if (tid < hi - b) { long long i = b + tid;  own[i] = ADD ? own[i] + left[i] : left[i]; }
+    const float4* l4 = reinterpret_cast<const float4*>(left + a);
+    float4* o4 = reinterpret_cast<float4*>(own + a);
+    long long n4 = (b - a) >> 2;
+    for (long long i = tid; i < n4; i += 4 * nth) {
+        float4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (i + k * nth < n4) v[k] = l4[i + k * nth];       // remote loads, all in flight
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (i + k * nth >= n4) continue;
+            float4 r = v[k];
+            if (ADD) {
+                float4 m = o4[i + k * nth];
+                r.x += m.x; r.y += m.y; r.z += m.z; r.w += m.w;
+            }
+            o4[i + k * nth] = r;
+        }
+    }
+}
+
+// launch: grid = min(ceil_div(hi - lo, 4 * 256 * 4), 4 * SMs), block = 256, on own's GPU
+extern "C" __global__ void ring_step_add(float* own, const float* left, long long lo, long long hi) {
+    ring_body<true>(own, left, lo, hi);
+}
+
+// launch: as ring_step_add
+extern "C" __global__ void ring_step_copy(float* own, const float* left, long long lo, long long hi) {
+    ring_body<false>(own, left, lo, hi);
+}
+
+// A barrier across GPUs for block blockIdx.x: tell every rank p (slot [rank][block] of p's flags)
+// that this block reached `epoch`, then wait until every rank has written `epoch` into our slots.
+// flags[p] points to rank p's world x gridDim.x flags; every rank launches the same grid.
+__device__ __forceinline__ void peer_barrier(unsigned int* const* flags, int rank, int world,
+                                             unsigned int epoch) {
+    __syncthreads();                                   // the block's earlier reads are done
+    if (threadIdx.x < world) {
+        int p = threadIdx.x;
+        unsigned int* theirs = flags[p] + (size_t)rank * gridDim.x + blockIdx.x;
+        unsigned int* mine = flags[rank] + (size_t)p * gridDim.x + blockIdx.x;
+        __threadfence_system();
+        asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(theirs), "r"(epoch) : "memory");
+        unsigned int v;
+        do {
+            asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(mine) : "memory");
+        } while (v < epoch);
+    }
+    __syncthreads();
+}
+
+// launch: grid = the same on every rank, at most one block per SM (all blocks must be resident:
+// they wait for each other's peers), block = 256 >= world. ins[p]: rank p's input (on GPU p),
+// out: this rank's output (not any input). epoch: odd, +2 per call (two barriers per call).
+extern "C" __global__ void one_shot(const float* const* __restrict__ ins, float* __restrict__ out,
+                                    unsigned int* const* flags, int rank, int world, long long n,
+                                    unsigned int epoch) {
+    peer_barrier(flags, rank, world, epoch);           // every rank's input is ready
+    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long nth = (long long)gridDim.x * blockDim.x;
+    long long n4 = n >> 2;
+    for (long long i = tid; i < n4; i += nth) {
+        float4 s = reinterpret_cast<const float4*>(ins[0])[i];
+        for (int p = 1; p < world; ++p) {              // rank order: the same bits on every rank
+            float4 v = reinterpret_cast<const float4*>(ins[p])[i];
+            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        }
+        reinterpret_cast<float4*>(out)[i] = s;
+    }
+    for (long long i = 4 * n4 + tid; i < n; i += nth) {
+        float s = ins[0][i];
+        for (int p = 1; p < world; ++p) s += ins[p][i];
+        out[i] = s;
+    }
+    peer_barrier(flags, rank, world, epoch + 1);       // every rank has finished reading
+}

@@ -201,7 +201,9 @@ def _module_classes():
 
     class GPT(nn.Module):
         """The decoder. ``forward(idx)`` -> logits (B, T, vocab) in float32; with ``cache`` and
-        ``pos`` it appends T tokens at positions pos.. to the cache (prefill or decode)."""
+        ``pos`` it appends T tokens at positions pos.. to the cache (prefill or decode).
+        ``check=False`` skips the vocabulary check of the ids (it reads them back to the host:
+        a synchronisation that a timed decode loop must not pay)."""
 
         def __init__(self, cfg: GPTConfig):
             super().__init__()
@@ -214,8 +216,8 @@ def _module_classes():
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
 
-        def forward(self, idx, cache: KVCache | None = None, pos: int = 0):
-            _check_ids(idx, self.cfg, pos, cache)
+        def forward(self, idx, cache: KVCache | None = None, pos: int = 0, check: bool = True):
+            _check_ids(idx, self.cfg, pos, cache, check)
             T = idx.shape[1]
             cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
             x = self.wte(idx)
@@ -243,7 +245,7 @@ def _module_classes():
                 out.append(int(t))
                 if len(out) == n:
                     break
-                logits = self(t, cache, pos)[:, -1]
+                logits = self(t, cache, pos, check=False)[:, -1]
                 pos += 1
             new = torch.tensor(out, dtype=torch.long)
             return (new, torch.stack(steps)) if return_logits else new
@@ -251,16 +253,17 @@ def _module_classes():
     return GPT
 
 
-def _check_ids(idx, cfg: GPTConfig, pos: int = 0, cache=None) -> None:
+def _check_ids(idx, cfg: GPTConfig, pos: int = 0, cache=None, values: bool = True) -> None:
     """Clear errors for the bad inputs of a forward: empty, out of the vocabulary, too long."""
     if idx.ndim != 2:
         raise ValueError(f"token ids must be (batch, T), got shape {tuple(idx.shape)}")
     if idx.shape[1] == 0:
         raise ValueError("empty prompt: at least one token is needed to predict the next")
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= cfg.vocab:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {cfg.vocab})")
+    if values:
+        lo, hi = (int(v) for v in idx.aminmax())
+        if lo < 0 or hi >= cfg.vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {cfg.vocab})")
     n = cache.length if cache is not None else cfg.ctx
     if pos + idx.shape[1] > n:
         raise ValueError(f"positions {pos}..{pos + idx.shape[1] - 1} do not fit the cache of "

@@ -1,0 +1,314 @@
+"""The GPT of ``cudabook.gpt`` run on the book's kernels: prefill, a KV-cache decode step, a graph.
+
+    from cudabook import gpt, decoder
+    model, _ = gpt.load_tiny()
+    run = decoder.KernelGPT(model, batch=1)            # weights copied to fp16 CuPy arrays
+    new, logits = run.generate(gpt.encode("def "), 64)  # greedy: prefill, then 63 decode steps
+    g = run.capture()                                   # the decode step as a CUDA graph
+    g(); run.last_logits()                               # one more token
+
+Every op is a kernel of ``kernels/``: embedding_v1, add_layernorm_v1 (residual.cu), the matmuls
+(chapter 8's hgemm for prefill; for decode ``kernels/gemv_launch.py`` when present, else hgemm),
+rope_qkv_v1 (rope.cu), chapter 9's flash attention (attention_v3) for prefill,
+decode_attention_v1 over the cache (kvcache.cu), gelu_half_v1, sample_topk_v1 and advance_v1.
+The residual stream is fp32, everything the matmuls read and write is fp16 (fp32 accumulation).
+
+A decode step reads its position and its input token from the GPU (``pos``, ``tok``) and writes
+the next token and position back, so one captured graph replays step after step with no host
+work. ``fuse_norm=False`` and ``fuse_rope=False`` swap the fused kernels for their pieces
+(residual_add_v1 + chapter 3's fp32 layernorm_v3 + to_half_v1; rope_v1 twice + kv_append_v1), to
+measure what fusion saves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import env
+from .compile import KERNELS_DIR, load_launch
+
+__all__ = ["KernelGPT", "decode_gemm_default", "weight_bytes", "cache_bytes"]
+
+
+def decode_gemm_default() -> str:
+    """'gemv' when kernels/gemv_launch.py (Chapter 10) is present, else hgemm's 'v1'."""
+    return "gemv" if (KERNELS_DIR / "gemv_launch.py").is_file() else "v1"
+
+
+def weight_bytes(cfg) -> int:
+    """fp16 bytes of the matrices one decode step reads (every layer's four, and the LM head)."""
+    return 2 * (cfg.n_layer * 12 * cfg.d * cfg.d + cfg.vocab * cfg.d)
+
+
+def cache_bytes(cfg, n: int, batch: int = 1) -> int:
+    """fp16 bytes of keys and values one decode step reads at n cached positions."""
+    return 2 * 2 * cfg.n_layer * batch * n * cfg.d
+
+
+class KernelGPT:
+    """A ``cudabook.gpt`` model's weights on the GPU and the buffers of batch ``batch``."""
+
+    def __init__(self, model: Any, batch: int = 1, length: int | None = None,
+                 decode_gemm: str | None = None, prefill_gemm: str = "v9",
+                 fuse_norm: bool = True, fuse_rope: bool = True,
+                 attention: str = "decode_attention_v2"):
+        if not env.HAS_GPU:
+            raise RuntimeError("KernelGPT runs CUDA C++ kernels: it needs a CUDA GPU")
+        import cupy as cp
+        import torch
+
+        cfg = self.cfg = model.cfg
+        self.B, self.L = int(batch), int(length or cfg.ctx)
+        if self.B < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        sd = {k: v.detach() for k, v in model.state_dict().items()}
+
+        def dev(t, dt):
+            return cp.asarray(t.to("cpu", dt).contiguous().numpy())
+
+        h16, f32 = (lambda t: dev(t, torch.float16)), (lambda t: dev(t, torch.float32))
+        self.wte, self.head = h16(sd["wte.weight"]), h16(sd["head.weight"])
+        self.lnf = (f32(sd["ln_f.weight"]), f32(sd["ln_f.bias"]))
+        self.layers = []
+        for i in range(cfg.n_layer):
+            p = f"blocks.{i}."
+            self.layers.append({
+                "ln1": (f32(sd[p + "ln1.weight"]), f32(sd[p + "ln1.bias"])),
+                "ln2": (f32(sd[p + "ln2.weight"]), f32(sd[p + "ln2.bias"])),
+                **{k: h16(sd[p + k + ".weight"]) for k in ("qkv", "proj", "fc", "fc2")}})
+        self.k = {n: load_launch(n) for n in ("embedding", "residual", "rope", "kvcache",
+                                              "gelu_half", "sampling", "hgemm", "attention",
+                                              "norm")}
+        self.decode_gemm = decode_gemm or decode_gemm_default()
+        self.prefill_gemm = prefill_gemm
+        self.gemv = load_launch("gemv") if self.decode_gemm == "gemv" else None
+        self.fuse_norm, self.fuse_rope, self.attention = fuse_norm, fuse_rope, attention
+        B, L, d, H, D = self.B, self.L, cfg.d, cfg.n_head, cfg.head_dim
+        h16t, i32 = cp.float16, cp.int32
+        self.kc = cp.zeros((cfg.n_layer, B, H, L, D), h16t)
+        self.vc = cp.zeros_like(self.kc)
+        self.tok, self.pos = cp.zeros(B, i32), cp.zeros(1, i32)
+        self.u = cp.zeros(B, cp.float32)               # greedy by default (temperature 0)
+        self.history = cp.zeros((B, L + 1), i32)
+        self.x, self.y32 = cp.empty((B, d), cp.float32), cp.empty((B, d), cp.float32)
+        self.h, self.a, self.dx = (cp.empty((B, d), h16t) for _ in range(3))
+        self.qkv, self.q = cp.empty((B, 3 * d), h16t), cp.empty((B, H, 1, D), h16t)
+        self.f, self.logits = cp.empty((B, 4 * d), h16t), cp.empty((B, cfg.vocab), h16t)
+        self.temperature, self.top_k, self.top_p = 0.0, 1, 1.0
+        self.host_pos = 0                              # the position the GPU's pos holds
+        self.graph = None
+
+    # ------------------------------------------------------------------ pieces
+    def _mm(self, a, W, out, decode: bool):
+        if decode and self.gemv is not None:
+            return self.gemv.gemv(a, W, out=out)
+        return self.k["hgemm"].matmul(a, W, version=self.decode_gemm if decode
+                                      else self.prefill_gemm, out=out)
+
+    def _norm(self, x, dx, ln, h):
+        if self.fuse_norm:
+            return self.k["residual"].add_layernorm(x, dx, ln[0], ln[1], h, self.cfg.eps)
+        r = self.k["residual"]
+        if dx is not None:
+            r.residual_add(x, dx)
+        y32 = self.y32 if x.shape[0] == self.B else x.copy()
+        self.k["norm"].layernorm(x, ln[0], ln[1], self.cfg.eps, y32)
+        return r.to_half(y32, h)
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, ids: Any):
+        """Run the prompt ``ids`` (B, T) through the model from position 0, filling the cache.
+        Returns the logits of every position (B*T, vocab) fp16; the next token (greedy, or as
+        set by ``sampling``) is in ``tok`` and ``pos`` = T."""
+        import cupy as cp
+        import numpy as np
+
+        ids = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.shape[0] != self.B:
+            raise ValueError(f"ids must be ({self.B}, T) for batch {self.B}, got {ids.shape}")
+        B, T = ids.shape
+        if T == 0:
+            raise ValueError("empty prompt: at least one token is needed to predict the next")
+        if T >= self.L:
+            raise ValueError(f"a prompt of {T} tokens does not fit the cache of {self.L} "
+                             "positions (and leaves none to generate)")
+        cfg, k = self.cfg, self.k
+        d, H, D, M = cfg.d, cfg.n_head, cfg.head_dim, B * T
+        lo, hi = int(ids.min()), int(ids.max())            # checked on the host: no sync
+        if lo < 0 or hi >= cfg.vocab:
+            raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary "
+                             f"[0, {cfg.vocab})")
+        tok = cp.asarray(ids.reshape(-1).astype(np.int32))
+        x = k["embedding"].embedding(tok, self.wte, check_ids=False)
+        h, a, dx = (cp.empty((M, d), cp.float16) for _ in range(3))
+        qkv, f = cp.empty((M, 3 * d), cp.float16), cp.empty((M, 4 * d), cp.float16)
+        q, kk, vv, o = (cp.empty((B, H, T, D), cp.float16) for _ in range(4))
+        lse = cp.empty((B, H, T), cp.float32)
+        for i, W in enumerate(self.layers):
+            self._norm(x, dx if i else None, W["ln1"], h)
+            self._mm(h, W["qkv"], qkv, False)
+            k["rope"].rope_qkv(qkv, q, self.kc[i], self.vc[i], 0, None, kk, vv, cfg.rope_base)
+            k["attention"].forward(q, kk, vv, causal=True, version="v3", out=(o, lse))
+            k["kvcache"].merge_heads(o, a)
+            self._mm(a, W["proj"], dx, False)
+            self._norm(x, dx, W["ln2"], h)
+            self._mm(h, W["fc"], f, False)
+            k["gelu_half"].gelu_half(f)
+            self._mm(f, W["fc2"], dx, False)
+        self._norm(x, dx, self.lnf, h)
+        logits = self._mm(h, self.head, cp.empty((M, cfg.vocab), cp.float16), False)
+        last = cp.ascontiguousarray(logits.reshape(B, T, -1)[:, -1])
+        k["sampling"].sample(last, self.u, self.tok, self.temperature, self.top_k, self.top_p)
+        self.history[:] = 0
+        self.history[:, :T] = cp.asarray(ids.astype(np.int32))
+        self.history[:, T] = self.tok
+        self.pos[0] = T
+        self.host_pos = T
+        self.logits[...] = last
+        return logits
+
+    # ------------------------------------------------------------------ decode
+    def step(self) -> None:
+        """One decode step on the GPU: token ``tok`` at position ``pos`` in, the next token in
+        ``tok`` and ``pos + 1`` out. No host work depends on the GPU: capturable."""
+        cfg, k, B = self.cfg, self.k, self.B
+        H, D, pos = cfg.n_head, cfg.head_dim, self.pos
+        k["embedding"].embedding(self.tok, self.wte, self.x, check_ids=False)
+        for i, W in enumerate(self.layers):
+            self._norm(self.x, self.dx if i else None, W["ln1"], self.h)
+            self._mm(self.h, W["qkv"], self.qkv, True)
+            if self.fuse_rope:
+                k["rope"].rope_qkv(self.qkv, self.q, self.kc[i], self.vc[i], 0, pos,
+                                   base=cfg.rope_base)
+                q = self.q.reshape(B, H, D)
+            else:
+                v5 = self.qkv.reshape(B, 1, 3, H, D)
+                k["rope"].rope(v5[:, 0, 0], 0, 1, pos, cfg.rope_base)
+                k["rope"].rope(v5[:, 0, 1], 0, 1, pos, cfg.rope_base)
+                k["kvcache"].kv_append(v5[:, :, 1], v5[:, :, 2], self.kc[i], self.vc[i], 0, pos)
+                q = v5[:, 0, 0]
+            k["kvcache"].decode_attention(q, self.kc[i], self.vc[i], self.a, 0, pos,
+                                          version=self.attention)
+            self._mm(self.a, W["proj"], self.dx, True)
+            self._norm(self.x, self.dx, W["ln2"], self.h)
+            self._mm(self.h, W["fc"], self.f, True)
+            k["gelu_half"].gelu_half(self.f)
+            self._mm(self.f, W["fc2"], self.dx, True)
+        self._norm(self.x, self.dx, self.lnf, self.h)
+        self._mm(self.h, self.head, self.logits, True)
+        k["sampling"].sample(self.logits, self.u, self.tok, self.temperature, self.top_k,
+                             self.top_p)
+        k["kvcache"].advance(pos, self.tok, self.history)
+
+    def _room(self, n: int) -> None:
+        if self.host_pos + n > self.L - 1:
+            raise ValueError(f"{n} more steps from position {self.host_pos} run past the cache "
+                             f"of {self.L} positions")
+
+    def decode(self, n: int = 1, graph: bool = True) -> None:
+        """``n`` decode steps, replaying the captured graph (captured on first use) or eagerly."""
+        self._room(n)
+        if graph and self.graph is None:
+            self.capture()
+        for _ in range(n):
+            self.graph() if graph else self.step()
+        self.host_pos += n
+
+    def capture(self):
+        """The decode step as a CUDA graph (``cudabook.graphs.capture``); the warm-up step it
+        runs first is undone (pos and tok restored; its cache writes are the ones the first
+        replay makes again)."""
+        from . import graphs
+
+        self._room(1)
+        tok, pos = self.tok.copy(), self.pos.copy()
+        self.graph = graphs.capture(self.step, warmup=1)
+        self.tok[...] = tok
+        self.pos[...] = pos
+        return self.graph
+
+    def generate(self, prompt: Any, n: int, graph: bool = True):
+        """Greedy (or ``sampling``) continuation of ``prompt`` by ``n`` tokens: (ids (B, n) as a
+        NumPy array, logits (n, B, vocab) float32 NumPy of every step)."""
+        import cupy as cp
+
+        logits = [None] * n
+        if self.temperature > 0:
+            self.reseed()
+        self.prefill(prompt)
+        self._room(n - 1)
+        logits[0] = self.logits.astype(cp.float32)
+        for i in range(1, n):
+            if self.temperature > 0:
+                self.reseed()
+            self.decode(1, graph)
+            logits[i] = self.logits.astype(cp.float32)
+        T = self.host_pos - n + 1
+        ids = cp.asnumpy(self.history[:, T:T + n])
+        return ids, cp.asnumpy(cp.stack(logits))
+
+    def sampling(self, temperature: float = 1.0, top_k: int = 40, top_p: float = 1.0,
+                 seed: int = 0) -> None:
+        """Sample instead of greedy: ``u`` is refilled from a seeded generator by ``reseed()``."""
+        import cupy as cp
+
+        self.temperature, self.top_k, self.top_p = float(temperature), int(top_k), float(top_p)
+        self.rng = cp.random.default_rng(seed)
+        self.graph = None                      # the graph holds the old arguments
+
+    def reseed(self) -> None:
+        """New uniform numbers for the next sampling step (on the current stream)."""
+        import cupy as cp
+
+        self.u[...] = self.rng.random(self.B, dtype=cp.float32)
+
+    # ------------------------------------------------------------------ where the time goes
+    def op_times(self, repeat: int = 50) -> dict[str, float]:
+        """Microseconds per decode step spent in each kind of op: every group (that op for all
+        layers, the arguments of ``step``) captured alone as a CUDA graph and replayed
+        ``repeat`` times between CUDA events. The state a group changes (x, pos, tok, history)
+        is restored afterwards."""
+        import cupy as cp
+
+        from . import graphs
+
+        cfg, k, B, pos = self.cfg, self.k, self.B, self.pos
+        H, D, Ls = cfg.n_head, cfg.head_dim, self.layers
+        q = self.q.reshape(B, H, D)
+        each = lambda f: (lambda: [f(i, W) for i, W in enumerate(Ls)])  # noqa: E731
+        groups = {
+            "embedding": lambda: k["embedding"].embedding(self.tok, self.wte, self.x,
+                                                          check_ids=False),
+            "add + LayerNorm": lambda: [self._norm(self.x, self.dx, ln, self.h) for ln in
+                                        [W[n] for W in Ls for n in ("ln1", "ln2")] + [self.lnf]],
+            "QKV projection": each(lambda i, W: self._mm(self.h, W["qkv"], self.qkv, True)),
+            "RoPE + cache append": each(lambda i, W: k["rope"].rope_qkv(
+                self.qkv, self.q, self.kc[i], self.vc[i], 0, pos, base=cfg.rope_base)),
+            "attention over the cache": each(lambda i, W: k["kvcache"].decode_attention(
+                q, self.kc[i], self.vc[i], self.a, 0, pos, version=self.attention)),
+            "output projection": each(lambda i, W: self._mm(self.a, W["proj"], self.dx, True)),
+            "MLP matmuls": each(lambda i, W: (self._mm(self.h, W["fc"], self.f, True),
+                                              self._mm(self.f, W["fc2"], self.dx, True))),
+            "GELU": each(lambda i, W: k["gelu_half"].gelu_half(self.f)),
+            "LM head": lambda: self._mm(self.h, self.head, self.logits, True),
+            "sampling + advance": lambda: (k["sampling"].sample(
+                self.logits, self.u, self.tok, self.temperature, self.top_k, self.top_p),
+                k["kvcache"].advance(pos, self.tok, self.history)),
+        }
+        saved = [a.copy() for a in (self.x, self.pos, self.tok, self.history)]
+        out = {}
+        t0, t1 = cp.cuda.Event(), cp.cuda.Event()
+        for name, fn in groups.items():
+            g = graphs.capture(fn, warmup=1)
+            g()
+            t0.record()
+            for _ in range(repeat):
+                g()
+            t1.record()
+            t1.synchronize()
+            out[name] = 1e3 * cp.cuda.get_elapsed_time(t0, t1) / repeat
+            for a, b in zip((self.x, self.pos, self.tok, self.history), saved):
+                a[...] = b
+        return out

@@ -1,0 +1,37 @@
+"""Launching kernels/embedding.cu: the token embedding gather.
+
+    el = cb.load_launch("embedding")
+    x = el.embedding(tok, wte)     # tok (M,) int32, wte (V, d) fp16 -> x (M, d) fp32
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import cudabook as cb
+
+__all__ = ["embedding"]
+
+
+def embedding(tok, wte, x=None, check_ids: bool = True):
+    """x[m] = float(wte[tok[m]]). ``check_ids`` reads the ids back to refuse one outside the
+    vocabulary (a copy to the host: pass False for ids the GPU made, or inside a graph capture)."""
+    import cupy as cp
+
+    cb.expect(tok, "tok", dtype=np.int32, ndim=1)
+    cb.expect(wte, "wte", dtype=np.float16, ndim=2)
+    V, d = (int(s) for s in wte.shape)
+    M = int(tok.shape[0])
+    if M == 0:
+        raise ValueError("no tokens: an empty prompt has nothing to embed")
+    if d % 2:
+        raise ValueError(f"embedding width {d} must be even (half2 loads)")
+    if check_ids:
+        lo, hi = int(tok.min()), int(tok.max())
+        if lo < 0 or hi >= V:
+            raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {V})")
+    x = cp.empty((M, d), cp.float32) if x is None else x
+    cb.expect(x, "x", dtype=np.float32, shape=(M, d))
+    cb.cuda_module("embedding").get("embedding_v1")((M,), (128,), (tok, wte, x, np.int32(M),
+                                                                   np.int32(d)))
+    return x

@@ -1,0 +1,55 @@
+"""Launching kernels/sampling.cu: choosing the next token on the GPU.
+
+    sl = cb.load_launch("sampling")
+    tok = sl.sample(logits, u, temperature=0.8, top_k=40, top_p=0.95)   # logits (B, V) fp16
+    tok = sl.sample(logits, u, temperature=0)                           # greedy (argmax)
+
+``u`` (B,) float32 holds one uniform number in [0, 1) per row: the random source, so a fixed seed
+gives a fixed choice (``cupy.random.default_rng(seed).random(B, dtype=cupy.float32)``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import cudabook as cb
+
+__all__ = ["KMAX", "sample", "sanitize_targets"]
+
+KMAX = 64     # SAMPLE_KMAX of sampling.cu: the winners live in shared memory
+
+
+def _module():
+    return cb.cuda_module("sampling")
+
+
+def sample(logits, u, out=None, temperature: float = 1.0, top_k: int = 1, top_p: float = 1.0):
+    """Token ids (B,) int32 drawn from softmax(logits / temperature) cut to the top_k largest
+    and then to the top_p nucleus; temperature 0 means greedy (top_k = 1)."""
+    import cupy as cp
+
+    cb.expect(logits, "logits", dtype=np.float16, ndim=2)
+    B, V = (int(s) for s in logits.shape)
+    cb.expect(u, "u", dtype=np.float32, shape=(B,))
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+    k = 1 if temperature == 0 else int(top_k)
+    if not 1 <= k <= min(KMAX, V):
+        raise ValueError(f"top_k = {top_k} must be in 1..{min(KMAX, V)}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    out = cp.empty(B, cp.int32) if out is None else out
+    cb.expect(out, "out", dtype=np.int32, shape=(B,))
+    inv_t = 1.0 if temperature == 0 else 1.0 / temperature
+    _module().get("sample_topk_v1")((B,), (1024,), (logits, np.int32(V), np.float32(inv_t),
+                                                    np.int32(k), np.float32(top_p), u, out))
+    return out
+
+
+def sanitize_targets():
+    import cupy as cp
+
+    z = cp.random.standard_normal((3, 1001), dtype=cp.float32).astype(cp.float16)
+    z[:, 7:12] = 4.0                                       # ties
+    u = cp.asarray([0.1, 0.5, 0.99], cp.float32)
+    yield "sample_topk_v1 k=8 with ties", lambda: sample(z, u, temperature=0.7, top_k=8, top_p=0.9)

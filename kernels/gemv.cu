@@ -12,8 +12,8 @@
 //   gemv_v3   one warp per weight row for all batch rows at once (W read once for up to 8 rows
 //             of x), 16-byte loads, four in flight per lane, weights streamed past L1
 //   gemv_v4   v3 with a block of 4 warps per R weight rows splitting K (a shared-memory sum at
-//             the end): more bytes in flight per row, and enough blocks to fill every SM at
-//             N = 4096; x's 16 bytes converted once and used for R rows
+//             the end): 4 chunks of each of the R rows in flight per thread, enough blocks to
+//             fill every SM at N = 4096; x's 16 bytes loaded once and used for R rows
 //
 //   gemv_v3/v4 need K % 8 == 0 and 16-byte aligned x and W (the launcher checks, else v2).
 //   Each is instantiated per batch tile BT (1, 2, 4, 8: rows of x per block, blockIdx.y picks
@@ -125,7 +125,7 @@ __device__ __forceinline__ void gemv_v4_body(const __half* __restrict__ x,
                                              const __half* __restrict__ W,
                                              const __half* __restrict__ bias,
                                              __half* __restrict__ y, int B, int N, int K) {
-    constexpr int T = 128, U = 4 / (R > 2 ? 2 : 1);  // R * U = 8 loads of 16 bytes in flight
+    constexpr int T = 128, U = 4;                  // R * U loads of 16 bytes in flight
     __shared__ float part[4][R * BT];
     int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     int n0 = blockIdx.x * R, b0 = blockIdx.y * BT;

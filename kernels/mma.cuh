@@ -8,6 +8,10 @@
 //   mma_m16n8k16_f16(c, a, b)           c += a @ b, 16x8x16, f16 in, f32 accumulate
 //                                       (sm_80+ one instruction; sm_75: two m16n8k8)
 //   mma_m16n8k16_bf16(c, a, b)          the same with bf16 inputs (sm_80+; traps below)
+//   mma_m16n8k32_s8(c, a, b)            c += a @ b, 16x8x32, int8 in, int32 accumulate (sm_80+;
+//                                       traps below). Fragments: the f16 layout below with each
+//                                       register holding 4 int8 (k = 4t..4t+3) instead of 2 f16
+//   mma_m16n8k32_e4m3(c, a, b)          the same with fp8 e4m3 in, f32 accumulate (sm_89+)
 //   cp_async_16(dst, src)               16-byte global -> shared copy, L1 bypassed (cp.async.cg)
 //   cp_async_16_zfill(dst, src, ok)     the same, writing 16 zero bytes when !ok (ragged edges)
 //   cp_async_commit(), cp_async_wait<N>()   close a group; wait until <= N groups are in flight
@@ -117,6 +121,28 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float* c, const unsigned* a, c
 #else
     // bf16 tensor-core instructions start at sm_80; the launch helpers refuse before this.
     __trap();
+#endif
+}
+
+// 8-bit inputs, k32: a 4 registers, b 2 registers (4 values each), c 4 accumulators.
+__device__ __forceinline__ void mma_m16n8k32_s8(int* c, const unsigned* a, const unsigned* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();   // int8 m16n8k32 starts at sm_80; the launch helpers refuse before this
+#endif
+}
+__device__ __forceinline__ void mma_m16n8k32_e4m3(float* c, const unsigned* a, const unsigned* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();   // fp8 tensor-core instructions start at sm_89; the launch helpers refuse before
 #endif
 }
 

@@ -1,0 +1,169 @@
+"""Launching kernels/igemm.cu: 8-bit GEMMs, C = A @ B^T.
+
+    ig = cb.load_launch("igemm")
+    C = ig.int8_matmul(A, B)                  # int8 (M, K), (N, K) -> int32 (M, N), igemm_v3
+    C = ig.int8_matmul(A, B, version="igemm_v1")   # dp4a on the CUDA cores
+    D = ig.fp8_matmul(A8, B8, sa, sb)         # e4m3 (M, K), (N, K), float32 scalar scales on the
+                                              # GPU -> bf16 (M, N) = (A @ B^T) * sa * sb
+
+A and B are row-major (B in nn.Linear's layout: torch._int_mm(a, b) with b = B.t() is the
+same product). CuPy arrays or torch CUDA tensors (int8; float8_e4m3fn for fp8, or their bytes
+as uint8). K must be a multiple of 16 (16-byte rows); M and N any.
+Refused with a message: igemm_v2/v3 below compute capability 8.0 (int8 mma.sync m16n8k32),
+fp8 below 8.9 (no fp8 tensor-core instructions: Ada and Hopper have them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import cudabook as cb
+from cudabook.launch import LaunchError, ceil_div
+
+__all__ = ["VERSIONS", "FP8_VERSIONS", "WHAT", "MIN_CC", "int8_matmul", "fp8_matmul", "config",
+           "sanitize_targets"]
+
+VERSIONS = ("igemm_v1", "igemm_v2", "igemm_v3")
+FP8_VERSIONS = ("fp8gemm_v1", "fp8gemm_v2")
+WHAT = {
+    "igemm_v1": "dp4a, 64x64 tiles, 4x4 per thread",
+    "igemm_v2": "mma.sync s8 m16n8k32, 128x128, 3-stage cp.async",
+    "igemm_v3": "v2 with 128x256 tiles, 64x64 warp tiles",
+    "fp8gemm_v1": "mma.sync e4m3 m16n8k32, 128x128",
+    "fp8gemm_v2": "mma.sync e4m3, 128x256",
+}
+MIN_CC = {"igemm_v1": (6, 1), "igemm_v2": (8, 0), "igemm_v3": (8, 0), "fp8gemm_v1": (8, 9),
+          "fp8gemm_v2": (8, 9)}
+TILES = {"igemm_v2": (128, 128), "igemm_v3": (128, 256), "fp8gemm_v1": (128, 128),
+         "fp8gemm_v2": (128, 256)}
+STAGES = 3
+
+
+def config(version: str, M: int, N: int):
+    """(grid, block, dynamic shared bytes) of ``version`` (igemm.cu's launch comment)."""
+    if version == "igemm_v1":
+        return (ceil_div(N, 64), ceil_div(M, 64)), (256,), 0
+    if version in TILES:
+        bm, bn = TILES[version]
+        return (ceil_div(M, bm) * ceil_div(N, bn),), (256,), STAGES * (bm + bn) * 128
+    raise ValueError(f"unknown version {version!r}; igemm.cu has {VERSIONS + FP8_VERSIONS}")
+
+
+def _need(version: str) -> None:
+    major, minor = MIN_CC[version]
+    cb.need_cc(major, minor, f"{version} ({WHAT[version]})")
+
+
+def _bytes(a: Any, name: str, want: tuple[str, ...]):
+    """The CuPy view of an 8-bit matrix (torch float8 tensors viewed as uint8)."""
+    if type(a).__module__.startswith("torch"):
+        import torch
+
+        if a.dtype in (torch.float8_e4m3fn,):
+            a = a.view(torch.uint8)
+    c = cb.load_launch("gemv").as_cupy(a, name)[0]
+    if str(c.dtype) not in want:
+        raise TypeError(f"{name}: expected {' or '.join(want)}, got {c.dtype}")
+    cb.expect(c, name, ndim=2)
+    return c
+
+
+def _shapes(A, B) -> tuple[int, int, int]:
+    (M, K), (N, K2) = (int(s) for s in A.shape), (int(s) for s in B.shape)
+    if K != K2:
+        raise ValueError(f"A is {M}x{K} and B is {N}x{K2}: B must be (N, K) (C = A @ B^T)")
+    if min(M, N, K) < 1:
+        raise LaunchError(f"empty problem M, N, K = {M}, {N}, {K}")
+    if K % 16:
+        raise LaunchError(f"K = {K} is not a multiple of 16: rows must be whole 16-byte chunks "
+                          "(pad K with zeros)")
+    for name, a in (("A", A), ("B", B)):
+        if a.data.ptr % 16:
+            raise LaunchError(f"{name}: not 16-byte aligned (a view at an offset? pass a copy)")
+    return M, N, K
+
+
+def _launch(mod, version, A, B, C, M, N, K, extra=()):
+    grid, block, smem = config(version, M, N)
+    kern = mod.get(version)
+    if smem > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = smem
+    kern(grid, block, (A, B, C, np.int32(M), np.int32(N), np.int32(K)) + extra,
+         shared_mem=smem)
+
+
+def int8_matmul(A: Any, B: Any, C: Any = None, version: str = "igemm_v3"):
+    """int32 C = A @ B^T of int8 A (M, K) and B (N, K)."""
+    import cupy as cp
+
+    if version not in VERSIONS:
+        raise ValueError(f"unknown version {version!r}; int8 kernels: {VERSIONS}")
+    mod = cb.cuda_module("igemm")
+    _need(version)
+    Ac, Bc = _bytes(A, "A", ("int8",)), _bytes(B, "B", ("int8",))
+    M, N, K = _shapes(Ac, Bc)
+    if C is None:
+        C = cp.empty((M, N), cp.int32)
+    cb.expect(C, "C", dtype=np.int32, shape=(M, N))
+    _launch(mod, version, Ac, Bc, C, M, N, K)
+    return C
+
+
+def fp8_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, C: Any = None,
+               version: str = "fp8gemm_v2"):
+    """bf16 C = (A @ B^T) * scale_a * scale_b of e4m3 A (M, K), B (N, K); fp32 accumulation."""
+    import cupy as cp
+
+    if version not in FP8_VERSIONS:
+        raise ValueError(f"unknown version {version!r}; fp8 kernels: {FP8_VERSIONS}")
+    if cb.HAS_GPU and cb.cc() < (8, 9):
+        raise LaunchError(f"fp8 (e4m3) tensor-core GEMM needs compute capability 8.9+ (Ada, "
+                          f"Hopper); this GPU is {cb.cc()[0]}.{cb.cc()[1]}")
+    mod = cb.cuda_module("igemm")
+    _need(version)
+    Ac, Bc = _bytes(A, "A", ("uint8",)), _bytes(B, "B", ("uint8",))
+    M, N, K = _shapes(Ac, Bc)
+    gv = cb.load_launch("gemv")
+    sa, sb = gv.as_cupy(scale_a, "scale_a")[0], gv.as_cupy(scale_b, "scale_b")[0]
+    for name, s in (("scale_a", sa), ("scale_b", sb)):
+        cb.expect(s, name, dtype=np.float32)
+        if s.size != 1:
+            raise LaunchError(f"{name}: one float32 per tensor (per-tensor scaling), got "
+                              f"{s.size} values")
+    if C is None:
+        C = cp.empty((M, N), dtype=cp.uint16)          # bf16 bits (CuPy has no bfloat16)
+    Cc = gv.as_cupy(C, "C")[0] if not type(C).__module__.startswith("torch") else \
+        cp.asarray(C.view(__import__("torch").int16))
+    if Cc.shape != (M, N) or Cc.dtype.itemsize != 2:
+        raise ValueError(f"C must be a 2-byte (bf16) ({M}, {N}) array, got {Cc.dtype} "
+                         f"{tuple(Cc.shape)}")
+    _launch(mod, version, Ac, Bc, Cc, M, N, K, (sa, sb))
+    return C
+
+
+def bf16_to_float(c) -> Any:
+    """bf16 bits (uint16/int16 CuPy) -> float32: the upper half of a float32."""
+    import cupy as cp
+
+    return (c.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
+
+
+def sanitize_targets():
+    """Each version on ragged M, N and a K of one partial tile."""
+    import cupy as cp
+
+    rng = cp.random.default_rng(0)
+    M, N, K = 130, 70, 160
+    A = rng.integers(-128, 128, (M, K), dtype=cp.int8)
+    B = rng.integers(-128, 128, (N, K), dtype=cp.int8)
+    for v in VERSIONS:
+        if cb.cc() >= MIN_CC[v]:
+            yield f"{v} ({M}x{N}x{K})", (lambda v=v: int8_matmul(A, B, version=v))
+    if cb.cc() >= (8, 9):
+        A8 = rng.integers(0, 0x70, (M, K), dtype=cp.uint8)        # finite e4m3 bytes
+        B8 = rng.integers(0, 0x70, (N, K), dtype=cp.uint8)
+        one = cp.ones(1, cp.float32)
+        for v in FP8_VERSIONS:
+            yield f"{v} ({M}x{N}x{K})", (lambda v=v: fp8_matmul(A8, B8, one, one, version=v))

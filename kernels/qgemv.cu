@@ -1,0 +1,262 @@
+// qgemv.cu: weight-only quantized GEMV, y = x @ dequant(Wq)^T (+ bias): W8A16 and W4A16.
+//
+//   x is (B, K) fp16, y is (B, N) fp16, bias (N,) fp16 or null. The weight of row n, column k is
+//   q[n, k] * s[n, k / G]: q signed (symmetric quantization, kernels/quant.cu), s fp16 scales
+//   of shape (N, K / G), G the group size (G = K: per-channel).
+//     W8: q is (N, K) int8.
+//     W4: q is packed (N, K / 2) uint8: k = 2i in the low nibble of byte i, k = 2i + 1 in the
+//         high nibble, each a two's complement 4-bit value (-8..7).
+//   Partial sums are fp32; y is rounded to fp16 once. At B = 1 the bytes read per weight are
+//   1 (W8) or 0.5 (W4) plus the scales (2 bytes per group): 2x and 4x fewer than fp16.
+//
+//   qgemv_w8_v1, qgemv_w4_v1   one warp per (row, batch row), one byte per lane per step,
+//             shifts and int->float conversions, the scale multiplied into every weight
+//   qgemv_w8_v2, qgemv_w4_v2   gemv_v4's layout (a block of 4 warps per R rows, split K, 16-byte
+//             streamed loads, 2 per row in flight per thread, up to 16 rows of x per launch); dequantized in registers with the
+//             magic-number trick (the integer's bits placed under a float exponent, one
+//             subtraction leaves the value); fp32 products; the group's scale multiplies a
+//             chunk's partial sum once
+//   qgemv_w4_v3   v2 with the products of 4 weights summed in fp16 (HFMA2: two per instruction)
+//             before they join the fp32 sum: half the instructions per weight. The fp16 partial
+//             of 4 products |q| <= 8 overflows when |x| > 2000 (the launcher documents it).
+//
+//   Chunks are 16 bytes of q: 16 weights (W8) or 32 (W4), inside one group: G % 16 == 0 (W8),
+//   G % 32 == 0 (W4), and G divides K. q and x 16-byte aligned (the launcher checks).
+//   Instantiated per batch tile BT (1, 2, 4, 8, 16) and rows per block R (2, 4):
+//   qgemv_w8_v2_b{BT}_r{R}, qgemv_w4_v2_b{BT}_r{R}, qgemv_w4_v3_b{BT}_r{R}.
+//
+// Launches (kernels/qgemv_launch.py): v1 grid (ceil(N/4), B) x 128; v2/v3 (ceil(N/R),
+// ceil(B/BT)) x 128, no dynamic shared memory.
+#include <cuda_fp16.h>
+#include "common.cuh"
+
+// ----------------------------------------------------------------------------- v1
+extern "C" __global__ void qgemv_w8_v1(const __half* __restrict__ x,
+                                       const signed char* __restrict__ q,
+                                       const __half* __restrict__ s,
+                                       const __half* __restrict__ bias, __half* __restrict__ y,
+                                       int B, int N, int K, int G) {
+    int lane = threadIdx.x & 31;
+    int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), b = blockIdx.y;
+    if (n >= N || b >= B) return;
+    const signed char* qr = q + (size_t)n * K;
+    const __half* sr = s + (size_t)n * (K / G);
+    const __half* xb = x + (size_t)b * K;
+    float acc = 0.0f;
+    for (int k = lane; k < K; k += 32)
+        acc += (float)qr[k] * __half2float(sr[k / G]) * __half2float(xb[k]);
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        if (bias) acc += __half2float(bias[n]);
+        y[(size_t)b * N + n] = __float2half_rn(acc);
+    }
+}
+
+extern "C" __global__ void qgemv_w4_v1(const __half* __restrict__ x,
+                                       const unsigned char* __restrict__ q,
+                                       const __half* __restrict__ s,
+                                       const __half* __restrict__ bias, __half* __restrict__ y,
+                                       int B, int N, int K, int G) {
+    int lane = threadIdx.x & 31;
+    int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), b = blockIdx.y;
+    if (n >= N || b >= B) return;
+    const unsigned char* qr = q + (size_t)n * (K / 2);
+    const __half* sr = s + (size_t)n * (K / G);
+    const __half* xb = x + (size_t)b * K;
+    float acc = 0.0f;
+    for (int i = lane; i < K / 2; i += 32) {      // byte i holds k = 2i (low), 2i + 1 (high)
+        int v = qr[i];
+        int lo = (v << 28) >> 28, hi = (v << 24) >> 28;   // sign-extended nibbles
+        int k = 2 * i;
+        acc += (float)lo * __half2float(sr[k / G]) * __half2float(xb[k]);
+        acc += (float)hi * __half2float(sr[(k + 1) / G]) * __half2float(xb[k + 1]);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        if (bias) acc += __half2float(bias[n]);
+        y[(size_t)b * N + n] = __float2half_rn(acc);
+    }
+}
+
+// ----------------------------------------------------------------------------- dequantizers
+// int8: bytes biased to unsigned (q + 128) placed under the exponent of 2^23: the float
+// 0x4B0000bb is 2^23 + bb exactly, so one subtraction of 2^23 + 128 leaves q.
+__device__ __forceinline__ void w8_to_float(unsigned word, float* f) {
+    unsigned u = word ^ 0x80808080u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        f[i] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440u | i)) - 8388736.0f;
+}
+
+// int4: nibbles biased (q + 8); a nibble under the fp16 exponent of 1024 (0x6400 | n) is
+// 1024 + n. Masking two nibbles 16 bits apart gives a half2 at once: (n0, n4), (n1, n5)...
+// The high nibble of each byte is masked in place (16 n) and scaled back by 1/16.
+// Returns q as half2 pairs in the order (k, k+4) for k = 0, 1, 2, 3.
+__device__ __forceinline__ void w4_to_half2(unsigned word, __half2* h) {
+    unsigned u = word ^ 0x88888888u, u8 = u >> 8;
+    unsigned a = (u & 0x000F000Fu) | 0x64006400u, b = (u & 0x00F000F0u) | 0x64006400u;
+    unsigned c = (u8 & 0x000F000Fu) | 0x64006400u, d = (u8 & 0x00F000F0u) | 0x64006400u;
+    const __half2 off = __float2half2_rn(1032.0f);            // 1024 + 8
+    const __half2 sixteenth = __float2half2_rn(0.0625f), off16 = __float2half2_rn(-72.0f);
+    h[0] = __hsub2(*reinterpret_cast<__half2*>(&a), off);                       // k0, k4
+    h[1] = __hfma2(*reinterpret_cast<__half2*>(&b), sixteenth, off16);          // k1, k5
+    h[2] = __hsub2(*reinterpret_cast<__half2*>(&c), off);                       // k2, k6
+    h[3] = __hfma2(*reinterpret_cast<__half2*>(&d), sixteenth, off16);          // k3, k7
+}
+
+// The 8 halves of x (x0..x7, one uint4) regrouped in the pairs w4_to_half2 gives:
+// (x0, x4), (x1, x5), (x2, x6), (x3, x7).
+__device__ __forceinline__ void x_pairs_k4(uint4 v, __half2* p) {
+    unsigned r0 = __byte_perm(v.x, v.z, 0x5410), r1 = __byte_perm(v.x, v.z, 0x7632);
+    unsigned r2 = __byte_perm(v.y, v.w, 0x5410), r3 = __byte_perm(v.y, v.w, 0x7632);
+    p[0] = *reinterpret_cast<__half2*>(&r0);
+    p[1] = *reinterpret_cast<__half2*>(&r1);
+    p[2] = *reinterpret_cast<__half2*>(&r2);
+    p[3] = *reinterpret_cast<__half2*>(&r3);
+}
+
+__device__ __forceinline__ void x_to_float8(uint4 v, float* f) {
+    const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+// ----------------------------------------------------------------------------- v2, v3
+// MODE 8: W8 fp32; MODE 4: W4 fp32 products; MODE 5: W4 fp16 products of 4 (v3).
+// Thread t of the block's 128 reads 16-byte chunks t, t + 128, ... of each of the R rows.
+template <int MODE, int BT, int R>
+__device__ __forceinline__ void qgemv_body(const __half* __restrict__ x,
+                                           const unsigned char* __restrict__ q,
+                                           const __half* __restrict__ s,
+                                           const __half* __restrict__ bias,
+                                           __half* __restrict__ y, int B, int N, int K, int G) {
+    constexpr int T = 128;
+    constexpr int WPC = MODE == 8 ? 16 : 32;      // weights per 16-byte chunk
+    constexpr int U = 2;                          // chunks per row in flight per thread
+    __shared__ float part[4][R * BT];
+    int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    int n0 = blockIdx.x * R, b0 = blockIdx.y * BT;
+    int nb = min(BT, B - b0), nr = min(R, N - n0);
+    int nc = K / WPC, ng = K / G;
+    const uint4* qv = reinterpret_cast<const uint4*>(q);   // row n: chunks n * nc .. + nc - 1
+    const uint4* xv = reinterpret_cast<const uint4*>(x + (size_t)b0 * K);
+    float acc[R][BT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int b = 0; b < BT; ++b) acc[r][b] = 0.0f;
+    for (int c0 = t; c0 < nc; c0 += T * U) {
+        uint4 wvu[U][R];                          // U chunks of each row in flight at once
+        float scu[U][R];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int cu = c0 + T * u < nc ? c0 + T * u : c0;   // past the row: chunk c0 again, unused
+#pragma unroll
+            for (int r = 0; r < R; ++r) {         // rows past N re-read row n0 (never stored)
+                size_t row = (size_t)(n0 + (r < nr ? r : 0));
+                wvu[u][r] = ld_stream16(qv + row * nc + cu);
+                scu[u][r] = __half2float(s[row * ng + (cu * WPC) / G]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+        const int c = c0 + T * u;
+        if (c >= nc) break;
+        const uint4* wv = wvu[u];
+        const float* sc = scu[u];
+#pragma unroll
+        for (int b = 0; b < BT; ++b) {
+            if (b >= nb) continue;
+            const uint4* xc = xv + (size_t)b * (K / 8) + (size_t)c * (WPC / 8);
+            float ps[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) ps[r] = 0.0f;
+            if constexpr (MODE == 8) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {     // 8 weights (2 words) per 8 halves of x
+                    float xf[8];
+                    x_to_float8(__ldg(xc + h), xf);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const unsigned* wq = reinterpret_cast<const unsigned*>(&wv[r]);
+                        float f[8];
+                        w8_to_float(wq[2 * h], f);
+                        w8_to_float(wq[2 * h + 1], f + 4);
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) ps[r] = fmaf(f[i], xf[i], ps[r]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {     // word j: 8 weights, 8 halves of x
+                    __half2 xp[4];
+                    x_pairs_k4(__ldg(xc + j), xp);
+                    float2 xf[4];
+                    if constexpr (MODE == 4) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) xf[i] = __half22float2(xp[i]);
+                    }
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        __half2 qh[4];
+                        w4_to_half2(reinterpret_cast<const unsigned*>(&wv[r])[j], qh);
+                        if constexpr (MODE == 4) {
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) {
+                                float2 qf = __half22float2(qh[i]);
+                                ps[r] = fmaf(qf.x, xf[i].x, ps[r]);
+                                ps[r] = fmaf(qf.y, xf[i].y, ps[r]);
+                            }
+                        } else {
+                            __half2 p = __hmul2(qh[0], xp[0]);
+                            p = __hfma2(qh[1], xp[1], p);
+                            p = __hfma2(qh[2], xp[2], p);
+                            p = __hfma2(qh[3], xp[3], p);
+                            float2 pf = __half22float2(p);
+                            ps[r] += pf.x + pf.y;
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][b] = fmaf(sc[r], ps[r], acc[r][b]);
+        }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int b = 0; b < BT; ++b) {
+            float v = warp_sum(acc[r][b]);
+            if (lane == 0) part[warp][r * BT + b] = v;
+        }
+    __syncthreads();                              // every warp's partial sums are written
+    for (int i = t; i < R * BT; i += T) {
+        int r = i / BT, b = i % BT;
+        if (r < nr && b < nb) {
+            float v = part[0][i] + part[1][i] + part[2][i] + part[3][i];
+            if (bias) v += __half2float(bias[n0 + r]);
+            y[(size_t)(b0 + b) * N + n0 + r] = __float2half_rn(v);
+        }
+    }
+}
+
+#define QGEMV(NAME, MODE, BT, R)                                                             \
+extern "C" __global__ void __launch_bounds__(128) NAME##_b##BT##_r##R(                       \
+        const __half* __restrict__ x, const unsigned char* __restrict__ q,                   \
+        const __half* __restrict__ s, const __half* __restrict__ bias,                       \
+        __half* __restrict__ y, int B, int N, int K, int G) {                                \
+    qgemv_body<MODE, BT, R>(x, q, s, bias, y, B, N, K, G);                                   \
+}
+#define QGEMV_ALL(NAME, MODE)                                                                \
+    QGEMV(NAME, MODE, 1, 2) QGEMV(NAME, MODE, 2, 2) QGEMV(NAME, MODE, 4, 2)                  \
+    QGEMV(NAME, MODE, 8, 2) QGEMV(NAME, MODE, 16, 2) QGEMV(NAME, MODE, 1, 4)
+QGEMV_ALL(qgemv_w8_v2, 8)
+QGEMV_ALL(qgemv_w4_v2, 4)
+QGEMV_ALL(qgemv_w4_v3, 5)
+#undef QGEMV_ALL
+#undef QGEMV

@@ -1,0 +1,192 @@
+"""Launching kernels/qgemv.cu: weight-only quantized GEMV for decode, W8A16 and W4A16.
+
+    qg = cb.load_launch("qgemv")
+    w8 = qg.prepare(W, bits=8, group=K)      # per-channel int8 weights + fp16 scales (QWeight)
+    w4 = qg.prepare(W, bits=4, group=128)    # int4 packed two per byte, fp16 scales per group
+    y = qg.qgemv(x, w4)                      # x (B, K) fp16, B 1..16 -> y (B, N) fp16
+    y = qg.qgemv(x, w4, bias, out=y, version="qgemv_w4_v3")
+
+``prepare`` quantizes a float (N, K) weight on the GPU (kernels/quant.cu, symmetric,
+round to nearest) and keeps what the kernels read: q (int8, or packed uint8 (N, K / 2)), the
+scales as fp16 (N, K / G), and the group size. ``dequantized()`` gives the float32 weight the
+kernel effectively multiplies by (the float64 reference uses it).
+
+Refused before launching: a group size that does not divide K or is not a multiple of 16 (W8)
+or 32 (W4: 16 bytes of packed weights must fall in one group), odd K for packed int4, dtypes
+other than fp16 activations, B outside 1..16, misaligned or strided arrays.
+qgemv_w4_v3 sums 4 products in fp16 before the fp32 sum: activations above about 2000 in
+magnitude could overflow those partials; v2 (fp32 products) has no such limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import cudabook as cb
+from cudabook.launch import LaunchError, ceil_div
+
+__all__ = ["VERSIONS", "WHAT", "MAX_B", "QWeight", "prepare", "qgemv", "config", "kernel_name",
+           "sanitize_targets"]
+
+VERSIONS = {8: ("qgemv_w8_v1", "qgemv_w8_v2"), 4: ("qgemv_w4_v1", "qgemv_w4_v2", "qgemv_w4_v3")}
+DEFAULT = {8: "qgemv_w8_v2", 4: "qgemv_w4_v3"}
+WHAT = {
+    "qgemv_w8_v1": "warp per row, byte per lane, int->float per weight",
+    "qgemv_w8_v2": "16-byte loads, magic-number dequant, split K, fp32",
+    "qgemv_w4_v1": "warp per row, byte per lane, shifts for the nibbles",
+    "qgemv_w4_v2": "16-byte loads, half2 magic-number dequant, fp32 products",
+    "qgemv_w4_v3": "v2 with fp16 products summed by 4 (HFMA2)",
+}
+MAX_B = 16
+BATCH_TILES = (1, 2, 4, 8, 16)
+
+
+@dataclass
+class QWeight:
+    """A weight quantized for qgemv: q (N, K) int8 or packed (N, K / 2) uint8, scales (N, K / G)
+    fp16, bits, group G, and (N, K)."""
+    q: Any
+    scales: Any
+    bits: int
+    group: int
+    N: int
+    K: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a GEMV reads for the weight: q and the scales."""
+        return int(self.q.nbytes + self.scales.nbytes)
+
+    def dequantized(self):
+        """The float32 (N, K) weight the kernel multiplies by: q * fp16 scale (CuPy)."""
+        import cupy as cp
+
+        q = self.q
+        if self.bits == 4:
+            q = cb.load_launch("quant").unpack_int4(q, self.N * self.K).reshape(self.N, self.K)
+        s = self.scales.astype(cp.float32)
+        return (q.astype(cp.float32).reshape(self.N, -1, self.group) * s[:, :, None]).reshape(
+            self.N, self.K)
+
+
+def _check_group(bits: int, K: int, group: int) -> None:
+    if bits not in (4, 8):
+        raise LaunchError(f"qgemv has W8A16 and W4A16 kernels: bits must be 8 or 4, got {bits!r}")
+    if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or group < 1:
+        raise TypeError(f"group must be a positive int (K for per-channel), got {group!r}")
+    chunk = 16 if bits == 8 else 32
+    if bits == 4 and K % 2:
+        raise LaunchError(f"K = {K} is odd: packed int4 holds two values per byte, so each row "
+                          "needs an even K (pad the weight with a zero column)")
+    if K % group:
+        raise LaunchError(f"group size {group} does not divide K = {K}")
+    if group % chunk:
+        raise LaunchError(f"group size {group} is not a multiple of {chunk}: a 16-byte load holds "
+                          f"{chunk} int{bits} weights, which must share one scale")
+
+
+def prepare(W: Any, bits: int = 4, group: int = 128) -> QWeight:
+    """Quantize the float (N, K) weight W (fp16 or fp32; CuPy or torch) symmetrically for
+    qgemv: per-group scales stored as fp16. group = K is per-channel."""
+    import cupy as cp
+
+    Wc = cb.load_launch("gemv").as_cupy(W, "W")[0]
+    cb.expect(Wc, "W", ndim=2)
+    if Wc.dtype not in (cp.float16, cp.float32):
+        raise TypeError(f"W: expected float16 or float32, got {Wc.dtype}")
+    N, K = (int(s) for s in Wc.shape)
+    _check_group(bits, K, group)
+    qt = cb.load_launch("quant")
+    q, s, _ = qt.quantize(cp.ascontiguousarray(Wc, dtype=cp.float32), bits=bits, group=group)
+    if bits == 4:
+        q = qt.pack_int4(q).reshape(N, K // 2)
+    return QWeight(q, s.astype(cp.float16), bits, int(group), N, K)
+
+
+def batch_tile(B: int) -> int:
+    for bt in BATCH_TILES:
+        if B <= bt:
+            return bt
+    return BATCH_TILES[-1]
+
+
+def kernel_name(version: str, B: int, rows: int = 2) -> str:
+    if version.endswith("_v1"):
+        return version
+    if rows not in (2, 4) or (rows == 4 and batch_tile(B) != 1):
+        raise ValueError(f"{version}: rows per block 2 (any batch) or 4 (batch 1), got {rows}")
+    return f"{version}_b{batch_tile(B)}_r{rows}"
+
+
+def config(version: str, B: int, N: int, rows: int = 2):
+    """(grid, block) of ``version`` (qgemv.cu's launch comment)."""
+    if version.endswith("_v1"):
+        return (ceil_div(N, 4), B), (128,)
+    return (ceil_div(N, rows), ceil_div(B, batch_tile(B))), (128,)
+
+
+def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str | None = None,
+          rows: int = 2):
+    """y = x @ dequant(w)^T (+ bias): x (B, K) fp16, B 1..16; y (B, N) fp16 (returned)."""
+    import cupy as cp
+
+    mod = cb.cuda_module("qgemv")
+    gv = cb.load_launch("gemv")
+    if not isinstance(w, QWeight):
+        raise TypeError(f"w: expected a QWeight from qgemv.prepare(W, bits, group), got "
+                        f"{type(w).__name__}")
+    xc, lib = gv.as_cupy(x, "x")
+    cb.expect(xc, "x", dtype=np.float16, ndim=2)
+    B, K = (int(s) for s in xc.shape)
+    if K != w.K:
+        raise ValueError(f"x has K = {K} columns but the weight is ({w.N}, {w.K})")
+    if not 1 <= B <= MAX_B:
+        raise LaunchError(f"qgemv: batch B = {B}; these kernels take 1..{MAX_B} rows of x")
+    _check_group(w.bits, K, w.group)
+    version = version or DEFAULT[w.bits]
+    if version not in VERSIONS[w.bits]:
+        raise ValueError(f"{version!r} is not a W{w.bits}A16 kernel; choose from "
+                         f"{VERSIONS[w.bits]}")
+    qdt = np.int8 if w.bits == 8 else np.uint8
+    cb.expect(w.q, "w.q", dtype=qdt, shape=(w.N, K if w.bits == 8 else K // 2))
+    cb.expect(w.scales, "w.scales", dtype=np.float16, shape=(w.N, K // w.group))
+    if not version.endswith("_v1") and (xc.data.ptr % 16 or w.q.data.ptr % 16):
+        raise LaunchError(f"{version} reads 16 bytes at a time: x and w.q must be 16-byte "
+                          "aligned (pass fresh arrays, not views at an offset)")
+    bc = np.uint64(0)
+    if bias is not None:
+        bc = gv.as_cupy(bias, "bias")[0]
+        cb.expect(bc, "bias", dtype=np.float16, shape=(w.N,))
+    if out is None:
+        if lib == "torch":
+            import torch
+
+            out = torch.empty((B, w.N), dtype=torch.float16, device=x.device)
+        else:
+            out = cp.empty((B, w.N), cp.float16)
+    oc = gv.as_cupy(out, "out")[0]
+    cb.expect(oc, "out", dtype=np.float16, shape=(B, w.N))
+    grid, block = config(version, B, w.N, rows)
+    args = (xc, w.q, w.scales, bc, oc, np.int32(B), np.int32(w.N), np.int32(K),
+            np.int32(w.group))
+    with gv._stream_of(lib):
+        mod.get(kernel_name(version, B, rows))(grid, block, args)
+    return out
+
+
+def sanitize_targets():
+    """Every version on a ragged N, per-channel and grouped scales, partly filled batch tiles."""
+    import cupy as cp
+
+    rng = cp.random.default_rng(0)
+    for B, N, K, G in ((1, 7, 256, 64), (3, 5, 512, 512), (11, 3, 128, 32)):
+        x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
+        W = rng.standard_normal((N, K), dtype=cp.float32)
+        for bits in (8, 4):
+            w = prepare(W, bits, G)
+            for v in VERSIONS[bits]:
+                yield (f"{v} ({B}x{N}x{K}, g{G})",
+                       (lambda v=v, w=w, x=x: qgemv(x, w, version=v)))

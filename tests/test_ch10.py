@@ -1,0 +1,248 @@
+"""Chapter 10 "Quantization": references, Numba twins, launch helpers' refusals, and every
+grader against the reference solution, the stub and the wrong answers a reader would write.
+
+All graders of this chapter run in the simulator. References come from
+solutions/10_quantization.ipynb; wrong answers are edits of them (tests/solution_cells.py).
+CUDA C++ kernels are checked on a GPU only (marked gpu).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from solution_cells import Solution
+
+import cudabook as cb
+from cudabook import quant as Q
+from cudabook.graders import GradeError, ex10_1, ex10_2, ex10_3, ex10_4
+from cudabook.graders.ch10 import GROUP_SIZES, group_table
+
+gpu = pytest.mark.gpu
+SOL = Solution("10")
+
+
+# ----------------------------------------------------------------------------- references
+def test_quantize_reference_conventions():
+    w = np.array([[0.0, 0.0, 0.0, 0.0], [1.0, -2.0, 0.5, 0.25], [3.0, 1.49, -1.5, 0.0]],
+                 np.float32)
+    q, s, z = Q.quantize_reference(w, 8, 4)
+    assert s[0, 0] == 1.0 and (q[0] == 0).all()                     # all-zero row: scale 1
+    assert s[1, 0] == np.float32(2.0) / np.float32(127) and q[1, 1] == -127
+    assert (z == 0).all()
+    q4, s4, _ = Q.quantize_reference(w, 4, 2)
+    assert s4.shape == (3, 2) and q4.min() >= -7 and q4.max() <= 7
+    qa, sa, za = Q.quantize_reference(w, 4, None, symmetric=False)
+    assert sa.shape == (1, 1) and qa.dtype == np.uint8 and qa.max() <= 15
+    w2 = Q.dequantize_reference(qa, sa, za, None)
+    assert np.abs(w2 - w).max() <= sa[0, 0] / 2 + 1e-7
+    with pytest.raises(ValueError, match="does not divide K"):
+        Q.quantize_reference(w, 8, 3)
+
+
+def test_int4_pack_reference_round_trip_and_order():
+    q = np.array([1, -1, -8, 7, 3], np.int8)
+    p = Q.pack_int4_reference(q)
+    assert list(p) == [0xF1, 0x78, 0x03]                             # low nibble = even index
+    assert (Q.unpack_int4_reference(p, 5) == q).all()
+    with pytest.raises(ValueError, match="-8..7"):
+        Q.pack_int4_reference(np.array([8], np.int8))
+
+
+def test_fp8_reference():
+    v = Q.fp8_reference(np.array([0.1, 1.3, 1000.0, -500.0], np.float32), "e4m3")
+    assert v[2] == 448.0 and v[3] == -448.0 and abs(v[1] - 1.25) < 1e-6
+
+
+# ----------------------------------------------------------------------------- Numba twins
+def test_numba_quant_twins_match_references():
+    nb = cb.load_numba("quant")
+    rng = np.random.default_rng(0)
+    w = (rng.standard_t(3, (6, 64)) * 0.05).astype(np.float32)
+    w[2] = 0
+    for sym in (True, False):
+        for bits, G in ((8, 64), (4, 32)):
+            s = np.zeros((6, 64 // G), np.float32)
+            z = np.zeros_like(s)
+            nb.group_scales_thread[cb.grid_1d(s.size), 256](w, s, z, G, bits, 0 if sym else 1)
+            q = np.zeros((6, 64), np.int8 if sym else np.uint8)
+            qmax = 2 ** (bits - 1) - 1 if sym else 2 ** bits - 1
+            nb.quantize[cb.grid_1d(w.size), 256](w, s, z, q, G, -qmax if sym else 0, qmax)
+            qr, sr, zr = Q.quantize_reference(w, bits, G, sym)
+            assert (q == qr).all() and (s == sr).all() and (z == zr).all(), (sym, bits)
+            d = np.zeros_like(w)
+            nb.dequantize[cb.grid_1d(w.size), 256](q, s, z, d, G)
+            np.testing.assert_allclose(d, Q.dequantize_reference(qr, sr, zr, G), rtol=1e-6)
+    q4 = rng.integers(-8, 8, 13).astype(np.int8)
+    p = np.zeros(7, np.uint8)
+    nb.pack_int4[1, 256](q4, p)
+    assert (p == Q.pack_int4_reference(q4)).all()
+    u = np.zeros(13, np.int8)
+    nb.unpack_int4[1, 256](p, u)
+    assert (u == q4).all()
+
+
+# ----------------------------------------------------------------------------- launch helpers
+def test_launch_helpers_refuse_bad_input_before_the_gpu():
+    qg = cb.load_launch("qgemv")
+    with pytest.raises(cb.LaunchError, match="odd"):
+        qg._check_group(4, 255, 255)
+    with pytest.raises(cb.LaunchError, match="does not divide"):
+        qg._check_group(4, 256, 96)
+    with pytest.raises(cb.LaunchError, match="multiple of 32"):
+        qg._check_group(4, 256, 16)
+    with pytest.raises(cb.LaunchError, match="8 or 4"):
+        qg._check_group(3, 256, 32)
+    gv = cb.load_launch("gemv")
+    assert gv.kernel_name("gemv_v4", 11) == "gemv_v4_b8_r2"
+    assert gv.config("gemv_v4", 11, 1001) == ((501, 2), (128,))
+    ig = cb.load_launch("igemm")
+    assert ig.config("igemm_v3", 4096, 4096)[2] == 3 * 384 * 128
+
+
+@gpu
+def test_gemv_qgemv_igemm_on_gpu():
+    import cupy as cp
+
+    gv, qg, ig = (cb.load_launch(n) for n in ("gemv", "qgemv", "igemm"))
+    rng = cp.random.default_rng(0)
+    for B, N, K in ((1, 37, 264), (3, 19, 520), (11, 6, 1000), (2, 5, 97)):
+        x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
+        W = rng.standard_normal((N, K), dtype=cp.float32).astype(cp.float16)
+        ref = cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(W).astype(np.float64).T
+        for v in gv.VERSIONS:
+            if v in ("gemv_v3", "gemv_v4") and K % 8:
+                continue
+            cb.check(gv.gemv(x, W, version=v), ref, atol=1e-2 + 1e-3 * np.sqrt(K), rtol=1e-2)
+    with pytest.raises(cb.LaunchError, match="1..32"):
+        gv.gemv(cp.zeros((33, 64), cp.float16), cp.zeros((8, 64), cp.float16))
+    with pytest.raises(TypeError, match="float16"):
+        gv.gemv(cp.zeros((1, 64), cp.float32), cp.zeros((8, 64), cp.float16))
+    W = rng.standard_normal((70, 256), dtype=cp.float32)
+    x = rng.standard_normal((3, 256), dtype=cp.float32).astype(cp.float16)
+    for bits in (8, 4):
+        w = qg.prepare(W, bits, 64)
+        ref = cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(w.dequantized()).astype(np.float64).T
+        for v in qg.VERSIONS[bits]:
+            cb.check(qg.qgemv(x, w, version=v), ref, atol=2e-3 * np.abs(ref).max(), rtol=1e-2)
+    A = rng.integers(-128, 128, (130, 160), dtype=cp.int8)
+    B = rng.integers(-128, 128, (70, 160), dtype=cp.int8)
+    ref = cp.asnumpy(A).astype(np.int64) @ cp.asnumpy(B).astype(np.int64).T
+    for v in ig.VERSIONS:
+        if cb.cc() >= ig.MIN_CC[v]:
+            assert (cp.asnumpy(ig.int8_matmul(A, B, version=v)) == ref).all(), v
+    with pytest.raises(cb.LaunchError, match="multiple of 16"):
+        ig.int8_matmul(A[:, :100].copy(), B[:, :100].copy())
+
+
+# ----------------------------------------------------------------------------- ex10.1
+def quantizer(*edits):
+    return SOL.get("ex10.1", "quantize_rows", edits=edits)
+
+
+def test_ex10_1_reference_passes(capsys):
+    ex10_1(quantizer())
+    assert capsys.readouterr().out.strip() == "PASS ex10.1"
+
+
+def test_ex10_1_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex10_1(SOL.stub("ex10.1", "quantize_rows"))
+
+
+@pytest.mark.parametrize("edits, hint", [
+    ([("v = round(w[r, k] / s)", "v = int(w[r, k] / s)")], "rounded toward zero"),
+    ([("if amax > 0 else float32(1)", "if amax >= 0 else float32(1)")], "all-zero row"),
+    ([("    if r >= w.shape[0]:\n        return\n", "")], "out of range|bounds guard"),
+    ([("for k in range(w.shape[1]):\n        amax",
+       "for k in range(w.size):\n        amax"),
+      ("amax = max(amax, abs(w[r, k]))", "amax = max(amax, abs(w[k // w.shape[1], "
+                                           "k % w.shape[1]]))")], "per-tensor"),
+    ([("import math", "import math")] if False else
+     [("v = round(w[r, k] / s)", "v = math.floor(w[r, k] / s)"),
+      ("from numba import cuda, float32", "import math\nfrom numba import cuda, float32")],
+     "rounded down"),
+])
+def test_ex10_1_wrong_answers(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex10_1(quantizer(*edits))
+
+
+# ----------------------------------------------------------------------------- ex10.2
+def packers(*edits):
+    ns = SOL.namespace("ex10.2", tuple(tuple(e) for e in edits))
+    return ns["pack_int4"], ns["unpack_int4"]
+
+
+def test_ex10_2_reference_passes(capsys):
+    ex10_2(*packers())
+    assert capsys.readouterr().out.strip() == "PASS ex10.2"
+
+
+def test_ex10_2_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex10_2(SOL.stub("ex10.2", "pack_int4"), SOL.stub("ex10.2", "unpack_int4"))
+
+
+@pytest.mark.parametrize("edits, hint", [
+    ([("p[i] = lo | (hi << 4)", "p[i] = hi | (lo << 4)")], "nibble order swapped"),
+    ([("    q[i] = nib - 16 if nib >= 8 else nib", "    q[i] = nib")], "sign extension"),
+    ([("hi = int32(q[2 * i + 1]) & 0xF if 2 * i + 1 < n else 0",
+       "hi = int32(q[2 * i + 1]) & 0xF")], "out of range|odd"),
+    ([("lo = int32(q[2 * i]) & 0xF", "lo = int32(q[2 * i])"),
+      ("hi = int32(q[2 * i + 1]) & 0xF if", "hi = int32(q[2 * i + 1]) if")],
+     "spill into the other nibble"),
+    ([("nib = (int32(p[i // 2]) >> (4 * (i % 2))) & 0xF",
+       "nib = (int32(p[i // 2]) >> (4 * (1 - i % 2))) & 0xF")], "nibble order swapped"),
+    ([("    if i >= p.shape[0]:\n        return\n", "")], "out of range|bounds guard"),
+])
+def test_ex10_2_wrong_answers(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex10_2(*packers(*edits))
+
+
+# ----------------------------------------------------------------------------- ex10.3
+def gemv(*edits):
+    return SOL.get("ex10.3", "w4_gemv", edits=edits)
+
+
+def test_ex10_3_reference_passes(capsys):
+    ex10_3(gemv())
+    assert capsys.readouterr().out.strip() == "PASS ex10.3"
+
+
+def test_ex10_3_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex10_3(SOL.stub("ex10.3", "w4_gemv"))
+
+
+@pytest.mark.parametrize("edits, hint", [
+    ([("scales[n, k // G]", "scales[0, 0]"), ("scales[n, (k + 1) // G]", "scales[0, 0]")],
+     "one scale per tensor"),
+    ([("scales[n, k // G]", "scales[n, 0]"), ("scales[n, (k + 1) // G]", "scales[n, 0]")],
+     "per-channel"),
+    ([("lo = b & 0xF\n", "lo = (b >> 4) & 0xF\n"), ("hi = (b >> 4) & 0xF\n", "hi = b & 0xF\n")],
+     "nibble order swapped"),
+    ([("        lo = lo - 16 if lo >= 8 else lo\n        hi = hi - 16 if hi >= 8 else hi\n",
+       "")], "sign extension"),
+    ([("    if n >= y.shape[0]:\n        return\n", "")], "out of range|bounds guard"),
+    ([("    y[n] = acc\n", "    if n > 0:\n        y[n] = acc\n")], "never written"),
+])
+def test_ex10_3_wrong_answers(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex10_3(gemv(*edits))
+
+
+# ----------------------------------------------------------------------------- ex10.4
+def test_ex10_4_answers(capsys):
+    table = group_table()
+    assert list(table) == list(GROUP_SIZES)
+    ex10_4(SOL.get("ex10.4", "group"))
+    assert capsys.readouterr().out.strip() == "PASS ex10.4"
+    with pytest.raises(GradeError, match="fewer bits"):
+        ex10_4(32)
+    with pytest.raises(GradeError, match="over the budget"):
+        ex10_4(128)
+    with pytest.raises(GradeError, match="not in the table"):
+        ex10_4(48)
+    with pytest.raises(GradeError, match="as an int"):
+        ex10_4("64")

@@ -289,7 +289,7 @@ def test_ex04_4_wrong():
         ex04_4(fast(("        // END SOLUTION\n        __syncthreads();\n    }",
                      "        // END SOLUTION\n    }")))
     # the layout half-done: the new pieces in the math, the old consecutive rows in the store
-    with pytest.raises(GradeError, match="wrong at"):
+    with pytest.raises(GradeError, match="check which rows of A and columns of B"):
         ex04_4(fast(("int r = m0 + (i / 4) * 64 + tr * 4 + i % 4;", "int r = m0 + tr * 8 + i;")))
 
 

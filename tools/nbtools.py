@@ -375,9 +375,8 @@ def policy_errors(path: Path) -> list[str]:
     if kind == "exercises":
         for i, c in enumerate(nb.cells):
             if c.cell_type == "code" and (c.outputs or c.execution_count is not None):
-                errs.append(f"{rel}: cell {i} stores a run (an exercise stores no outputs and no "
-                            "execution counts: a stored PASS would be one the reader did not "
-                            "earn)")
+                errs.append(f"{rel}: cell {i} has outputs or an execution count (an exercise "
+                            "stores no run: a stored PASS would be one the reader did not earn)")
     if kind in ("exercises", "solutions"):
         if not graders:
             errs.append(f"{rel}: has no grader cell ({GRADER_MARK})")

@@ -1,0 +1,358 @@
+"""Graders of Chapter 7, "Transformer inference".
+
+ex07_1  Numba: rotary position embedding (RoPE), half-split pairs (i, i + D/2)          simulator
+ex07_2  Numba: append one token to the KV cache and attend over the cache               simulator
+ex07_3  Numba: top-k sampling with temperature, inverse CDF of a given uniform number   simulator
+
+Every grader compares with a float64 NumPy reference, runs ragged sizes twice with a fresh seed,
+fills outputs with NaN (a canary after them), and, when an answer is wrong, compares it with the
+answers of the usual mistakes to name the one it made.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..check import to_numpy
+from ._core import (
+    GradeError,
+    call,
+    canary_ok,
+    error_summary,
+    fresh_rng,
+    guarded,
+    passed,
+    to_device,
+)
+from ._race import simulate
+from ._static import calls, python_code, refuse_stub
+
+__all__ = ["ex07_1", "ex07_2", "ex07_3", "rope_reference", "decode_reference",
+           "topk_reference", "TPB", "KMAX"]
+
+TPB = 32       # threads per block of the launches of ex07_1 and ex07_3
+KMAX = 16      # ex07_3: the largest k
+RTOL = 1e-4    # float32 results against float64 references
+ATOL = 1e-5
+
+
+def _bad(o, r, rtol=RTOL, atol=ATOL) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return ~(np.abs(o - r) <= atol + rtol * np.abs(r))
+
+
+def _close(o, r, rtol=RTOL, atol=ATOL) -> bool:
+    return not _bad(o, r, rtol, atol).any()
+
+
+# ----------------------------------------------------------------------------- ex07.1
+def rope_reference(x, pos, base: float = 10000.0, pairs: str = "half", sign: float = 1.0,
+                   freq: float = 2.0):
+    """RoPE of x (R, H, D) with row r at position pos[r], in float64. ``pairs="half"`` rotates
+    (i, i + D/2) (the book's convention), ``"interleaved"`` (2i, 2i + 1); ``sign`` -1 rotates
+    the other way and ``freq`` replaces the 2 of theta_i = base^(-2i/D) (both are mistakes the
+    grader recognises)."""
+    x = np.asarray(x, np.float64)
+    D = x.shape[-1]
+    h = D // 2
+    inv = base ** (-freq * np.arange(h) / D)
+    ang = np.asarray(pos, np.float64)[:, None] * inv[None]          # (R, D/2)
+    c, s = np.cos(ang)[:, None], sign * np.sin(ang)[:, None]
+    if pairs == "half":
+        a, b = x[..., :h], x[..., h:]
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+    ya, yb = a * c - b * s, b * c + a * s
+    y = np.empty_like(x)
+    if pairs == "half":
+        y[..., :h], y[..., h:] = ya, yb
+    else:
+        y[..., 0::2], y[..., 1::2] = ya, yb
+    return y
+
+
+def _rope_hint(got, x, pos, base) -> str:
+    R = x.shape[0]
+    if np.isnan(got).all():
+        return "nothing was written to out"
+    nan = np.isnan(got)
+    if nan.any():
+        D = x.shape[2]
+        upper = nan[..., D // 2:].any()
+        lower = nan[..., :D // 2].any()
+        if upper and not lower:
+            return ("the second half of each head (i >= D/2) was never written: each thread "
+                    "owns the pair (i, i + D/2) and writes both")
+        return (f"{int(nan.sum())} of {got.size} elements never written: one thread per pair, "
+                f"grid covering R * H * D/2 pairs?")
+    mistakes = [
+        (rope_reference(x, pos, base, pairs="interleaved"),
+         "rotated the interleaved pairs (2i, 2i+1); this book's RoPE pairs i with i + D/2 "
+         "(the half-split convention)"),
+        (rope_reference(x, pos, base, sign=-1.0),
+         "rotated by -angle: y[i] = x[i] cos - x[i + D/2] sin, y[i + D/2] = x[i + D/2] cos + "
+         "x[i] sin"),
+        (rope_reference(x, pos, base, freq=1.0),
+         "theta_i = base^(-i/D): the exponent is -2i/D"),
+        (rope_reference(x, np.arange(R) % max(1, R), base),
+         "the angle uses the row index, not pos[row]"),
+        (rope_reference(x, np.zeros(R), base), "no rotation at all (angle 0): pos * theta_i"),
+        (x.astype(np.float64), "out is a copy of x: nothing rotated"),
+    ]
+    for ref, hint in mistakes:
+        if _close(got, ref, 1e-3, 1e-4):
+            return hint
+    return "compare with the formulas of the specification"
+
+
+def ex07_1(rope) -> None:
+    """``rope(x, pos, out, base)`` is a @cuda.jit kernel launched [ceil(R * H * (D/2) / 32), 32],
+    one thread per pair: x, out (R, H, D) float32, pos (R,) int32, base a float. Row r's head
+    vectors are at position pos[r]; pairs (i, i + D/2) rotate by pos[r] * base^(-2i/D)."""
+    ex = "ex07.1"
+    refuse_stub(ex, rope)
+    rng, seed = fresh_rng()
+    for rep in range(2):
+        for R, H, D, base in [(1, 1, 2, 10000.0), (3, 2, 6, 10000.0), (5, 3, 16, 10000.0),
+                              (7, 2, 64, 500.0), (2, 1, 128, 10000.0)]:
+            pos = rng.choice(np.arange(1, 4096, 2), R).astype(np.int32)   # odd positions
+            pos[0] = 1
+            x = rng.standard_normal((R, H, D)).astype(np.float32)
+            ref = rope_reference(x, pos, base)
+            case = (f"R={R}, H={H}, D={D}, base={base:g}, positions {pos.tolist()[:4]} "
+                    f"(seed {seed}, call {rep + 1})")
+            out, buf = guarded((R, H, D))
+            n = R * H * (D // 2)
+            grid = (n + TPB - 1) // TPB
+            call(ex, case, lambda: rope[grid, TPB](to_device(x), to_device(pos), out,
+                                                    np.float32(base)))
+            if not canary_ok(buf, R * H * D):
+                raise GradeError(f"{ex}: {case}: wrote past the end of out: guard the thread "
+                                 "index (the grid has more threads than pairs)")
+            got = to_numpy(out).astype(np.float64)
+            # angles of up to 4096 rad in float32: allow the rounding of the angle itself
+            bad = _bad(got, ref, 2e-3, 2e-3)
+            if bad.any():
+                raise GradeError(f"{ex}: {case}: out is wrong ({error_summary(got, ref, bad)}): "
+                                 f"{_rope_hint(got, x, pos, base)}")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex07.2
+def decode_reference(q, kc, vc, k_new, v_new, pos: int, scale: float, see: int | None = None):
+    """(out, kc', vc') of one decode step in float64: k_new, v_new written at position pos of
+    each (b, h), then softmax(scale q k^T) v over positions 0..pos (0..see-1 if ``see``)."""
+    kc, vc = np.array(kc, np.float64), np.array(vc, np.float64)
+    kc[:, :, pos], vc[:, :, pos] = k_new, v_new
+    n = pos + 1 if see is None else see
+    s = np.einsum("bhd,bhjd->bhj", np.asarray(q, np.float64), kc[:, :, :n]) * scale
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhj,bhjd->bhd", p, vc[:, :, :n]), kc, vc
+
+
+_DECODE_GENERIC = "softmax over the scores of keys 0..pos, then the weighted sum of their values"
+_DECODE_SYNC = ("cuda.syncthreads() after writing the new row into the cache and before "
+                "reading the cache: other threads read the row this thread wrote")
+
+
+def ex07_2(decode_step) -> None:
+    """``decode_step(q, k_new, v_new, kc, vc, pos, out, scale)`` is a @cuda.jit kernel launched
+    [(H, B), D]: block (h, b), thread t owns element t of the head vector. q, k_new, v_new, out
+    are (B, H, D), the caches kc, vc (B, H, L, D), float32; pos (an int) is the new token's
+    position. It writes k_new, v_new into the caches at pos, then out = softmax(scale q k^T) v
+    over the cached positions 0..pos (the new token included, nothing after it)."""
+    ex = "ex07.2"
+    refuse_stub(ex, decode_step)
+    rng, seed = fresh_rng()
+    for rep in range(2):
+        for B, H, L, D, pos in [(1, 1, 4, 2, 0), (2, 3, 9, 8, 5), (1, 2, 13, 16, 11),
+                                (3, 1, 20, 6, 19)]:
+            q = rng.standard_normal((B, H, D)).astype(np.float32)
+            kn = rng.standard_normal((B, H, D)).astype(np.float32)
+            vn = rng.standard_normal((B, H, D)).astype(np.float32)
+            kc = rng.standard_normal((B, H, L, D)).astype(np.float32)
+            vc = rng.standard_normal((B, H, L, D)).astype(np.float32)
+            kc[:, :, pos:] = 3.0 * rng.standard_normal((B, H, L - pos, D))   # the future: large
+            vc[:, :, pos:] = 5.0 + rng.standard_normal((B, H, L - pos, D))   # and different
+            scale = 1 / math.sqrt(D)
+            ref, kref, vref = decode_reference(q, kc, vc, kn, vn, pos, scale)
+            case = f"B={B}, H={H}, L={L}, D={D}, pos={pos} (seed {seed}, call {rep + 1})"
+            out, buf = guarded((B, H, D))
+            dkc, dvc = to_device(kc), to_device(vc)
+            try:
+                call(ex, case, lambda: decode_step[(H, B), D](to_device(q), to_device(kn),
+                                                              to_device(vn), dkc, dvc, pos, out,
+                                                              np.float32(scale)))
+            except GradeError as e:
+                if "division by zero" in str(e):
+                    raise GradeError(f"{ex}: {case}: division by zero: the softmax sum is 0, so "
+                                     "no key was attended; keys 0..pos: the new token must "
+                                     "also see itself") from None
+                raise
+            if not canary_ok(buf, B * H * D):
+                raise GradeError(f"{ex}: {case}: wrote past the end of out")
+            gk, gv = to_numpy(dkc).astype(np.float64), to_numpy(dvc).astype(np.float64)
+            _check_cache(ex, case, gk, gv, kref, vref, kc, kn, vn, pos)
+            got = to_numpy(out).astype(np.float64)
+            bad = _bad(got, ref, 1e-4, 1e-5)
+            if bad.any():
+                hint = _decode_hint(got, q, kc, vc, kn, vn, pos, L, scale)
+                if hint == _DECODE_GENERIC and not calls(python_code(ex, decode_step),
+                                                         "cuda.syncthreads"):
+                    hint = "the cache is right but out is not: " + _DECODE_SYNC
+                raise GradeError(f"{ex}: {case}: out is wrong ({error_summary(got, ref, bad)}): "
+                                 f"{hint}")
+    simulate(ex, "ex07_2", [("decode_step", decode_step)], hint=_DECODE_SYNC)
+    passed(ex)
+
+
+def _check_cache(ex, case, gk, gv, kref, vref, kc, kn, vn, pos) -> None:
+    ok_k, ok_v = np.allclose(gk, kref, 0, 0), np.allclose(gv, vref, 0, 0)
+    if ok_k and ok_v:
+        return
+    L = kc.shape[2]
+    for what, g, new in (("k", gk, kn), ("v", gv, vn)):
+        where = [p for p in range(L) if np.array_equal(g[:, :, p], new.astype(np.float64))]
+        if where and pos not in where:
+            raise GradeError(f"{ex}: {case}: the new {what} was written at position {where[0]} "
+                             f"of the cache, not at pos = {pos}: cache write at the wrong "
+                             "position")
+    changed = ~np.isclose(gk, kc.astype(np.float64), 0, 0)
+    changed[:, :, pos] = False
+    if changed.any():
+        p = int(np.argwhere(changed)[0][2])
+        raise GradeError(f"{ex}: {case}: the key cache changed at position {p}: only position "
+                         f"pos = {pos} may be written")
+    raise GradeError(f"{ex}: {case}: the cache does not hold k_new and v_new at pos = {pos} "
+                     f"(k {'ok' if ok_k else 'wrong'}, v {'ok' if ok_v else 'wrong'}): write "
+                     "kc[b, h, pos, t] = k_new[b, h, t] and the same for v")
+
+
+def _decode_hint(got, q, kc, vc, kn, vn, pos, L, scale) -> str:
+    if np.isnan(got).all():
+        return ("nothing was written to out" if pos else "out is NaN at pos = 0: nothing "
+                "written, or 0/0 because no key was attended (the new token must also see "
+                "itself)")
+    if np.isnan(got).any():
+        return "some elements of out never written (one thread per element t < D writes it)"
+    for see, hint in [(L, "attention over the whole cache lets the token see the future "
+                          "(positions after pos hold no token yet): keys 0..pos only"),
+                      (pos + 2, "keys 0..pos+1: one key too many, the token sees the future"),
+                      (pos, "keys 0..pos-1: the new token must also see itself (its own key "
+                            "at pos)")]:
+        if 1 <= see <= L:
+            alt = decode_reference(q, kc, vc, kn, vn, pos, scale, see)[0]
+            if _close(got, alt, 1e-4, 1e-5):
+                return hint
+    old = decode_reference(q, kc, vc, kc[:, :, pos], vc[:, :, pos], pos, scale)[0]
+    if _close(got, old, 1e-4, 1e-5):
+        return ("attended over the old row at pos: the new key/value were not in the cache "
+                "when it was read (write first, cuda.syncthreads(), then read)")
+    D = q.shape[2]
+    seen = np.empty_like(got)         # thread t saw only elements 0..t of the new row (no barrier)
+    for t in range(D):
+        kp, vp = kc[:, :, pos].copy(), vc[:, :, pos].copy()
+        kp[..., :t + 1], vp[..., :t + 1] = kn[..., :t + 1], vn[..., :t + 1]
+        seen[..., t] = decode_reference(q, kc, vc, kp, vp, pos, scale)[0][..., t]
+    if _close(got, seen, 1e-4, 1e-5):
+        return ("thread t read the new row before the other threads wrote it: "
+                + _DECODE_SYNC)
+    nos = decode_reference(q, kc, vc, kn, vn, pos, 1.0)[0]
+    if _close(got, nos, 1e-4, 1e-5):
+        return "scores not multiplied by scale"
+    return _DECODE_GENERIC
+
+
+# ----------------------------------------------------------------------------- ex07.3
+def topk_reference(z, u, inv_temp: float, k: int, ties: str = "low"):
+    """The token of each row: the k largest logits in order (larger first, equal ones by lower
+    id; ``ties="high"`` by higher id), p_r ~ exp((z_r - z_max) inv_temp), the first r whose
+    cumulative probability exceeds u * total. Also returns the (ids, probabilities) of row 0."""
+    z = np.asarray(z, np.float64)
+    out = np.empty(z.shape[0], np.int64)
+    info = None
+    for b in range(z.shape[0]):
+        ids = np.arange(z.shape[1])
+        key = ids if ties == "low" else -ids
+        order = np.lexsort((key, -z[b]))[:k]
+        p = np.exp((z[b, order] - z[b, order[0]]) * inv_temp)
+        c = np.cumsum(p)
+        r = int(np.searchsorted(c, u[b] * c[-1], side="right"))
+        out[b] = order[min(r, k - 1)]
+        if b == 0:
+            info = (order, p / c[-1])
+    return out, info
+
+
+def _boundaries_ok(z, u, inv_temp, k, margin=1e-4) -> bool:
+    """No u within ``margin`` of a cumulative-probability boundary (float32 sums may differ)."""
+    for b in range(z.shape[0]):
+        _, (order, p) = topk_reference(z[b:b + 1], u[b:b + 1], inv_temp, k)
+        if np.min(np.abs(np.cumsum(p)[:-1] - u[b]), initial=1.0) < margin:
+            return False
+    return True
+
+
+def ex07_3(sample_topk) -> None:
+    """``sample_topk(z, u, inv_temp, k, out)`` is a @cuda.jit kernel launched
+    [ceil(B / 32), 32], one thread per row: z (B, V) float32 logits, u (B,) float32 uniform
+    numbers in [0, 1), inv_temp = 1 / temperature, k <= 16, out (B,) int32 the chosen ids."""
+    ex = "ex07.3"
+    refuse_stub(ex, sample_topk)
+    rng, seed = fresh_rng()
+    for rep in range(2):
+        for B, V, k, temp, tied in [(1, 5, 1, 1.0, False), (33, 40, 4, 0.7, False),
+                                    (40, 50, 8, 2.0, True), (5, 16, 16, 1.3, True),
+                                    (37, 23, 3, 0.5, True)]:
+            z = (rng.standard_normal((B, V)) * 2).astype(np.float32)
+            if tied:                       # ties inside the top k and across its boundary
+                top = np.sort(z, 1)[:, -1]
+                z[:, 3] = z[:, 7] = z[:, 11 % V] = top
+            while True:
+                u = rng.random(B).astype(np.float32)
+                if _boundaries_ok(z, u, 1 / temp, k):
+                    break
+            ref, _ = topk_reference(z, u, 1 / temp, k)
+            case = (f"B={B}, V={V}, k={k}, temperature={temp}{', tied logits' if tied else ''} "
+                    f"(seed {seed}, call {rep + 1})")
+            out, buf = guarded((B,), np.int32)
+            grid = (B + TPB - 1) // TPB
+            call(ex, case, lambda: sample_topk[grid, TPB](to_device(z), to_device(u),
+                                                           np.float32(1 / temp), k, out))
+            if not canary_ok(buf, B):
+                raise GradeError(f"{ex}: {case}: wrote past the end of out: guard the row "
+                                 "index (the last block has more threads than rows)")
+            got = to_numpy(out).astype(np.int64)
+            bad = got != ref
+            if bad.any():
+                b = int(np.argmax(bad))
+                raise GradeError(f"{ex}: {case}: row {b} chose token {got[b]}, expected "
+                                 f"{ref[b]} ({int(bad.sum())} of {B} rows wrong): "
+                                 f"{_topk_hint(got, z, u, temp, k, V)}")
+    passed(ex)
+
+
+def _topk_hint(got, z, u, temp, k, V) -> str:
+    if (got == -1).all():
+        return "nothing was written to out"
+    if (got == -1).any():
+        return "some rows never written: one thread per row, every row < B"
+    for alt, hint in [
+            (topk_reference(z, u, 1.0, k)[0],
+             "sampling ignores temperature: p_r ~ exp((z_r - z_max) * inv_temp)"),
+            (topk_reference(z, u, 1 / temp, k, ties="high")[0],
+             "equal logits must be ordered by the lower id first"),
+            (topk_reference(z, u, 1 / temp, V)[0],
+             "sampled from all V tokens: keep only the k largest logits"),
+            (topk_reference(z, 1 - u, 1 / temp, k)[0],
+             "the inverse CDF runs from the largest logit down: the first r whose cumulative "
+             "probability exceeds u * total"),
+            (topk_reference(z, np.zeros_like(u), 1 / temp, 1)[0],
+             "always the argmax: that is greedy decoding, not sampling"),
+    ]:
+        if np.array_equal(got, alt):
+            return hint
+    return "compare with the specification's order and inverse CDF"

@@ -4,6 +4,7 @@
 //   q[n, k] * s[n, k / G]: q signed (symmetric quantization, kernels/quant.cu), s fp16 scales
 //   of shape (N, K / G), G the group size (G = K: per-channel).
 //     W8: q is (N, K) int8.
+//     F8: q is (N, K) fp8 e4m3 bytes (uint8), q = e4m3(w / s).
 //     W4: q is packed (N, K / 2) uint8: k = 2i in the low nibble of byte i, k = 2i + 1 in the
 //         high nibble, each a two's complement 4-bit value (-8..7).
 //   Partial sums are fp32; y is rounded to fp16 once. At B = 1 the bytes read per weight are
@@ -16,6 +17,8 @@
 //             magic-number trick (the integer's bits placed under a float exponent, one
 //             subtraction leaves the value); fp32 products; the group's scale multiplies a
 //             chunk's partial sum once
+//   qgemv_f8_v2   qgemv_w8_v2 with fp8 e4m3 weights (the same bytes): each byte shifted under
+//             an fp16 exponent and scaled by 2^8 (exact, subnormals included), fp32 products
 //   qgemv_w4_v3   v2 with the products of 4 weights summed in fp16 (HFMA2: two per instruction)
 //             before they join the fp32 sum: half the instructions per weight. The fp16 partial
 //             of 4 products |q| <= 8 overflows when |x| > 2000 (the launcher documents it).
@@ -23,7 +26,7 @@
 //   Chunks are 16 bytes of q: 16 weights (W8) or 32 (W4), inside one group: G % 16 == 0 (W8),
 //   G % 32 == 0 (W4), and G divides K. q and x 16-byte aligned (the launcher checks).
 //   Instantiated per batch tile BT (1, 2, 4, 8, 16) and rows per block R (2, 4):
-//   qgemv_w8_v2_b{BT}_r{R}, qgemv_w4_v2_b{BT}_r{R}, qgemv_w4_v3_b{BT}_r{R}.
+//   qgemv_w8_v2_b{BT}_r{R}, qgemv_f8_v2_..., qgemv_w4_v2_..., qgemv_w4_v3_b{BT}_r{R}.
 //
 // Launches (kernels/qgemv_launch.py): v1 grid (ceil(N/4), B) x 128; v2/v3 (ceil(N/R),
 // ceil(B/BT)) x 128, no dynamic shared memory.
@@ -88,6 +91,20 @@ __device__ __forceinline__ void w8_to_float(unsigned word, float* f) {
         f[i] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440u | i)) - 8388736.0f;
 }
 
+// fp8 e4m3 (s eeee mmm, bias 7) -> fp16 (s eeeee mmmmmmmmmm, bias 15): the 7 magnitude bits
+// moved to bits 7..13 of the half read as 2^-8 times the value (normal and subnormal alike, as
+// both formats put the exponent field right above the mantissa), so one multiply by 256 is exact.
+// Returns the 4 bytes of word as floats, in order.
+__device__ __forceinline__ void f8_to_float(unsigned word, float* f) {
+    const __half2 k256 = __float2half2_rn(256.0f);
+    unsigned h01 = __byte_perm(word, 0u, 0x1404u), h23 = __byte_perm(word, 0u, 0x3424u);
+    h01 = ((h01 >> 1) & 0x3F803F80u) | (h01 & 0x80008000u);
+    h23 = ((h23 >> 1) & 0x3F803F80u) | (h23 & 0x80008000u);
+    float2 a = __half22float2(__hmul2(*reinterpret_cast<__half2*>(&h01), k256));
+    float2 b = __half22float2(__hmul2(*reinterpret_cast<__half2*>(&h23), k256));
+    f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y;
+}
+
 // int4: nibbles biased (q + 8); a nibble under the fp16 exponent of 1024 (0x6400 | n) is
 // 1024 + n. Masking two nibbles 16 bits apart gives a half2 at once: (n0, n4), (n1, n5)...
 // The high nibble of each byte is masked in place (16 n) and scaled back by 1/16.
@@ -126,7 +143,8 @@ __device__ __forceinline__ void x_to_float8(uint4 v, float* f) {
 }
 
 // ----------------------------------------------------------------------------- v2, v3
-// MODE 8: W8 fp32; MODE 4: W4 fp32 products; MODE 5: W4 fp16 products of 4 (v3).
+// MODE 8: W8 fp32; MODE 9: fp8 e4m3 fp32; MODE 4: W4 fp32 products; MODE 5: W4 fp16
+// products of 4 (v3).
 // Thread t of the block's 128 reads 16-byte chunks t, t + 128, ... of each of the R rows.
 template <int MODE, int BT, int R>
 __device__ __forceinline__ void qgemv_body(const __half* __restrict__ x,
@@ -135,7 +153,7 @@ __device__ __forceinline__ void qgemv_body(const __half* __restrict__ x,
                                            const __half* __restrict__ bias,
                                            __half* __restrict__ y, int B, int N, int K, int G) {
     constexpr int T = 128;
-    constexpr int WPC = MODE == 8 ? 16 : 32;      // weights per 16-byte chunk
+    constexpr int WPC = (MODE == 8 || MODE == 9) ? 16 : 32;   // weights per 16-byte chunk
     constexpr int U = 2;                          // chunks per row in flight per thread
     __shared__ float part[4][R * BT];
     int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -175,7 +193,7 @@ __device__ __forceinline__ void qgemv_body(const __half* __restrict__ x,
             float ps[R];
 #pragma unroll
             for (int r = 0; r < R; ++r) ps[r] = 0.0f;
-            if constexpr (MODE == 8) {
+            if constexpr (MODE == 8 || MODE == 9) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {     // 8 weights (2 words) per 8 halves of x
                     float xf[8];
@@ -184,8 +202,13 @@ __device__ __forceinline__ void qgemv_body(const __half* __restrict__ x,
                     for (int r = 0; r < R; ++r) {
                         const unsigned* wq = reinterpret_cast<const unsigned*>(&wv[r]);
                         float f[8];
-                        w8_to_float(wq[2 * h], f);
-                        w8_to_float(wq[2 * h + 1], f + 4);
+                        if constexpr (MODE == 8) {
+                            w8_to_float(wq[2 * h], f);
+                            w8_to_float(wq[2 * h + 1], f + 4);
+                        } else {
+                            f8_to_float(wq[2 * h], f);
+                            f8_to_float(wq[2 * h + 1], f + 4);
+                        }
 #pragma unroll
                         for (int i = 0; i < 8; ++i) ps[r] = fmaf(f[i], xf[i], ps[r]);
                     }
@@ -256,6 +279,7 @@ extern "C" __global__ void __launch_bounds__(128) NAME##_b##BT##_r##R(          
     QGEMV(NAME, MODE, 1, 2) QGEMV(NAME, MODE, 2, 2) QGEMV(NAME, MODE, 4, 2)                  \
     QGEMV(NAME, MODE, 8, 2) QGEMV(NAME, MODE, 16, 2) QGEMV(NAME, MODE, 1, 4)
 QGEMV_ALL(qgemv_w8_v2, 8)
+QGEMV_ALL(qgemv_f8_v2, 9)
 QGEMV_ALL(qgemv_w4_v2, 4)
 QGEMV_ALL(qgemv_w4_v3, 5)
 #undef QGEMV_ALL

@@ -3,11 +3,12 @@
     qg = cb.load_launch("qgemv")
     w8 = qg.prepare(W, bits=8, group=K)      # per-channel int8 weights + fp16 scales (QWeight)
     w4 = qg.prepare(W, bits=4, group=128)    # int4 packed two per byte, fp16 scales per group
+    f8 = qg.prepare(W, bits=8, group=K, fmt="e4m3")   # fp8 e4m3 weights (weight-only fp8)
     y = qg.qgemv(x, w4)                      # x (B, K) fp16, B 1..16 -> y (B, N) fp16
     y = qg.qgemv(x, w4, bias, out=y, version="qgemv_w4_v3")
 
 ``prepare`` quantizes a float (N, K) weight on the GPU (kernels/quant.cu, symmetric,
-round to nearest) and keeps what the kernels read: q (int8, or packed uint8 (N, K / 2)), the
+round to nearest; fp8 through PyTorch's float8_e4m3fn with s = max|w| / 448) and keeps what the kernels read: q (int8, or packed uint8 (N, K / 2)), the
 scales as fp16 (N, K / G), and the group size. ``dequantized()`` gives the float32 weight the
 kernel effectively multiplies by (the float64 reference uses it).
 
@@ -31,11 +32,13 @@ from cudabook.launch import LaunchError, ceil_div
 __all__ = ["VERSIONS", "WHAT", "MAX_B", "QWeight", "prepare", "qgemv", "config", "kernel_name",
            "sanitize_targets"]
 
-VERSIONS = {8: ("qgemv_w8_v1", "qgemv_w8_v2"), 4: ("qgemv_w4_v1", "qgemv_w4_v2", "qgemv_w4_v3")}
-DEFAULT = {8: "qgemv_w8_v2", 4: "qgemv_w4_v3"}
+VERSIONS = {8: ("qgemv_w8_v1", "qgemv_w8_v2"), 4: ("qgemv_w4_v1", "qgemv_w4_v2", "qgemv_w4_v3"),
+            "e4m3": ("qgemv_f8_v2",)}
+DEFAULT = {8: "qgemv_w8_v2", 4: "qgemv_w4_v3", "e4m3": "qgemv_f8_v2"}
 WHAT = {
     "qgemv_w8_v1": "warp per row, byte per lane, int->float per weight",
     "qgemv_w8_v2": "16-byte loads, magic-number dequant, split K, fp32",
+    "qgemv_f8_v2": "w8_v2 with fp8 e4m3 weights (shift + one fp16 multiply)",
     "qgemv_w4_v1": "warp per row, byte per lane, shifts for the nibbles",
     "qgemv_w4_v2": "16-byte loads, half2 magic-number dequant, fp32 products",
     "qgemv_w4_v3": "v2 with fp16 products summed by 4 (HFMA2)",
@@ -46,14 +49,20 @@ BATCH_TILES = (1, 2, 4, 8, 16)
 
 @dataclass
 class QWeight:
-    """A weight quantized for qgemv: q (N, K) int8 or packed (N, K / 2) uint8, scales (N, K / G)
-    fp16, bits, group G, and (N, K)."""
+    """A weight quantized for qgemv: q (N, K) int8, packed (N, K / 2) uint8 (int4) or (N, K)
+    e4m3 bytes (uint8), scales (N, K / G) fp16, bits, group G, (N, K) and fmt ("int", "e4m3")."""
     q: Any
     scales: Any
     bits: int
     group: int
     N: int
     K: int
+    fmt: str = "int"
+
+    @property
+    def kind(self):
+        """The key of VERSIONS: 8, 4 or "e4m3"."""
+        return "e4m3" if self.fmt == "e4m3" else self.bits
 
     @property
     def nbytes(self) -> int:
@@ -65,7 +74,12 @@ class QWeight:
         import cupy as cp
 
         q = self.q
-        if self.bits == 4:
+        if self.fmt == "e4m3":
+            import torch
+
+            f = torch.from_dlpack(q).view(torch.float8_e4m3fn).float()
+            q = cp.from_dlpack(f)
+        elif self.bits == 4:
             q = cb.load_launch("quant").unpack_int4(q, self.N * self.K).reshape(self.N, self.K)
         s = self.scales.astype(cp.float32)
         return (q.astype(cp.float32).reshape(self.N, -1, self.group) * s[:, :, None]).reshape(
@@ -88,9 +102,10 @@ def _check_group(bits: int, K: int, group: int) -> None:
                           f"{chunk} int{bits} weights, which must share one scale")
 
 
-def prepare(W: Any, bits: int = 4, group: int = 128) -> QWeight:
+def prepare(W: Any, bits: int = 4, group: int = 128, fmt: str = "int") -> QWeight:
     """Quantize the float (N, K) weight W (fp16 or fp32; CuPy or torch) symmetrically for
-    qgemv: per-group scales stored as fp16. group = K is per-channel."""
+    qgemv: per-group scales stored as fp16. group = K is per-channel. fmt="e4m3" (bits 8):
+    fp8 weights, w / s rounded to e4m3 with s = max|w| / 448 per group."""
     import cupy as cp
 
     Wc = cb.load_launch("gemv").as_cupy(W, "W")[0]
@@ -99,6 +114,17 @@ def prepare(W: Any, bits: int = 4, group: int = 128) -> QWeight:
         raise TypeError(f"W: expected float16 or float32, got {Wc.dtype}")
     N, K = (int(s) for s in Wc.shape)
     _check_group(bits, K, group)
+    if fmt not in ("int", "e4m3") or (fmt == "e4m3" and bits != 8):
+        raise LaunchError(f"fmt must be 'int' or 'e4m3' (with bits=8), got {fmt!r}, bits={bits}")
+    if fmt == "e4m3":
+        import torch
+
+        w = cp.ascontiguousarray(Wc, dtype=cp.float32).reshape(N, K // group, group)
+        amax = cp.abs(w).max(axis=2)
+        s = cp.where(amax > 0, amax / cp.float32(448), cp.float32(1)).astype(cp.float16)
+        t = torch.from_dlpack(w / s.astype(cp.float32)[:, :, None]).clamp(-448, 448)
+        q = cp.from_dlpack(t.to(torch.float8_e4m3fn).view(torch.uint8).reshape(N, K))
+        return QWeight(cp.ascontiguousarray(q), s, 8, int(group), N, K, "e4m3")
     qt = cb.load_launch("quant")
     q, s, _ = qt.quantize(cp.ascontiguousarray(Wc, dtype=cp.float32), bits=bits, group=group)
     if bits == 4:
@@ -146,11 +172,11 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
     if not 1 <= B <= MAX_B:
         raise LaunchError(f"qgemv: batch B = {B}; these kernels take 1..{MAX_B} rows of x")
     _check_group(w.bits, K, w.group)
-    version = version or DEFAULT[w.bits]
-    if version not in VERSIONS[w.bits]:
-        raise ValueError(f"{version!r} is not a W{w.bits}A16 kernel; choose from "
-                         f"{VERSIONS[w.bits]}")
-    qdt = np.int8 if w.bits == 8 else np.uint8
+    version = version or DEFAULT[w.kind]
+    if version not in VERSIONS[w.kind]:
+        raise ValueError(f"{version!r} is not a kernel for {w.kind} weights; choose from "
+                         f"{VERSIONS[w.kind]}")
+    qdt = np.int8 if (w.bits == 8 and w.fmt == "int") else np.uint8
     cb.expect(w.q, "w.q", dtype=qdt, shape=(w.N, K if w.bits == 8 else K // 2))
     cb.expect(w.scales, "w.scales", dtype=np.float16, shape=(w.N, K // w.group))
     if not version.endswith("_v1") and (xc.data.ptr % 16 or w.q.data.ptr % 16):
@@ -182,11 +208,11 @@ def sanitize_targets():
     import cupy as cp
 
     rng = cp.random.default_rng(0)
-    for B, N, K, G in ((1, 7, 256, 64), (3, 5, 512, 512), (11, 3, 128, 32)):
+    for B, N, K, G in ((1, 7, 256, 64), (11, 3, 128, 32)):
         x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
         W = rng.standard_normal((N, K), dtype=cp.float32)
-        for bits in (8, 4):
-            w = prepare(W, bits, G)
-            for v in VERSIONS[bits]:
+        for bits, fmt in ((8, "int"), (4, "int"), (8, "e4m3")):
+            w = prepare(W, bits, G, fmt)
+            for v in VERSIONS[w.kind]:
                 yield (f"{v} ({B}x{N}x{K}, g{G})",
                        (lambda v=v, w=w, x=x: qgemv(x, w, version=v)))

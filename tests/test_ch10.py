@@ -246,3 +246,17 @@ def test_ex10_4_answers(capsys):
         ex10_4(48)
     with pytest.raises(GradeError, match="as an int"):
         ex10_4("64")
+
+
+def test_numba_gemv_twins():
+    nb = cb.load_numba("gemv")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 100)).astype(np.float32)
+    W = rng.standard_normal((5, 100)).astype(np.float32)
+    ref = x.astype(np.float64) @ W.T.astype(np.float64)
+    y = np.full((3, 5), np.nan, np.float32)
+    nb.gemv_v1[(1, 3), 128](x, W, y)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    y[:] = np.nan
+    nb.gemv_block_per_row[(5, 3), nb.TPB](x, W, y)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)

@@ -151,15 +151,17 @@ def diagnose_2d(ex: str, case: str, out, ref: np.ndarray, buf=None, *, tile: tup
     wrong = nan | (np.abs(o - r) > _tol(K) + 1e-4 * np.abs(r))
     if wrong.any() and early_return:
         raise GradeError(f"{ex}: {case}: {error_summary(o, r, wrong)}: {_EARLY_RETURN}")
-    if wrong.any() and syncs is not None and syncs < 2:
-        i, j = (int(v[0]) for v in np.nonzero(wrong))
-        raise GradeError(f"{ex}: {case}: wrong at ({i}, {j}): got {o[i, j]:.6g}, expected "
-                         f"{r[i, j]:.6g} ({int(wrong.sum())} of {M * N} wrong): {_SYNC_HINT}")
-    if wrong.any() and not nan.any() and looks_like_low_precision(o, r, wrong):
+    # with a barrier missing from the source, a few slightly-off values are a race, not rounding
+    few = syncs is not None and syncs < 2 and int(wrong.sum()) < 16
+    if wrong.any() and not nan.any() and not few and looks_like_low_precision(o, r, wrong):
         raise GradeError(f"{ex}: {case}: {error_summary(o, r, wrong)}: small errors spread "
                          "over the whole of C, not the edges: lower-precision arithmetic (a "
                          "float16/bfloat16 product or accumulator, or TF32)? Keep the products "
                          "and the sum in float32")
+    if wrong.any() and syncs is not None and syncs < 2:
+        i, j = (int(v[0]) for v in np.nonzero(wrong))
+        raise GradeError(f"{ex}: {case}: wrong at ({i}, {j}): got {o[i, j]:.6g}, expected "
+                         f"{r[i, j]:.6g} ({int(wrong.sum())} of {M * N} wrong): {_SYNC_HINT}")
     if nan.any():
         rows, cols = np.nonzero(nan)
         where = f"{rows.size} of {M * N} elements of C never written, first at " \

@@ -168,6 +168,15 @@ class Comm:
 
 def _worker(fn, rank, world, port, backend, args, q, timeout) -> None:
     os.environ.update(SAFE_ENV)
+    # a forked rank cannot initialise CUDA (its parent may have): PyTorch warns about it on
+    # stderr from C++ and from Python. The ranks' errors travel back through the queue, so their
+    # stderr goes nowhere (their stdout, a student's print, still shows)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (the process ends with os._exit)
+    import warnings
+
+    warnings.simplefilter("ignore")
     try:
         import torch
         import torch.distributed as td

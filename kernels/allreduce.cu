@@ -9,14 +9,23 @@
 //                   with events (allreduce_launch.PeerGroup.ring)
 //   ring_step_copy  one all-gather step: own[lo:hi] = left[lo:hi]. Alone, on a whole buffer, it
 //                   is the "kernel that reads a peer's memory" whose bandwidth the lesson measures
-//   one_shot        out = in_0 + in_1 + ... + in_{world-1} in one kernel: every GPU reads every
+//   one_shot_v1     out = in_0 + in_1 + ... + in_{world-1} in one kernel: every GPU reads every
 //                   peer's whole input. Per-block flags in each GPU's memory make two barriers
 //                   across the GPUs (everyone's input is ready; everyone has finished reading),
 //                   so no host synchronisation is needed: one launch per GPU per all-reduce. For
-//                   small messages, where the ring's 2 (world - 1) steps cost more than the bytes
+//                   small messages, where the ring's 2 (world - 1) steps cost more than the bytes.
+//                   Each barrier is a round trip over the link, and each remote load another
+//   one_shot_v2     push instead of pull, flags inside the data (NCCL's "LL" idea): every GPU
+//                   writes its input into a receive area on every peer as 16-byte lines of
+//                   {float, epoch, float, epoch}, one store each; a reader polls its own, local
+//                   memory until both flags of a line hold this call's epoch, then adds. One
+//                   one-way trip over the link, no barrier: the receive areas alternate between
+//                   two halves by the epoch's parity, so a fast rank can never overwrite a line
+//                   that a slow rank has yet to read (it would need the slow rank's next call).
+//                   Moves twice the bytes (a flag per float): for messages up to about 1 MB
 //
 // traffic per GPU for n floats: the ring reads 2 (world - 1) n / world floats over the links
-// (the bus-bandwidth numerator); the one-shot reads (world - 1) n. All kernels need sm_70+
+// (the bus-bandwidth numerator); one_shot_v1 reads (world - 1) n, one_shot_v2 writes 2 (world - 1) n. All kernels need sm_70+
 // (release/acquire at system scope for the flags) and compile for sm_75, sm_80, sm_90.
 #include "common.cuh"
 
@@ -86,7 +95,7 @@ __device__ __forceinline__ void peer_barrier(unsigned int* const* flags, int ran
 // launch: grid = the same on every rank, at most one block per SM (all blocks must be resident:
 // they wait for each other's peers), block = 256 >= world. ins[p]: rank p's input (on GPU p),
 // out: this rank's output (not any input). epoch: odd, +2 per call (two barriers per call).
-extern "C" __global__ void one_shot(const float* const* __restrict__ ins, float* __restrict__ out,
+extern "C" __global__ void one_shot_v1(const float* const* __restrict__ ins, float* __restrict__ out,
                                     unsigned int* const* flags, int rank, int world, long long n,
                                     unsigned int epoch) {
     peer_barrier(flags, rank, world, epoch);           // every rank's input is ready
@@ -107,4 +116,42 @@ extern "C" __global__ void one_shot(const float* const* __restrict__ ins, float*
         out[i] = s;
     }
     peer_barrier(flags, rank, world, epoch + 1);       // every rank has finished reading
+}
+
+// launch: grid = the same on every rank, at most one block per SM (a block polls for lines that
+// the same block of every peer writes: all must be resident), block = 256. lines[p] points to
+// rank p's receive area of 2 x world x cap 16-byte lines (zeroed once); in may be out (each
+// thread reads its elements before it writes them). epoch: 1, 2, 3, ... (never 0: the zeros).
+extern "C" __global__ void one_shot_v2(const float* __restrict__ in, float* __restrict__ out,
+                                       uint4* const* lines, int rank, int world, long long n,
+                                       long long cap, unsigned int epoch) {
+    long long m = (n + 1) >> 1;                        // lines of two floats
+    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long nth = (long long)gridDim.x * blockDim.x;
+    long long half = (long long)(epoch & 1u) * world;
+    for (long long i = tid; i < m; i += nth) {         // 1. push my line i to every rank
+        float a = in[2 * i];
+        float b = 2 * i + 1 < n ? in[2 * i + 1] : 0.0f;
+        unsigned int x = __float_as_uint(a), z = __float_as_uint(b);
+        for (int p = 0; p < world; ++p) {
+            uint4* dst = lines[p] + (half + rank) * cap + i;
+            asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                         :: "l"(dst), "r"(x), "r"(epoch), "r"(z), "r"(epoch) : "memory");
+        }
+    }
+    for (long long i = tid; i < m; i += nth) {         // 2. wait for every rank's line i, add
+        float sa = 0.0f, sb = 0.0f;
+        for (int p = 0; p < world; ++p) {              // rank order: the same bits everywhere
+            const uint4* src = lines[rank] + (half + p) * cap + i;
+            unsigned int x, y, z, w;
+            do {
+                asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "l"(src) : "memory");
+            } while (y != epoch || w != epoch);
+            sa += __uint_as_float(x);
+            sb += __uint_as_float(z);
+        }
+        out[2 * i] = sa;
+        if (2 * i + 1 < n) out[2 * i + 1] = sb;
+    }
 }

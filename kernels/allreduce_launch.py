@@ -4,17 +4,21 @@
     g = ar.PeerGroup()                       # every visible GPU (at least 2), peer access on
     bufs = [g.zeros(n, d) for d in g.devices]
     g.ring(bufs)                             # in place: every bufs[r] = sum over r (ring)
-    g.one_shot(ins, outs)                    # outs[r] = sum of ins (one kernel per GPU)
+    g.one_shot(ins, outs)                    # outs[r] = sum of ins (one kernel per GPU), v2
+    g.one_shot(ins, outs, version="v1")      # the pull version with two flag barriers
     g.peer_copy(dst, src)                    # a kernel on dst's GPU reads src on another GPU
     us = g.device_time_us(lambda: g.ring(bufs), iters=20)
 
 Every call checks its buffers (float32, 1-D, contiguous, one per GPU in device order, equal
 sizes) and refuses with a message; a machine with fewer than 2 GPUs, or a pair of GPUs without
-peer access, is refused when the group is made. NVLink multicast is never used.
+peer access, is refused when the group is made. The group runs on streams of its own, ordered
+after the work already queued on each GPU's current stream, and each GPU's current stream waits
+for the group's work: use the buffers before and after as usual. NVLink multicast is never used.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -22,10 +26,13 @@ import numpy as np
 import cudabook as cb
 from cudabook.launch import LaunchError, ceil_div
 
-__all__ = ["PeerGroup", "MAX_ONE_SHOT_BLOCKS", "set_peer_access", "memcpy_peer_us", "sweep"]
+__all__ = ["PeerGroup", "MAX_ONE_SHOT_BLOCKS", "ONE_SHOT_MAX_BYTES", "set_peer_access", "memcpy_peer_us", "sweep"]
 
 #: the one-shot grid's upper bound: its blocks wait for each other's peers, so all must be resident
 MAX_ONE_SHOT_BLOCKS = 64
+
+#: the largest message of one_shot_v2 (its receive areas: 2 x world x 2 x this many bytes per GPU)
+ONE_SHOT_MAX_BYTES = 4 << 20
 
 
 class PeerGroup:
@@ -50,8 +57,9 @@ class PeerGroup:
                                       "peer access between them: no NVLink and no PCIe P2P); "
                                       "use NCCL, which stages through host memory")
         self.devices, self.world = devices, len(devices)
-        self.mods, self.streams, self.flags, self.sms = [], [], [], []
-        self.epoch = 1
+        self.mods, self.streams, self.flags, self.sms, self.lines = [], [], [], [], []
+        self.epoch, self.epoch2 = 1, 0
+        self.cap = ONE_SHOT_MAX_BYTES // 8             # lines of 2 floats
         for a in devices:
             with cp.cuda.Device(a):
                 for b in devices:
@@ -62,17 +70,23 @@ class PeerGroup:
                             if "alreadyenabled" not in str(e).lower().replace("_", ""):
                                 raise
                 mod = cb.load_cuda("allreduce")            # one module per GPU, loaded there
-                k = {n: mod.get(n) for n in ("ring_step_add", "ring_step_copy", "one_shot")}
+                k = {n: mod.get(n) for n in ("ring_step_add", "ring_step_copy", "one_shot_v1",
+                                             "one_shot_v2")}
                 k["spin"] = cb.load_cuda("profiling").get("spin")
                 self.mods.append(k)
                 self.streams.append(cp.cuda.Stream(non_blocking=True))
                 self.flags.append(cp.zeros(self.world * MAX_ONE_SHOT_BLOCKS, cp.uint32))
+                # one_shot_v2's receive area: 2 halves x world senders x cap lines of 16 bytes
+                self.lines.append(cp.zeros(2 * self.world * self.cap * 4, cp.uint32))
                 self.sms.append(cp.cuda.Device(a).attributes["MultiProcessorCount"])
-        self.flag_ptrs = []
+        self.flag_ptrs, self.line_ptrs = [], []
         for a in devices:
             with cp.cuda.Device(a):
                 self.flag_ptrs.append(cp.asarray(np.array([f.data.ptr for f in self.flags],
                                                           dtype=np.uint64)))
+                self.line_ptrs.append(cp.asarray(np.array([f.data.ptr for f in self.lines],
+                                                          dtype=np.uint64)))
+                cp.cuda.Device(a).synchronize()        # the zeroed flags exist before any use
 
     # ------------------------------------------------------------------ helpers
     def zeros(self, n: int, device: int):
@@ -118,11 +132,27 @@ class PeerGroup:
         for s in self.streams:
             s.synchronize()
 
+    def _enter(self) -> None:
+        """The group's streams wait for what is queued on each GPU's current stream."""
+        import cupy as cp
+
+        for d, s in zip(self.devices, self.streams):
+            with cp.cuda.Device(d):
+                s.wait_event(cp.cuda.get_current_stream().record())
+
+    def _leave(self) -> None:
+        """Each GPU's current stream waits for the group's work."""
+        import cupy as cp
+
+        for d, s in zip(self.devices, self.streams):
+            with cp.cuda.Device(d):
+                cp.cuda.get_current_stream().wait_event(s.record())
+
     # ------------------------------------------------------------------ collectives
     def _grid(self, r: int, count: int) -> tuple[int]:
         return (max(1, min(ceil_div(count, 4 * 256 * 4), 4 * self.sms[r])),)
 
-    def ring(self, bufs, sync_start: bool = True) -> None:
+    def ring(self, bufs, sync_start: bool = True, ordered: bool = True) -> None:
         """In-place ring all-reduce (sum): world - 1 reduce-scatter steps, a barrier, world - 1
         all-gather steps; step s on GPU r waits only for step s - 1 on its left neighbour."""
         import cupy as cp
@@ -130,6 +160,8 @@ class PeerGroup:
         from cudabook.collectives import chunk_bounds
 
         n, w = self._check(bufs, "ring"), self.world
+        if ordered:
+            self._enter()
         if sync_start:
             self.barrier()          # no GPU may start before the previous call finished everywhere
         for phase, name in enumerate(("ring_step_add", "ring_step_copy")):
@@ -148,35 +180,61 @@ class PeerGroup:
                         self.streams[r].wait_event(evs[(r - 1) % w])
             if phase == 0:
                 self.barrier()      # no all-gather write before every reduce-scatter read
+        if ordered:
+            self._leave()
 
-    def one_shot(self, ins, outs) -> None:
-        """outs[r] = ins[0] + ... + ins[world-1] (rank order, identical bits), one kernel per GPU
-        synchronised by flags; outs must not be (or overlap) any input."""
+    def one_shot(self, ins, outs, version: str = "v2", ordered: bool = True) -> None:
+        """outs[r] = ins[0] + ... + ins[world-1] (rank order, identical bits on every GPU), one
+        kernel per GPU, no host synchronisation. v1 pulls (outs must not overlap any input);
+        v2 pushes (outs may be ins; at most ONE_SHOT_MAX_BYTES). ``ordered=False`` skips the
+        ordering with the current streams (for back-to-back calls after a synchronize)."""
         import cupy as cp
 
+        if version not in ("v1", "v2"):
+            raise LaunchError(f"one_shot: version is 'v1' or 'v2', got {version!r}")
         n = self._check(ins, "one_shot ins")
         if self._check(outs, "one_shot outs") != n:
             raise LaunchError(f"one_shot: outs have {outs[0].shape[0]} elements, ins {n}")
+        blocks = max(1, min(ceil_div(n, 256 * 4), MAX_ONE_SHOT_BLOCKS, *self.sms))
+        if ordered:
+            self._enter()
+        if version == "v2":
+            if 4 * n > ONE_SHOT_MAX_BYTES:
+                raise LaunchError(f"one_shot v2: {4 * n} bytes > ONE_SHOT_MAX_BYTES "
+                                  f"({ONE_SHOT_MAX_BYTES}); use the ring for large messages")
+            self.epoch2 += 1
+            ep = np.uint32(self.epoch2)
+            for r, d in enumerate(self.devices):
+                with cp.cuda.Device(d):
+                    self.mods[r]["one_shot_v2"]((blocks,), (256,),
+                                                (ins[r], outs[r], self.line_ptrs[r], np.int32(r),
+                                                 np.int32(self.world), np.int64(n),
+                                                 np.int64(self.cap), ep),
+                                                stream=self.streams[r])
+            if ordered:
+                self._leave()
+            return
         for o in outs:
             for i in ins:
                 if o.data.ptr < i.data.ptr + 4 * n and i.data.ptr < o.data.ptr + 4 * n:
-                    raise LaunchError("one_shot: an output overlaps an input; the peers may "
+                    raise LaunchError("one_shot v1: an output overlaps an input; the peers may "
                                       "still be reading it (use separate output buffers)")
-        blocks = max(1, min(ceil_div(n, 256 * 4), MAX_ONE_SHOT_BLOCKS, *self.sms))
-        if not hasattr(self, "_in_ptrs") or self._in_key != tuple(b.data.ptr for b in ins):
-            self._in_key = tuple(b.data.ptr for b in ins)
-            self._in_ptrs = []
+        key = tuple(b.data.ptr for b in ins)
+        if getattr(self, "_in_key", None) != key:
+            self._in_key, self._in_ptrs = key, []
             for d in self.devices:
                 with cp.cuda.Device(d):
-                    self._in_ptrs.append(cp.asarray(np.array(self._in_key, dtype=np.uint64)))
+                    self._in_ptrs.append(cp.asarray(np.array(key, dtype=np.uint64)))
         ep = np.uint32(self.epoch)
         self.epoch += 2
         for r, d in enumerate(self.devices):
             with cp.cuda.Device(d):
-                self.mods[r]["one_shot"]((blocks,), (256,),
-                                         (self._in_ptrs[r], outs[r], self.flag_ptrs[r],
-                                          np.int32(r), np.int32(self.world), np.int64(n), ep),
-                                         stream=self.streams[r])
+                self.mods[r]["one_shot_v1"]((blocks,), (256,),
+                                            (self._in_ptrs[r], outs[r], self.flag_ptrs[r],
+                                             np.int32(r), np.int32(self.world), np.int64(n), ep),
+                                            stream=self.streams[r])
+        if ordered:
+            self._leave()
 
     def peer_copy(self, dst, src, rank: int = 0) -> None:
         """dst = src by a kernel on dst's GPU (self.devices[rank]) reading src on another GPU."""
@@ -185,23 +243,29 @@ class PeerGroup:
         cb.expect(dst, "dst", dtype=np.float32, ndim=1)
         cb.expect(src, "src", dtype=np.float32, shape=dst.shape)
         n = int(dst.shape[0])
+        self._enter()
         with cp.cuda.Device(self.devices[rank]):
             self.mods[rank]["ring_step_copy"](self._grid(rank, n), (256,),
                                               (dst, src, np.int64(0), np.int64(n)),
                                               stream=self.streams[rank])
+        self._leave()
 
     # ------------------------------------------------------------------ timing
     def device_time_us(self, fn: Callable[[], None], iters: int = 20, warmup: int = 3,
                        spin_us: float | None = None) -> float:
         """Device time of one ``fn()`` (which launches on the group's streams): ``iters`` calls
         back to back, queued behind a spin kernel on every GPU so the host's launch cost is
-        hidden; the slowest GPU's time between its two events, divided by ``iters``."""
+        hidden (the spin lasts twice the host time of the warm-up calls); the slowest GPU's time
+        between its two events, divided by ``iters``."""
         import cupy as cp
 
+        t0 = time.perf_counter()
         for _ in range(warmup):
             fn()
+        host_us = (time.perf_counter() - t0) / max(warmup, 1) * 1e6
         self.synchronize()
-        spin_us = spin_us if spin_us is not None else 40.0 * iters * self.world + 200
+        # the spin outlasts the host's queueing of all iters calls (measured above, x 2)
+        spin_us = spin_us if spin_us is not None else 2.0 * host_us * iters + 300
         starts, ends = [], []
         for r, d in enumerate(self.devices):
             with cp.cuda.Device(d):
@@ -243,15 +307,19 @@ def memcpy_peer_us(dst_dev: int, src_dev: int, nbytes: int, iters: int = 20) -> 
 
     with cp.cuda.Device(src_dev):
         src = cp.arange(max(nbytes // 4, 1), dtype=cp.float32)
+        cp.cuda.Device(src_dev).synchronize()       # the copy runs on another device's stream
     with cp.cuda.Device(dst_dev):
         dst = cp.zeros(src.size, cp.float32)
+        cp.cuda.Device(dst_dev).synchronize()
         s = cp.cuda.Stream(non_blocking=True)
         rt = cp.cuda.runtime
         copy = lambda: rt.memcpyPeerAsync(dst.data.ptr, dst_dev, src.data.ptr, src_dev,
                                           4 * src.size, s.ptr)
         copy()
         s.synchronize()
-        if float(dst[-1]) != src.size - 1:
+        with cp.cuda.Device(src_dev):
+            want = np.concatenate([src[:4].get(), src[-4:].get()])
+        if not np.array_equal(np.concatenate([dst[:4].get(), dst[-4:].get()]), want):
             raise RuntimeError(f"memcpyPeer {src_dev} -> {dst_dev}: wrong data")
         ts = []
         for _ in range(iters):
@@ -264,9 +332,9 @@ def memcpy_peer_us(dst_dev: int, src_dev: int, nbytes: int, iters: int = 20) -> 
     return float(np.median(ts))
 
 
-def sweep(group: PeerGroup, sizes: Sequence[int], one_shot_max: int = 4 << 20) -> list[dict]:
-    """Own ring (every size) and one-shot (sizes <= one_shot_max bytes) all-reduce on the group:
-    each checked against the exact sum, then timed (device time per call, host hidden)."""
+def sweep(group: PeerGroup, sizes: Sequence[int], one_shot_max: int = 1 << 20) -> list[dict]:
+    """Own ring (every size) and one-shot v1/v2 (sizes <= one_shot_max bytes) all-reduce on the
+    group: each checked against the exact sum, then timed (device time per call, host hidden)."""
     import cupy as cp
 
     w = group.world
@@ -280,32 +348,33 @@ def sweep(group: PeerGroup, sizes: Sequence[int], one_shot_max: int = 4 << 20) -
                 bufs.append((cp.arange(n, dtype=cp.float32) % 61) * (r + 1))
                 outs.append(cp.full(n, np.nan, cp.float32))
         want = float(w * (w + 1) // 2)
-        cp.cuda.Device(group.devices[0]).synchronize()
-        row = {"bytes": nbytes, "world": w}
-        if nbytes <= one_shot_max:
-            group.one_shot(bufs, outs)
-            group.synchronize()
+
+        def check(arrs, what):
             for r, d in enumerate(group.devices):
                 with cp.cuda.Device(d):
-                    ok = bool(cp.all(outs[r] == (cp.arange(n, dtype=cp.float32) % 61) * want))
-                if not ok:
-                    raise RuntimeError(f"one_shot: wrong sum on GPU {d} at {nbytes} bytes")
-            iters = 200 if nbytes <= 1 << 20 else 50
-            row["one_shot_us"] = group.device_time_us(lambda: group.one_shot(bufs, outs),
-                                                      iters=iters)
+                    if not bool(cp.all(arrs[r] == (cp.arange(n, dtype=cp.float32) % 61) * want)):
+                        raise RuntimeError(f"{what}: wrong sum on GPU {d} at {nbytes} bytes")
+                    arrs[r].fill(np.nan)
+                    cp.cuda.Device(d).synchronize()   # timed calls skip the stream ordering
+
+        row = {"bytes": nbytes, "world": w}
+        if nbytes <= one_shot_max:
+            for v in ("v1", "v2"):
+                group.one_shot(bufs, outs, version=v)
+                check(outs, f"one_shot {v}")
+                iters = 200 if nbytes <= 1 << 20 else 50
+                row[f"one_shot_{v}_us"] = group.device_time_us(
+                    lambda v=v: group.one_shot(bufs, outs, version=v, ordered=False), iters=iters)
         group.ring(bufs)
-        group.synchronize()
-        for r, d in enumerate(group.devices):
-            with cp.cuda.Device(d):
-                ok = bool(cp.all(bufs[r] == (cp.arange(n, dtype=cp.float32) % 61) * want))
-            if not ok:
-                raise RuntimeError(f"ring: wrong sum on GPU {d} at {nbytes} bytes")
+        check(bufs, "ring")
         for r, d in enumerate(group.devices):
             with cp.cuda.Device(d):
                 bufs[r].fill(1.0 / w)             # repeated sums stay finite
-        iters = 50 if nbytes <= 1 << 20 else 20 if nbytes <= 1 << 26 else 5
-        row["ring_us"] = group.device_time_us(lambda: group.ring(bufs), iters=iters)
-        for k in ("ring", "one_shot"):
+                cp.cuda.Device(d).synchronize()   # the timed calls below skip the ordering
+        iters = 20 if nbytes <= 1 << 26 else 5
+        row["ring_us"] = group.device_time_us(lambda: group.ring(bufs, ordered=False),
+                                              iters=iters)
+        for k in ("ring", "one_shot_v1", "one_shot_v2"):
             if f"{k}_us" in row:
                 row[f"{k}_busbw"] = nbytes / (row[f"{k}_us"] * 1e-6) / 1e9 * 2 * (w - 1) / w
         rows.append(row)

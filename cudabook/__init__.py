@@ -31,6 +31,7 @@ from . import roofline
 from . import plot
 from .tracer import trace  # noqa: F401  (cb.trace; cudabook.tracedraw draws it)
 from . import graphs, ncu, occupancy, torchtrace  # noqa: F401  (Chapter 5: profiling)
+from . import collectives, dist  # noqa: F401  (Chapter 11: multi-GPU)
 
 __version__ = "0.1.0"
 

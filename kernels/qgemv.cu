@@ -22,6 +22,8 @@
 //   qgemv_w4_v3   v2 with the products of 4 weights summed in fp16 (HFMA2: two per instruction)
 //             before they join the fp32 sum: half the instructions per weight. The fp16 partial
 //             of 4 products |q| <= 8 overflows when |x| > 2000 (the launcher documents it).
+//   qgemv_w4_v4   v3's arithmetic with gemv_v3's layout: a warp per row, no split of K, no
+//             shared memory; 8 loads of 16 bytes in flight per lane (B <= 4: qgemv_w4_v4_b{BT})
 //
 //   Chunks are 16 bytes of q: 16 weights (W8) or 32 (W4), inside one group: G % 16 == 0 (W8),
 //   G % 32 == 0 (W4), and G divides K. q and x 16-byte aligned (the launcher checks).
@@ -29,7 +31,7 @@
 //   qgemv_w8_v2_b{BT}_r{R}, qgemv_f8_v2_..., qgemv_w4_v2_..., qgemv_w4_v3_b{BT}_r{R}.
 //
 // Launches (kernels/qgemv_launch.py): v1 grid (ceil(N/4), B) x 128; v2/v3 (ceil(N/R),
-// ceil(B/BT)) x 128, no dynamic shared memory.
+// ceil(B/BT)) x 128; v4 (ceil(N/4), ceil(B/BT)) x 128. No dynamic shared memory.
 #include <cuda_fp16.h>
 #include "common.cuh"
 
@@ -267,6 +269,80 @@ __device__ __forceinline__ void qgemv_body(const __half* __restrict__ x,
         }
     }
 }
+
+// ----------------------------------------------------------------------------- v4 (W4)
+// One warp per weight row (4 rows per block of 128 threads), no split of K and so no
+// shared-memory sum: lane l reads chunks l, l + 32, ..., U = 8 of them in flight at once (128
+// bytes per lane), then dequantizes them as v3 does. At K = 8192 a row is 256 chunks: one
+// round of 8 loads per lane.
+template <int BT>
+__device__ __forceinline__ void qgemv_w4_v4_body(const __half* __restrict__ x,
+                                                 const unsigned char* __restrict__ q,
+                                                 const __half* __restrict__ s,
+                                                 const __half* __restrict__ bias,
+                                                 __half* __restrict__ y, int B, int N, int K,
+                                                 int G) {
+    constexpr int U = 8;
+    int lane = threadIdx.x & 31;
+    int n = blockIdx.x * 4 + (threadIdx.x >> 5), b0 = blockIdx.y * BT;
+    if (n >= N) return;                           // the whole warp leaves together
+    int nb = min(BT, B - b0), nc = K / 32, ng = K / G;
+    const uint4* qv = reinterpret_cast<const uint4*>(q) + (size_t)n * nc;
+    const uint4* xv = reinterpret_cast<const uint4*>(x + (size_t)b0 * K);
+    float acc[BT];
+#pragma unroll
+    for (int b = 0; b < BT; ++b) acc[b] = 0.0f;
+    for (int c0 = lane; c0 < nc; c0 += 32 * U) {
+        uint4 wv[U];
+        float sc[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {             // all U loads issued before any math
+            int c = c0 + 32 * u < nc ? c0 + 32 * u : c0;
+            wv[u] = ld_stream16(qv + c);
+            sc[u] = __half2float(s[(size_t)n * ng + (c * 32) / G]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int c = c0 + 32 * u;
+            if (c >= nc) break;
+#pragma unroll
+            for (int b = 0; b < BT; ++b) {
+                if (b >= nb) continue;
+                const uint4* xc = xv + (size_t)b * (K / 8) + (size_t)c * 4;
+                float ps = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    __half2 xp[4], qh[4];
+                    x_pairs_k4(__ldg(xc + j), xp);
+                    w4_to_half2(reinterpret_cast<const unsigned*>(&wv[u])[j], qh);
+                    __half2 p = __hmul2(qh[0], xp[0]);
+                    p = __hfma2(qh[1], xp[1], p);
+                    p = __hfma2(qh[2], xp[2], p);
+                    p = __hfma2(qh[3], xp[3], p);
+                    float2 pf = __half22float2(p);
+                    ps += pf.x + pf.y;
+                }
+                acc[b] = fmaf(sc[u], ps, acc[b]);
+            }
+        }
+    }
+    float bn = (bias && lane == 0) ? __half2float(bias[n]) : 0.0f;
+#pragma unroll
+    for (int b = 0; b < BT; ++b) {
+        float v = warp_sum(acc[b]);
+        if (lane == 0 && b < nb) y[(size_t)(b0 + b) * N + n] = __float2half_rn(v + bn);
+    }
+}
+
+#define QGEMV_V4(BT)                                                                         \
+extern "C" __global__ void __launch_bounds__(128) qgemv_w4_v4_b##BT(                         \
+        const __half* __restrict__ x, const unsigned char* __restrict__ q,                   \
+        const __half* __restrict__ s, const __half* __restrict__ bias,                       \
+        __half* __restrict__ y, int B, int N, int K, int G) {                                \
+    qgemv_w4_v4_body<BT>(x, q, s, bias, y, B, N, K, G);                                      \
+}
+QGEMV_V4(1) QGEMV_V4(2) QGEMV_V4(4)
+#undef QGEMV_V4
 
 #define QGEMV(NAME, MODE, BT, R)                                                             \
 extern "C" __global__ void __launch_bounds__(128) NAME##_b##BT##_r##R(                       \

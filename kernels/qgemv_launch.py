@@ -32,7 +32,8 @@ from cudabook.launch import LaunchError, ceil_div
 __all__ = ["VERSIONS", "WHAT", "MAX_B", "QWeight", "prepare", "qgemv", "config", "kernel_name",
            "sanitize_targets"]
 
-VERSIONS = {8: ("qgemv_w8_v1", "qgemv_w8_v2"), 4: ("qgemv_w4_v1", "qgemv_w4_v2", "qgemv_w4_v3"),
+VERSIONS = {8: ("qgemv_w8_v1", "qgemv_w8_v2"),
+            4: ("qgemv_w4_v1", "qgemv_w4_v2", "qgemv_w4_v3", "qgemv_w4_v4"),
             "e4m3": ("qgemv_f8_v2",)}
 DEFAULT = {8: "qgemv_w8_v2", 4: "qgemv_w4_v3", "e4m3": "qgemv_f8_v2"}
 WHAT = {
@@ -42,6 +43,7 @@ WHAT = {
     "qgemv_w4_v1": "warp per row, byte per lane, shifts for the nibbles",
     "qgemv_w4_v2": "16-byte loads, half2 magic-number dequant, fp32 products",
     "qgemv_w4_v3": "v2 with fp16 products summed by 4 (HFMA2)",
+    "qgemv_w4_v4": "v3's math, a warp per row, 8 loads in flight per lane (B <= 4)",
 }
 MAX_B = 16
 BATCH_TILES = (1, 2, 4, 8, 16)
@@ -142,6 +144,11 @@ def batch_tile(B: int) -> int:
 def kernel_name(version: str, B: int, rows: int = 2) -> str:
     if version.endswith("_v1"):
         return version
+    if version == "qgemv_w4_v4":
+        if B > 4:
+            raise LaunchError(f"qgemv_w4_v4 takes B <= 4 (one warp keeps B sums), got B = {B}; "
+                              "use qgemv_w4_v3")
+        return f"qgemv_w4_v4_b{batch_tile(B)}"
     if rows not in (2, 4) or (rows == 4 and batch_tile(B) != 1):
         raise ValueError(f"{version}: rows per block 2 (any batch) or 4 (batch 1), got {rows}")
     return f"{version}_b{batch_tile(B)}_r{rows}"
@@ -151,6 +158,8 @@ def config(version: str, B: int, N: int, rows: int = 2):
     """(grid, block) of ``version`` (qgemv.cu's launch comment)."""
     if version.endswith("_v1"):
         return (ceil_div(N, 4), B), (128,)
+    if version == "qgemv_w4_v4":
+        return (ceil_div(N, 4), 1), (128,)
     return (ceil_div(N, rows), ceil_div(B, batch_tile(B))), (128,)
 
 
@@ -214,5 +223,7 @@ def sanitize_targets():
         for bits, fmt in ((8, "int"), (4, "int"), (8, "e4m3")):
             w = prepare(W, bits, G, fmt)
             for v in VERSIONS[w.kind]:
+                if v == "qgemv_w4_v4" and B > 4:
+                    continue
                 yield (f"{v} ({B}x{N}x{K}, g{G})",
                        (lambda v=v, w=w, x=x: qgemv(x, w, version=v)))

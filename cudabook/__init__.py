@@ -27,6 +27,7 @@ from .bench import BenchError, bench, progress, sweep
 from .validate import expect, expect_aligned
 from .launch import LaunchError, ceil_div, grid_1d, grid_2d, need_cc, round_up, row_block
 from . import reference
+from . import quant
 from . import roofline
 from . import plot
 from .tracer import trace  # noqa: F401  (cb.trace; cudabook.tracedraw draws it)
@@ -41,7 +42,7 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
            "show_source", "kernel_source", "cuda_include_dir", "cuda_ptx", "ptx_mix",
            "bench", "sweep", "progress", "record", "BenchError", "plot", "ceil_div", "round_up",
            "grid_1d", "grid_2d", "row_block", "need_cc", "LaunchError", "expect",
-           "expect_aligned", "reference", "roofline"]
+           "expect_aligned", "reference", "quant", "roofline"]
 
 
 def _ends_with_semicolon(cell: str) -> bool:

@@ -1,0 +1,400 @@
+"""Chapter 6: the digits data and reference model, the Numba kernels against PyTorch autograd
+(simulator or GPU), the CUDA C++ kernels through their launch helpers and torchops (GPU), and the
+graders: the reference passes, stubs and plausible wrong answers fail with the hint that names
+their mistake. References come from solutions/06_training.ipynb; wrong answers are edits of them
+(tests/solution_cells.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from numba import cuda
+from solution_cells import Solution
+
+import cudabook as cb
+from cudabook import digits, torchops
+from cudabook.graders import GradeError, ex06_1, ex06_2, ex06_3, ex06_4
+
+# the grader tests read the reference answers from the solutions notebook, which is committed
+# with the outputs of its GPU run; until then they are skipped (the kernel tests still run)
+SOL_PATH = Path(__file__).resolve().parents[1] / "solutions" / "06_training.ipynb"
+SOL = Solution("06") if SOL_PATH.exists() else None
+needs_solutions = pytest.mark.skipif(SOL is None, reason="solutions/06_training.ipynb is not in "
+                                     "this checkout yet (committed after its GPU run)")
+gpu = pytest.mark.gpu
+
+
+# ----------------------------------------------------------------------------- digits
+def test_digits_split_is_fixed_and_disjoint():
+    a, b = digits.load(), digits.load()
+    assert (a.n_train, a.n_test) == (1438, 359)
+    assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_test, b.y_test)
+    assert a.x_train.dtype == np.float32 and 0 <= a.x_train.min() and a.x_train.max() <= 1
+    assert not np.array_equal(digits.load(seed=1).y_train, a.y_train)
+
+
+def test_init_and_batch_order_are_seeded():
+    p, q = digits.init_params(seed=4), digits.init_params(seed=4)
+    assert [W.shape for W, _ in p] == [(64, 256), (256, 10)]
+    assert all(np.array_equal(W, V) for (W, _), (V, _) in zip(p, q))
+    assert np.abs(p[0][0]).max() <= 1 / 8 and np.abs(p[1][0]).max() <= 1 / 16
+    order = list(digits.batch_order(100, 30, 2))
+    assert len(order) == 6 and all(len(i) == 30 for i in order)
+    assert len(set(np.concatenate(order[:3]))) == 90
+    with pytest.raises(ValueError, match="batch 200 > 100"):
+        list(digits.batch_order(100, 200, 1))
+
+
+def test_torch_reference_trains():
+    data = digits.load()
+    out = digits.train_torch(digits.MLP(digits.init_params()), data, steps=30)
+    assert out["steps"] == 30 and out["losses"][-1] < out["losses"][0] / 2
+
+
+# ----------------------------------------------------------------------------- Numba kernels
+def _ce_ref(z, y):
+    zt = torch.tensor(z, dtype=torch.float64, requires_grad=True)
+    loss = F.cross_entropy(zt, torch.tensor(y, dtype=torch.int64))
+    (dz,) = torch.autograd.grad(loss, zt)
+    return float(loss.detach()), dz.numpy()
+
+
+def test_numba_cross_entropy_and_bias_grad_match_autograd():
+    cel, bg = cb.load_launch("cross_entropy"), cb.load_numba("bias_grad")
+    rng = np.random.default_rng(0)
+    z = (rng.standard_normal((9, 5)) * 3).astype(np.float32)
+    y = rng.integers(0, 5, 9).astype(np.int32)
+    loss, dz = cuda.to_device(np.zeros(1, np.float32)), cuda.to_device(np.full((9, 5), np.nan,
+                                                                               np.float32))
+    cel.cross_entropy_numba(cuda.to_device(z), cuda.to_device(y), loss, dz)
+    ref_loss, ref_dz = _ce_ref(z, y)
+    cb.check(loss.copy_to_host(), np.array([ref_loss]))
+    cb.check(dz.copy_to_host(), ref_dz)
+    cel.cross_entropy_numba(cuda.to_device(z), cuda.to_device(y), loss, dz, reduction="sum")
+    cb.check(dz.copy_to_host(), 9 * ref_dz)
+    dzm = rng.standard_normal((7, 11))
+    db = cuda.to_device(np.full(11, np.nan))
+    bg.bias_grad_v1[1, 256](cuda.to_device(dzm), db)
+    cb.check(db.copy_to_host(), dzm.sum(0), atol=1e-12, rtol=1e-12)
+
+
+def test_numba_updates_match_torch_optim():
+    optl, nb = cb.load_launch("optim"), cb.load_numba("optim")
+    rng = np.random.default_rng(1)
+    p0 = rng.standard_normal(37)
+    hp = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+    pt = torch.tensor(p0, requires_grad=True)
+    opt = torch.optim.AdamW([pt], **hp, foreach=False)
+    p, m, v = (cuda.to_device(a) for a in (p0.copy(), np.zeros(37), np.zeros(37)))
+    for t in (1, 2, 3):
+        g = rng.standard_normal(37)
+        pt.grad = torch.tensor(g)
+        opt.step()
+        optl.adamw_numba(p, cuda.to_device(g), m, v, t, **hp)
+        cb.check(p.copy_to_host(), pt.detach().numpy(), atol=1e-13, rtol=1e-12)
+    with pytest.raises(ValueError, match="1 at the first step"):
+        optl.adamw_numba(p, p, m, v, 0)
+    q, g = p0.copy(), rng.standard_normal(37)
+    nb.sgd_v1[1, 256](q, g, 0.1, 0.01)
+    cb.check(q, p0 - 0.1 * (g + 0.01 * p0), atol=1e-13, rtol=1e-12)
+
+
+def test_cross_entropy_helper_refuses_bad_input():
+    cel = cb.load_launch("cross_entropy")
+    z = np.zeros((4, 3), np.float32)
+    y = np.zeros(4, np.int32)
+    loss = np.zeros(1, np.float32)
+    with pytest.raises(TypeError, match="expected dtype int32"):
+        cel.cross_entropy_numba(z, y.astype(np.int64), loss, np.zeros_like(z))
+    with pytest.raises(ValueError, match=r"dz: expected shape \(4, 3\)"):
+        cel.cross_entropy_numba(z, y, loss, np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match="reduction"):
+        cel.cross_entropy_numba(z, y, loss, np.zeros_like(z), reduction="avg")
+    with pytest.raises(TypeError, match="float32 or float64"):
+        cel.cross_entropy_numba(z.astype(np.float16), y, loss, np.zeros_like(z))
+
+
+# ----------------------------------------------------------------------------- torchops (CPU)
+def test_dlpack_bridge_is_zero_copy_on_cpu():
+    t = torch.randn(4, 6).t()
+    a = torchops.as_array(t)
+    assert a.ctypes.data == t.data_ptr() and a.shape == (6, 4)
+    back = torchops.as_tensor(a)
+    assert back.data_ptr() == t.data_ptr()
+    a[0, 0] = 123.0
+    assert t[0, 0].item() == 123.0
+
+
+def test_functions_ask_for_the_gpu():
+    with pytest.raises(TypeError, match=r"\.to\('cuda'\)"):
+        torchops.Matmul.apply(torch.randn(2, 3), torch.randn(3, 4))
+
+
+# ----------------------------------------------------------------------------- GPU: helpers
+def _t64(a):
+    return torch.tensor(np.asarray(a), dtype=torch.float64)
+
+
+@gpu
+def test_cuda_kernels_match_autograd_in_float32_and_float64():
+    import cupy as cp
+
+    cel, bgl, al = (cb.load_launch(n) for n in ("cross_entropy", "bias_grad", "activation"))
+    rng = np.random.default_rng(2)
+    z = rng.standard_normal((37, 45)) * 3          # C > 32: a warp loops over the row
+    y = rng.integers(0, 45, 37)
+    ref_loss, ref_dz = _ce_ref(z, y)
+    for dt, tol in ((cp.float32, 1e-5), (cp.float64, 1e-12)):
+        loss, dz = cel.cross_entropy(cp.asarray(z, dt), cp.asarray(y, cp.int32))
+        cb.check(loss, np.array([ref_loss]), atol=tol, rtol=tol)
+        cb.check(dz, ref_dz, atol=tol, rtol=tol)
+        h, b, dy = rng.standard_normal((37, 29)), rng.standard_normal(29), rng.standard_normal(
+            (37, 29))
+        ht, bt = _t64(h).requires_grad_(), _t64(b).requires_grad_()
+        F.gelu(ht + bt, approximate="tanh").backward(_t64(dy))
+        dh = al.gelu_backward(cp.asarray(h, dt), cp.asarray(b, dt), cp.asarray(dy, dt))
+        cb.check(dh, ht.grad.numpy(), atol=10 * tol, rtol=10 * tol)
+        for v in (("bias_grad_v1", "bias_grad_v2") if dt == cp.float32 else ("f64",)):
+            cb.check(bgl.bias_grad(dh, version=v), bt.grad.numpy(), atol=100 * tol,
+                     rtol=10 * tol, name=v)
+    loss, _ = cel.cross_entropy(cp.asarray(z, cp.float32), cp.asarray(y, cp.int32), dz=False)
+    cb.check(loss, np.array([ref_loss]), atol=1e-5, rtol=1e-5)
+
+
+@gpu
+def test_adamw_kernel_matches_torch_and_counts_steps_on_the_device():
+    import cupy as cp
+
+    optl = cb.load_launch("optim")
+    rng = np.random.default_rng(3)
+    p0 = rng.standard_normal(1003).astype(np.float32)
+    hp = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+    pt = torch.tensor(p0, device="cuda", requires_grad=True)
+    topt = torch.optim.AdamW([pt], **hp, foreach=False)
+    opt = optl.AdamW(1003, **hp)
+    p = cp.asarray(p0)
+    for t in range(1, 4):
+        g = rng.standard_normal(1003).astype(np.float32)
+        pt.grad = torch.tensor(g, device="cuda")
+        topt.step()
+        opt.step(p, cp.asarray(g))
+        assert int(opt.t[0]) == t
+        cb.check(p, pt.detach().cpu().numpy(), atol=1e-6, rtol=1e-6)
+
+
+@gpu
+def test_helpers_refuse_what_the_kernels_cannot_do():
+    import cupy as cp
+
+    cel, bgl, al, optl = (cb.load_launch(n) for n in ("cross_entropy", "bias_grad",
+                                                      "activation", "optim"))
+    z = cp.zeros((4, 8), cp.float32)
+    y = cp.zeros(4, cp.int32)
+    with pytest.raises(ValueError, match="dz overlaps z"):
+        cel.cross_entropy(z, y, dz=z)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        cel.cross_entropy(z.T, y)
+    with pytest.raises(TypeError, match="GPU array"):
+        cel.cross_entropy(np.zeros((4, 8), np.float32), y)
+    with pytest.raises(ValueError, match="labels must lie in"):
+        cel.cross_entropy(z, y + 8, check_labels=True)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        bgl.bias_grad(z.T)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        bgl.bias_grad(z.astype(cp.float16))
+    with pytest.raises(ValueError, match=r"b: expected shape \(8,\)"):
+        al.gelu_backward(z, cp.zeros(7, cp.float32), z)
+    with pytest.raises(ValueError, match=r"g: expected shape \(8,\)"):
+        optl.sgd(cp.zeros(8, cp.float32), cp.zeros(9, cp.float32), 0.1)
+
+
+# ----------------------------------------------------------------------------- GPU: torchops
+@gpu
+def test_torchops_functions_pass_gradcheck_and_are_zero_copy():
+    t = torch.randn(5, 7, device="cuda")
+    a = torchops.as_array(t)
+    assert a.data.ptr == t.data_ptr() and torchops.as_tensor(a).data_ptr() == t.data_ptr()
+    kw = dict(device="cuda", dtype=torch.float64, requires_grad=True)
+    x, W = torch.randn(6, 5, **kw), torch.randn(5, 3, **kw)
+    h, b = torch.randn(6, 3, **kw), torch.randn(3, **kw)
+    yl = torch.randint(0, 3, (6,), device="cuda")
+    assert torch.autograd.gradcheck(torchops.Matmul.apply, (x, W), eps=1e-6, atol=1e-7)
+    assert torch.autograd.gradcheck(torchops.BiasGelu.apply, (h, b), eps=1e-6, atol=1e-7)
+    assert torch.autograd.gradcheck(torchops.BiasAdd.apply, (h, b), eps=1e-6, atol=1e-7)
+    assert torch.autograd.gradcheck(lambda z: torchops.SoftmaxCrossEntropy.apply(z, yl), (h,),
+                                    eps=1e-6, atol=1e-7)
+    # a non-contiguous grad_output (the transpose of a contiguous one) is made contiguous
+    x32 = torch.randn(6, 5, device="cuda", requires_grad=True)
+    W32 = torch.randn(5, 4, device="cuda", requires_grad=True)
+    r = torch.randn(4, 6, device="cuda")
+    (torchops.Matmul.apply(x32, W32).t() * r).sum().backward()
+    xr, Wr = x32.detach().requires_grad_(), W32.detach().requires_grad_()
+    ((xr @ Wr).t() * r).sum().backward()
+    cb.check(x32.grad, xr.grad.cpu().numpy(), atol=1e-5, rtol=1e-4)
+    cb.check(W32.grad, Wr.grad.cpu().numpy(), atol=1e-5, rtol=1e-4)
+
+
+@gpu
+def test_wrapped_model_trains_like_the_reference():
+    data = digits.load()
+    ref = digits.train_torch(digits.MLP(digits.init_params(), device="cuda"), data, steps=60)
+    own = digits.train_torch(torchops.MLP(digits.init_params()), data, steps=60,
+                             loss=torchops.cross_entropy)
+    rel = np.abs(np.array(own["losses"]) - ref["losses"]) / np.array(ref["losses"])
+    assert rel.max() < 1e-4, rel.max()
+
+
+# ----------------------------------------------------------------------------- ex06.1
+def ce(*edits):
+    return SOL.get("ex06.1", "cross_entropy", edits=edits)
+
+
+@needs_solutions
+def test_ex06_1_reference_passes(capsys):
+    ex06_1(ce())
+    assert capsys.readouterr().out == "PASS ex06.1\n"
+
+
+@needs_solutions
+@pytest.mark.parametrize("edits, hint", [
+    ([("cuda.atomic.add(loss, 0, (math.log(s) + m - z[r, y]) / M)",
+       "cuda.atomic.add(loss, 0, math.log(s) + m - z[r, y])"),
+      ("dz[r, j] = (math.exp(z[r, j] - m) / s - onehot) / M",
+       "dz[r, j] = math.exp(z[r, j] - m) / s - onehot")], "the gradient of the SUM"),
+    ([("cuda.atomic.add(loss, 0, (math.log(s) + m - z[r, y]) / M)",
+       "cuda.atomic.add(loss, 0, math.log(s) + m - z[r, y])")], "is the SUM of the row losses"),
+    ([("        m = z[r, 0]\n        for j in range(1, C):\n            m = max(m, z[r, j])\n",
+       "        m = float32(0)\n")], "subtract the row's maximum"),
+    ([("dz[r, j] = (math.exp", "z[r, j] = (math.exp")], "writes into its input"),
+    ([("    if r < M:\n", "    if True:\n")], "missing bounds guard"),
+    ([("        for j in range(C):\n            onehot", "        for j in range(C - 1):\n"
+       "            onehot")], "never written"),
+    ([("(math.exp(z[r, j] - m) / s - onehot) / M", "(onehot - math.exp(z[r, j] - m) / s) / M")],
+     "wrong sign"),
+], ids=["sum-not-mean", "loss-sum", "no-max", "in-place-into-z", "no-guard", "last-column",
+        "sign"])
+def test_ex06_1_wrong_answers_fail(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex06_1(ce(*edits))
+
+
+@needs_solutions
+def test_ex06_1_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex06_1(SOL.stub("ex06.1", "cross_entropy"))
+
+
+# ----------------------------------------------------------------------------- ex06.2
+def bgrad(*edits):
+    return SOL.get("ex06.2", "bias_grad", edits=edits)
+
+
+@needs_solutions
+def test_ex06_2_reference_passes(capsys):
+    ex06_2(bgrad())
+    assert capsys.readouterr().out == "PASS ex06.2\n"
+
+
+@needs_solutions
+@pytest.mark.parametrize("edits, hint", [
+    ([("        db[j] = total\n", "        db[j] = total / M\n")], "MEAN of each column"),
+    ([("s += dz[i, j]", "s += dz[j, i]")], r"sums of the ROWS of dz \(a transposition\)"),
+    ([("    if j < N:\n        for i", "    if True:\n        for i"),
+      ("    if ty == 0 and j < N:\n", "    if ty == 0:\n")], "missing guard"),
+    ([("        for k in range(1, BG_ROWS):\n            total += part[k, tx]\n", "")],
+     "partial sum of one thread row only"),
+    ([("    part[ty, tx] = s\n    cuda.syncthreads()\n", "    part[ty, tx] = s\n")],
+     r"cuda\.syncthreads\(\) between writing the partial sums"),
+], ids=["mean-not-sum", "transposed", "no-guard", "one-partial", "no-barrier"])
+def test_ex06_2_wrong_answers_fail(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex06_2(bgrad(*edits))
+
+
+@needs_solutions
+def test_ex06_2_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex06_2(SOL.stub("ex06.2", "bias_grad"))
+
+
+# ----------------------------------------------------------------------------- ex06.3
+def adamw(*edits):
+    return SOL.get("ex06.3", "adamw_update", edits=edits)
+
+
+@needs_solutions
+@pytest.mark.parametrize("edits, hint", [
+    ([("step_size = lr / (1 - beta1 ** t)", "step_size = lr"),
+      ("bc2_sqrt = math.sqrt(1 - beta2 ** t)", "bc2_sqrt = 1.0")], "no bias correction"),
+    ([("gi = g[i, j]\n", "gi = g[i, j] + wd * p[i, j]\n"),
+      ("p[i, j] * (1 - lr * wd)", "p[i, j]")], r"Adam \+ L2"),
+    ([("p[i, j] * (1 - lr * wd)", "p[i, j]")], "no weight decay"),
+    ([("    R, C = p.shape\n", "    p, g, m, v = (a.reshape(1, -1) for a in (p, g, m, v))\n"
+       "    R, C = p.shape\n")], r"reshape\(-1\) of it is a COPY"),
+    ([("beta1 ** t", "beta1 ** (t - 1)"), ("beta2 ** t", "beta2 ** (t - 1)")],
+     "t counts from 1"),
+    ([("        m[i, j] = mi\n        v[i, j] = vi\n", "")], "are m and v updated in place"),
+], ids=["no-bias-correction", "l2-not-decoupled", "no-decay", "contiguous-only", "t-from-0",
+        "moments-not-kept"])
+def test_ex06_3_wrong_answers_fail(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex06_3(adamw(*edits))
+
+
+@needs_solutions
+def test_ex06_3_reference_passes(capsys):
+    ex06_3(adamw())
+    assert capsys.readouterr().out == "PASS ex06.3\n"
+
+
+@needs_solutions
+def test_ex06_3_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex06_3(SOL.stub("ex06.3", "adamw_update"))
+
+
+# ----------------------------------------------------------------------------- ex06.4
+def linear(*edits):
+    return SOL.get("ex06.4", "Linear", edits=edits)
+
+
+@needs_solutions
+def test_ex06_4_reference_passes(capsys):
+    ex06_4(linear())
+    assert capsys.readouterr().out == "PASS ex06.4\n"
+
+
+@needs_solutions
+@pytest.mark.parametrize("edits, hint", [
+    ([("dW = xa.T @ d", "dW = d.T @ xa")], "wrong shape.*a transposition"),
+    ([("dx = d @ Wa.T", "dx = d @ Wa")], "wrong shape.*a transposition"),
+    ([("db = d.sum(0)", "db = d.mean(0)")], "db is the MEAN"),
+    ([("db = d.sum(0)", "db = d.cumsum(axis=0, out=d)[-1]")], "changed grad_output in place"),
+    ([("        xa, Wa, ba = (torchops.as_array(t) for t in (x, W, b))\n"
+       "        return torchops.as_tensor(xa @ Wa + ba)\n", "        return x @ W + b\n")],
+     "never called torchops.as_array"),
+], ids=["dW-transposed", "dx-no-transpose", "db-mean", "in-place-grad-output", "no-dlpack"])
+def test_ex06_4_wrong_answers_fail(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex06_4(linear(*edits))
+
+
+@needs_solutions
+def test_ex06_4_square_transposition_is_caught_by_values():
+    # dW = (x^T dy)^T has the right shape only on a square layer; the grader's square case
+    # catches it even if the non-square ones were skipped
+    from cudabook.graders import ch06
+
+    bad = linear(("dW = xa.T @ d", "dW = (xa.T @ d).T"))
+    with pytest.raises(GradeError, match="transposition|wrong shape"):
+        ch06.ex06_4(bad)
+
+
+@needs_solutions
+def test_ex06_4_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex06_4(SOL.stub("ex06.4", "Linear"))

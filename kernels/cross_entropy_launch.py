@@ -75,9 +75,10 @@ def cross_entropy(z, labels, loss=None, dz=None, reduction: str = "mean",
         dz = cp.empty((M, C), dt)
     loss.fill(0)
     scale = (1.0 / M) if reduction == "mean" else 1.0
+    no_dz = np.uint64(0)          # a null pointer, 8 bytes like the pointer it stands for
     _module().get(_KERNELS[dt])((ceil_div(M, 4),), (128,),
-                                (z, labels, loss, dz if want_dz else 0, np.int32(M), np.int32(C),
-                                 dt.type(scale)))
+                                (z, labels, loss, dz if want_dz else no_dz, np.int32(M),
+                                 np.int32(C), dt.type(scale)))
     return loss, (dz if want_dz else None)
 
 

@@ -27,7 +27,25 @@ from typing import Any
 from . import env
 from .compile import KERNELS_DIR, load_launch
 
-__all__ = ["KernelGPT", "decode_gemm_default", "weight_bytes", "cache_bytes"]
+__all__ = ["KernelGPT", "decode_gemm_default", "weight_bytes", "cache_bytes", "per_step_us"]
+
+
+def per_step_us(step: Any, n: int = 64, warmup: int = 2) -> float:
+    """Microseconds per call of ``step()`` over ``n`` calls issued back to back, with one device
+    synchronisation at the end (as a generation loop runs: nothing waits between tokens)."""
+    import time
+
+    import cupy as cp
+
+    sync = cp.cuda.Device().synchronize
+    for _ in range(warmup):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    sync()
+    return 1e6 * (time.perf_counter() - t0) / n
 
 
 def decode_gemm_default() -> str:
@@ -51,31 +69,20 @@ class KernelGPT:
     def __init__(self, model: Any, batch: int = 1, length: int | None = None,
                  decode_gemm: str | None = None, prefill_gemm: str = "v9",
                  fuse_norm: bool = True, fuse_rope: bool = True,
-                 attention: str = "decode_attention_v2"):
+                 attention: str = "decode_attention_v2", share: KernelGPT | None = None):
         if not env.HAS_GPU:
             raise RuntimeError("KernelGPT runs CUDA C++ kernels: it needs a CUDA GPU")
         import cupy as cp
-        import torch
 
         cfg = self.cfg = model.cfg
         self.B, self.L = int(batch), int(length or cfg.ctx)
         if self.B < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        sd = {k: v.detach() for k, v in model.state_dict().items()}
-
-        def dev(t, dt):
-            return cp.asarray(t.to("cpu", dt).contiguous().numpy())
-
-        h16, f32 = (lambda t: dev(t, torch.float16)), (lambda t: dev(t, torch.float32))
-        self.wte, self.head = h16(sd["wte.weight"]), h16(sd["head.weight"])
-        self.lnf = (f32(sd["ln_f.weight"]), f32(sd["ln_f.bias"]))
-        self.layers = []
-        for i in range(cfg.n_layer):
-            p = f"blocks.{i}."
-            self.layers.append({
-                "ln1": (f32(sd[p + "ln1.weight"]), f32(sd[p + "ln1.bias"])),
-                "ln2": (f32(sd[p + "ln2.weight"]), f32(sd[p + "ln2.bias"])),
-                **{k: h16(sd[p + k + ".weight"]) for k in ("qkv", "proj", "fc", "fc2")}})
+        if share is not None:                          # the same weights, other buffers
+            self.wte, self.head, self.lnf, self.layers = (share.wte, share.head, share.lnf,
+                                                          share.layers)
+        else:
+            self._copy_weights(model.state_dict(), cfg)
         self.k = {n: load_launch(n) for n in ("embedding", "residual", "rope", "kvcache",
                                               "gelu_half", "sampling", "hgemm", "attention",
                                               "norm")}
@@ -97,6 +104,27 @@ class KernelGPT:
         self.temperature, self.top_k, self.top_p = 0.0, 1, 1.0
         self.host_pos = 0                              # the position the GPU's pos holds
         self.graph = None
+
+    def _copy_weights(self, state: dict, cfg) -> None:
+        """fp16 matrices, fp32 LayerNorm parameters, as CuPy arrays (copies)."""
+        import cupy as cp
+        import torch
+
+        sd = {k: v.detach() for k, v in state.items()}
+
+        def dev(t, dt):
+            return cp.asarray(t.to("cpu", dt).contiguous().numpy())
+
+        h16, f32 = (lambda t: dev(t, torch.float16)), (lambda t: dev(t, torch.float32))
+        self.wte, self.head = h16(sd["wte.weight"]), h16(sd["head.weight"])
+        self.lnf = (f32(sd["ln_f.weight"]), f32(sd["ln_f.bias"]))
+        self.layers = []
+        for i in range(cfg.n_layer):
+            p = f"blocks.{i}."
+            self.layers.append({
+                "ln1": (f32(sd[p + "ln1.weight"]), f32(sd[p + "ln1.bias"])),
+                "ln2": (f32(sd[p + "ln2.weight"]), f32(sd[p + "ln2.bias"])),
+                **{k: h16(sd[p + k + ".weight"]) for k in ("qkv", "proj", "fc", "fc2")}})
 
     # ------------------------------------------------------------------ pieces
     def _mm(self, a, W, out, decode: bool):

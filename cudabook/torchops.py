@@ -75,9 +75,14 @@ def on_torch_stream() -> Iterator[None]:
     if not s.cuda_stream:
         yield
         return
+    import warnings
+
     import cupy
 
-    with cupy.cuda.ExternalStream(s.cuda_stream):
+    with warnings.catch_warnings():     # CuPy 14.2 deprecates ExternalStream; Colab's CuPy lacks
+        warnings.simplefilter("ignore", DeprecationWarning)       # its successor
+        ext = cupy.cuda.ExternalStream(s.cuda_stream)
+    with ext:
         yield
 
 

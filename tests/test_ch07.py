@@ -209,6 +209,8 @@ def test_ex07_2_reference_passes(capsys):
     ([("s += q[b, h, c] * kc[b, h, j, c]\n        m = max(m, s * scale)",
        "s += q[b, h, c] * kc[b, h, j, c]\n        m = max(m, s)"),
       ("p = math.exp(s * scale - m)", "p = math.exp(s - m)")], "not multiplied by scale"),
+    ([("    out[b, h, t] = acc / l", "    if t > 0:\n        out[b, h, t] = acc / l")],
+     "some elements of out never written"),
     pytest.param([("    cuda.syncthreads()\n", "")], "syncthreads|old row", marks=SIM_ONLY),
 ])
 def test_ex07_2_wrong_answers_fail(edits, hint):
@@ -238,6 +240,8 @@ def test_ex07_3_reference_passes(capsys):
     ([("(v == bv and j < bi)", "(v == bv and j > bi)"),
       ("(v == last_v and j > last_i)", "(v == last_v and j < last_i)")], "lower id first"),
     ([("if target < c:", "if u[b] * tot - target < c:")], "greedy decoding"),
+    ([("        out[b] = choice", "        if b % 2 == 0:\n            out[b] = choice")],
+     "some rows never written"),
     pytest.param([("    if b < z.shape[0]:\n", "    if True:\n")], "guard|index out of range",
                  marks=SIM_ONLY),
 ])

@@ -92,10 +92,20 @@ def test_launch_helpers_refuse_bad_input_before_the_gpu():
         qg._check_group(4, 256, 16)
     with pytest.raises(cb.LaunchError, match="8 or 4"):
         qg._check_group(3, 256, 32)
+    with pytest.raises(cb.LaunchError, match="B <= 4"):
+        qg.kernel_name("qgemv_w4_v4", 5)
+    assert qg.kernel_name("qgemv_w4_v3", 16) == "qgemv_w4_v3_b16_r2"
+    qt = cb.load_launch("quant")
+    with pytest.raises(cb.LaunchError, match="does not divide K"):
+        qt._group(100, 300, 64)
+    with pytest.raises(TypeError, match="positive int"):
+        qt._group(100, 300, 0)
+    ig = cb.load_launch("igemm")
+    with pytest.raises(ValueError, match="unknown version"):
+        ig.config("igemm_v9", 64, 64)
     gv = cb.load_launch("gemv")
     assert gv.kernel_name("gemv_v4", 11) == "gemv_v4_b8_r2"
     assert gv.config("gemv_v4", 11, 1001) == ((501, 2), (128,))
-    ig = cb.load_launch("igemm")
     assert ig.config("igemm_v3", 4096, 4096)[2] == 3 * 384 * 128
 
 

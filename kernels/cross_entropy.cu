@@ -32,7 +32,9 @@ __device__ __forceinline__ double ce_exp(double v) { return exp(v); }
 __device__ __forceinline__ float ce_log(float v) { return logf(v); }
 __device__ __forceinline__ double ce_log(double v) { return log(v); }
 __device__ __forceinline__ float ce_nan(float) { return __int_as_float(0x7fc00000); }
-__device__ __forceinline__ double ce_nan(double) { return __longlong_as_double(0x7ff8000000000000ll); }
+__device__ __forceinline__ double ce_nan(double) {
+    return __longlong_as_double(0x7ff8000000000000ll);
+}
 
 template <typename T>
 __device__ void cross_entropy_row(const T* __restrict__ z, const int* __restrict__ labels,

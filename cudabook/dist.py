@@ -307,8 +307,11 @@ def torchrun(script: str | os.PathLike, nproc: int, args: Sequence[str] = (),
     try:
         log, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        log, _ = p.communicate()
+        _kill_tree(p.pid)                 # torchrun and every worker it started
+        try:
+            log, _ = p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            log = ""
         raise DistTimeout(f"{script.name} on {nproc} ranks did not finish within {timeout:g} s "
                           f"(killed). Last output:\n{_tail(log)}") from None
     if p.returncode != 0:
@@ -323,6 +326,38 @@ def torchrun(script: str | os.PathLike, nproc: int, args: Sequence[str] = (),
             return json.load(f)
     finally:
         os.unlink(out)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every descendant (torchrun's workers may run in
+    sessions of their own), the descendants found before anything is killed."""
+    below = _descendants(pid)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for c in [pid, *below]:
+        try:
+            os.kill(c, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _tail(log: str, n: int = 25) -> str:

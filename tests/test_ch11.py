@@ -222,3 +222,29 @@ def test_ex11_3_stub_fails():
 def test_ex11_3_wrong_answers(edits, match):
     with pytest.raises(GradeError, match=match):
         ex11_3(SOL.get("ex11.3", "attach_overlap", edits=edits))
+
+
+# ============================================================================ bad input
+
+def test_peer_group_refuses_fewer_than_two_gpus():
+    import cudabook as cb
+
+    ar = cb.load_launch("allreduce")
+    if dist.gpu_count() >= 2:
+        pytest.skip("this machine has 2 or more GPUs")
+    with pytest.raises(cb.LaunchError, match="needs 2 or more GPUs of one host"):
+        ar.PeerGroup()
+
+
+def test_torchrun_refuses_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="nproc must be >= 1"):
+        dist.torchrun("tools/dist/allreduce_sweep.py", 0)
+    with pytest.raises(FileNotFoundError, match="no script"):
+        dist.torchrun(tmp_path / "missing.py", 2)
+
+
+def test_torchrun_turns_a_hang_into_a_timeout(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    with pytest.raises(dist.DistTimeout, match="did not finish within 3 s"):
+        dist.torchrun(script, 1, timeout=3)

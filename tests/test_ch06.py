@@ -18,6 +18,7 @@ from solution_cells import Solution
 import cudabook as cb
 from cudabook import digits, torchops
 from cudabook.graders import GradeError, ex06_1, ex06_2, ex06_3, ex06_4
+from cudabook.graders._core import xp as grader_xp
 
 # the grader tests read the reference answers from the solutions notebook, which is committed
 # with the outputs of its GPU run; until then they are skipped (the kernel tests still run)
@@ -105,17 +106,18 @@ def test_numba_updates_match_torch_optim():
 
 def test_cross_entropy_helper_refuses_bad_input():
     cel = cb.load_launch("cross_entropy")
-    z = np.zeros((4, 3), np.float32)
-    y = np.zeros(4, np.int32)
-    loss = np.zeros(1, np.float32)
+    m = grader_xp()                           # device arrays on a GPU, NumPy in the simulator
+    z = m.zeros((4, 3), np.float32)
+    y = m.zeros(4, np.int32)
+    loss = m.zeros(1, np.float32)
     with pytest.raises(TypeError, match="expected dtype int32"):
-        cel.cross_entropy_numba(z, y.astype(np.int64), loss, np.zeros_like(z))
+        cel.cross_entropy_numba(z, y.astype(np.int64), loss, m.zeros_like(z))
     with pytest.raises(ValueError, match=r"dz: expected shape \(4, 3\)"):
-        cel.cross_entropy_numba(z, y, loss, np.zeros((3, 4), np.float32))
+        cel.cross_entropy_numba(z, y, loss, m.zeros((3, 4), np.float32))
     with pytest.raises(ValueError, match="reduction"):
-        cel.cross_entropy_numba(z, y, loss, np.zeros_like(z), reduction="avg")
+        cel.cross_entropy_numba(z, y, loss, m.zeros_like(z), reduction="avg")
     with pytest.raises(TypeError, match="float32 or float64"):
-        cel.cross_entropy_numba(z.astype(np.float16), y, loss, np.zeros_like(z))
+        cel.cross_entropy_numba(z.astype(np.float16), y, loss, m.zeros_like(z))
 
 
 # ----------------------------------------------------------------------------- torchops (CPU)

@@ -85,13 +85,19 @@ def ex06_1(kernel) -> None:
             M, C = z.shape
             case = f"{what} (seed {seed}, call {rep + 1})"
             ref_loss, ref_dz = _ce_reference(z, labels)
-            z_d = to_device(z.copy())
+            # the inputs are views of buffers padded to the rows the launch covers, so a kernel
+            # without its guard reads harmless padding (labels 0) on a GPU instead of faulting
+            # (a fault would end the CUDA context); its writes land in dz's canary
+            rows = ceil_div(M, CE_THREADS) * CE_THREADS
+            z_pad, y_pad = np.zeros((rows, C), np.float32), np.zeros(rows, np.int32)
+            z_pad[:M], y_pad[:M] = z, labels
+            z_d, y_d = to_device(z_pad)[:M], to_device(y_pad)[:M]
             loss = m.zeros(1, dtype=np.float32)
             dz, buf = guarded((M, C))
 
-            def run(z_d=z_d, loss=loss, dz=dz, labels=labels, M=M, case=case):
+            def run(z_d=z_d, loss=loss, dz=dz, y_d=y_d, M=M, case=case):
                 try:
-                    kernel[ceil_div(M, CE_THREADS), CE_THREADS](z_d, to_device(labels), loss, dz)
+                    kernel[ceil_div(M, CE_THREADS), CE_THREADS](z_d, y_d, loss, dz)
                 except OverflowError:   # the simulator's math.exp raises where a GPU gives inf
                     raise GradeError(f"{ex}: {case}: exp overflowed: subtract the row's maximum "
                                      "before exp (z - max <= 0), and use the same max in the "
@@ -111,6 +117,10 @@ def ex06_1(kernel) -> None:
             if nan.all():
                 raise GradeError(f"{ex}: {case}: dz never written (all NaN): the stub's body, "
                                  "or no thread reached the write?")
+            if nan.any() and "1000" in what:    # the small cases before it were all written
+                raise GradeError(f"{ex}: {case}: NaN in dz where the logits are near 1000: "
+                                 "exp overflowed to inf and inf / inf is NaN: subtract the row's "
+                                 "maximum before exp (z - max <= 0)")
             if nan.any():
                 r, j = (int(v) for v in np.argwhere(nan)[0])
                 raise GradeError(f"{ex}: {case}: dz[{r}, {j}] never written ({int(nan.sum())} "

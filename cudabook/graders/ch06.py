@@ -181,10 +181,16 @@ def ex06_2(kernel) -> None:
             dz = rng.standard_normal((M, N)).astype(np.float32)
             ref = dz.astype(np.float64).sum(0)
             db, buf = guarded((N,))
+            # dz is a view of a zero-padded buffer: a missing column guard or a transposed index
+            # reads padding on a GPU instead of faulting (a fault would end the CUDA context)
+            big = max(M, N)
+            flat = np.zeros(M * N + big * (big + BG_BLOCK[0]), np.float32)
+            flat[:M * N] = dz.ravel()
+            dz_d = to_device(flat)[:M * N].reshape(M, N)
 
-            def run(dz=dz, db=db, N=N, case=case):
+            def run(dz_d=dz_d, db=db, N=N, case=case):
                 try:
-                    kernel[ceil_div(N, BG_BLOCK[0]), BG_BLOCK](to_device(dz), db)
+                    kernel[ceil_div(N, BG_BLOCK[0]), BG_BLOCK](dz_d, db)
                 except IndexError as e:
                     raise GradeError(f"{ex}: {case}: index out of range ({e}): missing guard "
                                      "(j < N) on the column, or dz indexed [column, row]? dz "

@@ -160,6 +160,20 @@ def launch_cupy(mod, version: str, A, B, C, params: dict | None = None) -> dict:
     return cfg
 
 
+def launch_ladder(n: int = 2048, versions: tuple[str, ...] = VERSIONS) -> None:
+    """Launch each CUDA version once on n x n float32 matrices: the run that Nsight Compute
+    profiles, one launch per ladder step (Chapters 4 and 5)."""
+    import cupy as cp
+
+    mod = cb.load_cuda("matmul")
+    A = cp.random.rand(n, n, dtype=cp.float32)
+    B = cp.random.rand(n, n, dtype=cp.float32)
+    C = cp.empty((n, n), cp.float32)
+    for v in versions:
+        launch_cupy(mod, v, A, B, C)
+    cp.cuda.Device().synchronize()
+
+
 def load_tuned(params: dict | None = None, only_tuned: bool = True):
     """Compile matmul.cu with matmul_v10's tile sizes set by -D macros (alone, by default)."""
     p = tuned_params(params)

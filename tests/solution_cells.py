@@ -128,3 +128,47 @@ def _namespace(chapter: str, ex: str, edits: tuple, stub: bool = False) -> dict:
     ns: dict = {"__name__": f"solution_{chapter}_{ex.replace('.', '_')}"}
     exec(compile(text, fname, "exec"), ns)  # noqa: S102 - the book's own solution cells
     return ns
+
+
+def pencil_tests(sol: Solution, questions: tuple, mistakes: list[tuple]) -> tuple:
+    """The three tests of a chapter's pencil-and-paper questions, for its test module to bind:
+
+        (test_question_reference_passes, test_question_stub_fails,
+         test_question_common_mistake_gets_its_hint) = pencil_tests(SOL, (ex02_5, ex02_6), [
+            ("ex02.5", "sectors_s1", 1, "32 bytes, not 128"), ...])
+
+    The solution cell's numbers (named as the grader's parameters) must pass with exactly
+    ``PASS exNN.k``; the stub must raise NotImplementedError; each (ex, name, wrong value, hint)
+    must fail naming that answer and its hint.
+    """
+    import inspect
+
+    import pytest
+
+    from cudabook.graders import GradeError
+
+    graders = {g.__name__.replace("_", "."): g for g in questions}
+
+    def answers(ex: str) -> dict:
+        ns = sol.namespace(ex)
+        return {k: ns[k] for k in inspect.signature(graders[ex]).parameters}
+
+    @pytest.mark.parametrize("ex", sorted(graders))
+    def test_question_reference_passes(ex, capsys):
+        graders[ex](**answers(ex))
+        assert capsys.readouterr().out == f"PASS {ex}\n"
+
+    @pytest.mark.parametrize("ex", sorted(graders))
+    def test_question_stub_fails(ex):
+        with pytest.raises(NotImplementedError):
+            sol.stub(ex, "x")
+
+    @pytest.mark.parametrize("ex, name, value, hint", mistakes)
+    def test_question_common_mistake_gets_its_hint(ex, name, value, hint):
+        given = answers(ex) | {name: value}
+        with pytest.raises(GradeError, match=f"1 of {len(given)} answers wrong(.|\n)*{name}.*"
+                           f"{re.escape(hint)}"):
+            graders[ex](**given)
+
+    return (test_question_reference_passes, test_question_stub_fails,
+            test_question_common_mistake_gets_its_hint)

@@ -4,11 +4,8 @@ edits of them (tests/solution_cells.py)."""
 
 from __future__ import annotations
 
-import inspect
-import re
-
 import pytest
-from solution_cells import Solution
+from solution_cells import Solution, pencil_tests
 
 import cudabook as cb
 from cudabook import graders
@@ -209,29 +206,8 @@ def test_cuda_graders_refuse_in_simulator():
 
 
 # ----------------------------------------------------------------------------- pencil and paper
-QUESTIONS = {g.__name__.replace("_", "."): g for g in (graders.ex01_5, graders.ex01_6)}
-
-
-def _answers(ex: str) -> dict:
-    """The numbers of the solution cell of ``ex`` (names as the grader's parameters)."""
-    ns = SOL.namespace(ex)
-    params = inspect.signature(QUESTIONS[ex]).parameters
-    return {k: ns[k] for k in params}
-
-
-@pytest.mark.parametrize("ex", sorted(QUESTIONS))
-def test_question_reference_passes(ex, capsys):
-    QUESTIONS[ex](**_answers(ex))
-    assert capsys.readouterr().out == f"PASS {ex}\n"
-
-
-@pytest.mark.parametrize("ex", sorted(QUESTIONS))
-def test_question_stub_fails(ex):
-    with pytest.raises(NotImplementedError):
-        SOL.stub(ex, "x")
-
-
-@pytest.mark.parametrize("ex, name, value, hint", [
+(test_question_reference_passes, test_question_stub_fails,
+ test_question_common_mistake_gets_its_hint) = pencil_tests(SOL, (graders.ex01_5, graders.ex01_6), [
     ("ex01.5", "blocks", 3, "round up"),
     ("ex01.5", "idle_threads", 232, "3 blocks would leave uncovered"),
     ("ex01.6", "div_even_odd", 4, "in every warp"),
@@ -239,8 +215,3 @@ def test_question_stub_fails(ex):
     ("ex01.6", "div_below_100", 7, "do they agree"),            # no listed mistake: the nudge
     ("ex01.5", "blocks", "4", "should be a number"),
 ])
-def test_question_common_mistake_gets_its_hint(ex, name, value, hint):
-    answers = _answers(ex) | {name: value}
-    with pytest.raises(GradeError, match=f"1 of {len(answers)} answers wrong(.|\n)*{name}.*"
-                       f"{re.escape(hint)}"):
-        QUESTIONS[ex](**answers)

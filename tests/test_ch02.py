@@ -6,13 +6,10 @@ come from solutions/02_memory.ipynb; wrong answers are edits of them (tests/solu
 
 from __future__ import annotations
 
-import inspect
-import re
-
 import numpy as np
 import pytest
 from numba import cuda
-from solution_cells import Solution
+from solution_cells import Solution, pencil_tests
 
 import cudabook as cb
 from cudabook import graders
@@ -328,29 +325,8 @@ def test_launch_helpers_refuse_bad_input():
 
 
 # ----------------------------------------------------------------------------- pencil and paper
-QUESTIONS = {g.__name__.replace("_", "."): g for g in (graders.ex02_5, graders.ex02_6)}
-
-
-def _answers(ex: str) -> dict:
-    """The numbers of the solution cell of ``ex`` (names as the grader's parameters)."""
-    ns = SOL.namespace(ex)
-    params = inspect.signature(QUESTIONS[ex]).parameters
-    return {k: ns[k] for k in params}
-
-
-@pytest.mark.parametrize("ex", sorted(QUESTIONS))
-def test_question_reference_passes(ex, capsys):
-    QUESTIONS[ex](**_answers(ex))
-    assert capsys.readouterr().out == f"PASS {ex}\n"
-
-
-@pytest.mark.parametrize("ex", sorted(QUESTIONS))
-def test_question_stub_fails(ex):
-    with pytest.raises(NotImplementedError):
-        SOL.stub(ex, "x")
-
-
-@pytest.mark.parametrize("ex, name, value, hint", [
+(test_question_reference_passes, test_question_stub_fails,
+ test_question_common_mistake_gets_its_hint) = pencil_tests(SOL, (graders.ex02_5, graders.ex02_6), [
     ("ex02.5", "sectors_s1", 1, "32 bytes, not 128"),
     ("ex02.5", "sectors_s16", 64, "at most one sector per lane"),
     ("ex02.5", "used_s2", 1.0, "every other float"),
@@ -358,8 +334,3 @@ def test_question_stub_fails(ex):
     ("ex02.6", "deg_34", 1, "not every padding works"),
     ("ex02.6", "deg_32", 1, "= c for every lane"),
 ])
-def test_question_common_mistake_gets_its_hint(ex, name, value, hint):
-    answers = _answers(ex) | {name: value}
-    with pytest.raises(GradeError, match=f"1 of {len(answers)} answers wrong(.|\n)*{name}.*"
-                       f"{re.escape(hint)}"):
-        QUESTIONS[ex](**answers)

@@ -5,14 +5,12 @@ edits of them (tests/solution_cells.py)."""
 
 from __future__ import annotations
 
-import inspect
 import math
-import re
 
 import numpy as np
 import pytest
 from numba import cuda, float32
-from solution_cells import Solution
+from solution_cells import Solution, pencil_tests
 
 import cudabook as cb
 from cudabook import graders
@@ -487,37 +485,11 @@ def test_references_are_still_importable_from_the_grader_module():
 
 
 # ----------------------------------------------------------------------------- pencil and paper
-QUESTIONS = {g.__name__.replace("_", "."): g for g in (graders.ex03_7, graders.ex03_8)}
-
-
-def _answers(ex: str) -> dict:
-    """The numbers of the solution cell of ``ex`` (names as the grader's parameters)."""
-    ns = SOL.namespace(ex)
-    params = inspect.signature(QUESTIONS[ex]).parameters
-    return {k: ns[k] for k in params}
-
-
-@pytest.mark.parametrize("ex", sorted(QUESTIONS))
-def test_question_reference_passes(ex, capsys):
-    QUESTIONS[ex](**_answers(ex))
-    assert capsys.readouterr().out == f"PASS {ex}\n"
-
-
-@pytest.mark.parametrize("ex", sorted(QUESTIONS))
-def test_question_stub_fails(ex):
-    with pytest.raises(NotImplementedError):
-        SOL.stub(ex, "x")
-
-
-@pytest.mark.parametrize("ex, name, value, hint", [
+(test_question_reference_passes, test_question_stub_fails,
+ test_question_common_mistake_gets_its_hint) = pencil_tests(SOL, (graders.ex03_7, graders.ex03_8), [
     ("ex03.7", "interleaved_s4", 1, "one in 8 lanes of every warp"),
     ("ex03.7", "interleaved_s32", 8, "does not diverge"),
     ("ex03.7", "sequential_s16", 0, "half of warp 0"),
     ("ex03.8", "first_partials", 7812, "round up"),
     ("ex03.8", "launches", 2, "62"),
 ])
-def test_question_common_mistake_gets_its_hint(ex, name, value, hint):
-    answers = _answers(ex) | {name: value}
-    with pytest.raises(GradeError, match=f"1 of {len(answers)} answers wrong(.|\n)*{name}.*"
-                       f"{re.escape(hint)}"):
-        QUESTIONS[ex](**answers)

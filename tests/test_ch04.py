@@ -4,12 +4,11 @@ wrong answers fail with the hint that names their mistake. References come from
 solutions/04_tiling.ipynb; wrong answers are edits of them (tests/solution_cells.py)."""
 # ruff: noqa: I001  (cudabook must be imported before numba.cuda)
 
-import inspect
 import re
 
 import numpy as np
 import pytest
-from solution_cells import Solution, strip_solutions
+from solution_cells import Solution, pencil_tests, strip_solutions
 
 import cudabook as cb  # first: decides GPU or simulator mode
 from cudabook import env
@@ -91,7 +90,6 @@ def test_config_and_params():
 
 def test_tuned_defaults_match_the_cu_file():
     """matmul_v10 compiled without -D options must be launched with the same tile sizes."""
-    import re
 
     src = cb.kernel_source("matmul.cu")
     found = {k: int(v) for k, v in re.findall(r"#ifndef MM_(\w+)\n#define MM_\1 (\d+)", src)}
@@ -308,37 +306,11 @@ def test_cuda_graders_need_gpu():
 
 
 # ----------------------------------------------------------------------------- pencil and paper
-QUESTIONS = {g.__name__.replace("_", "."): g for g in (graders.ex04_5, graders.ex04_6)}
-
-
-def _answers(ex: str) -> dict:
-    """The numbers of the solution cell of ``ex`` (names as the grader's parameters)."""
-    ns = SOL.namespace(ex)
-    params = inspect.signature(QUESTIONS[ex]).parameters
-    return {k: ns[k] for k in params}
-
-
-@pytest.mark.parametrize("ex", sorted(QUESTIONS))
-def test_question_reference_passes(ex, capsys):
-    QUESTIONS[ex](**_answers(ex))
-    assert capsys.readouterr().out == f"PASS {ex}\n"
-
-
-@pytest.mark.parametrize("ex", sorted(QUESTIONS))
-def test_question_stub_fails(ex):
-    with pytest.raises(NotImplementedError):
-        SOL.stub(ex, "x")
-
-
-@pytest.mark.parametrize("ex, name, value, hint", [
+(test_question_reference_passes, test_question_stub_fails,
+ test_question_common_mistake_gets_its_hint) = pencil_tests(SOL, (graders.ex04_5, graders.ex04_6), [
     ("ex04.5", "blocks_130", 2, "rounded up to 4352"),
     ("ex04.5", "blocks_127", 8, "the registers fewer"),
     ("ex04.5", "occupancy_130", 12.5, "not a percentage"),
     ("ex04.6", "intensity_64", 8, "two FLOPs"),
     ("ex04.6", "intensity_128", 128, "per byte, not per float"),
 ])
-def test_question_common_mistake_gets_its_hint(ex, name, value, hint):
-    answers = _answers(ex) | {name: value}
-    with pytest.raises(GradeError, match=f"1 of {len(answers)} answers wrong(.|\n)*{name}.*"
-                       f"{re.escape(hint)}"):
-        QUESTIONS[ex](**answers)

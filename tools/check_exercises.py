@@ -26,7 +26,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nbtools import ROOT, canonical, is_grader  # noqa: E402
+from nbtools import ROOT, canonical, is_grader, solved_exercise  # noqa: E402
 
 
 def run_nbval(nb, tmp: Path, name: str) -> dict[int, str]:
@@ -58,19 +58,11 @@ def main(paths: list[str]) -> int:
     for p in paths:
         ex = nbformat.read(p, as_version=4)
         sol = nbformat.read(str(ROOT / "solutions" / Path(p).name), as_version=4)
-        solved = nbformat.from_dict(ex)
-        by_id = {c.get("id"): c for c in sol.cells}
-        for c_ex in solved.cells:
-            c_sol = by_id.get(c_ex.get("id"))
-            if c_sol is None or c_sol.cell_type != c_ex.cell_type:
-                print(f"WRONG: {p}: cell {c_ex.get('id')} has no twin in the solution "
-                      "(regenerate: python tools/nbtools.py exercises)")
-                bad += 1
-                continue
-            c_ex.source = c_sol.source
-            if is_grader(c_sol):   # nbval compares the PASS line the solution stores
-                c_ex.outputs = c_sol.outputs
-                c_ex.execution_count = c_sol.execution_count
+        solved, missing = solved_exercise(ex, sol)
+        for cid in missing:
+            print(f"WRONG: {p}: cell {cid} has no twin in the solution "
+                  "(regenerate: python tools/nbtools.py exercises)")
+            bad += 1
         code = [c for c in ex.cells if c.cell_type == "code"]  # nbval numbers code cells only
         graders = {i: c for i, c in enumerate(code) if is_grader(c)}
         with tempfile.TemporaryDirectory(dir=ROOT) as tmp:

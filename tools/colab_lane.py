@@ -37,11 +37,11 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nbtools import GRADER_MARK, ROOT  # noqa: E402
+from nbtools import GRADER_MARK, ROOT, solved_exercise  # noqa: E402
 
 # what a notebook needs at run time (the rest of requirements.txt builds and checks the book)
 RUNTIME = ("numpy", "numba", "numba-cuda", "cupy-cuda12x", "matplotlib", "tqdm", "ipykernel",
-           "nbformat", "nbclient", "nbval", "pytest")
+           "nbformat", "nbclient", "nbval", "pytest", "scikit-learn")   # Colab ships scikit-learn
 TORCH = ["--extra-index-url", os.environ.get("TORCH_INDEX", "https://download.pytorch.org/whl/cpu"),
          "torch==2.13.0"]
 
@@ -202,9 +202,9 @@ def main(chapters: list[str]) -> int:
             try:
                 ex = nbformat.read(str(p), as_version=4)
                 sol = nbformat.read(str(ROOT / "solutions" / p.name), as_version=4)
-                solved = nbformat.from_dict(ex)
-                for c_ex, c_sol in zip(solved.cells, sol.cells, strict=True):
-                    c_ex.source = c_sol.source
+                solved, missing = solved_exercise(ex, sol)
+                if missing:
+                    raise ValueError(f"cells {missing} have no twin in the solution")
                 st_u, log_u = nbval(vpy, ex, p.name, env)
                 st_s, log_s = nbval(vpy, solved, p.name, env)
             except Exception as e:  # noqa: BLE001  (no solution, cells out of step, time limit)

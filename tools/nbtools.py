@@ -292,6 +292,26 @@ def _grader_note(src: str) -> str:
     return "\n".join(lines[:at] + [note] + lines[at:])
 
 
+def solved_exercise(ex, sol):
+    """The exercise with the solution put back: each cell takes the source of the solution cell of
+    the same id (the exercise leaves out the solution-notes cells, so cells pair by id, not by
+    position), and each grader the PASS output the solution stores (nbval compares it). Returns
+    (notebook, ids of exercise cells that have no twin of their type in the solution)."""
+    solved = nbformat.from_dict(copy.deepcopy(ex))
+    by_id = {c.get("id"): c for c in sol.cells}
+    missing = []
+    for c_ex in solved.cells:
+        c_sol = by_id.get(c_ex.get("id"))
+        if c_sol is None or c_sol.cell_type != c_ex.cell_type:
+            missing.append(c_ex.get("id"))
+            continue
+        c_ex.source = c_sol.source
+        if is_grader(c_sol):
+            c_ex.outputs = c_sol.outputs
+            c_ex.execution_count = c_sol.execution_count
+    return solved, missing
+
+
 def make_exercise(sol):
     nb = copy.deepcopy(sol)
     nb.cells = [c for c in nb.cells if not is_solution_notes(c)]

@@ -27,7 +27,7 @@ from ..launch import ceil_div
 __all__ = ["GradeError", "passed", "fresh_rng", "ragged_sizes", "guarded", "canary_ok",
            "call", "diagnose_1d", "xp", "to_device", "sync", "need_gpu", "compile_kernel",
            "count_launches", "need_launch", "close", "error_summary", "looks_like_low_precision",
-           "ceil_div", "CANARY", "check_numbers",
+           "ceil_div", "CANARY", "check_numbers", "padded",
            "ELEMENTWISE_TOL", "SIM_BEYOND_ONE_BLOCK"]
 
 CANARY = 4096  # NaN elements after each output: a write past the end lands here
@@ -180,6 +180,20 @@ def guarded(shape, dtype=np.float32):
     buf = m.empty(n + CANARY, dtype=dtype)
     buf.fill(np.nan if np.dtype(dtype).kind == "f" else -1)
     return buf[:n].reshape(shape), buf
+
+
+def padded(a: np.ndarray, tail: int):
+    """``a`` on the device as a view of a buffer with ``tail`` zero elements after it.
+
+    An input the student's kernel may read past its end (a missing guard, a transposed index):
+    on a GPU the read stays inside the allocation and returns 0 instead of faulting, which would
+    end the CUDA context for every later cell. In the simulator the view is bounds-checked as
+    before (an IndexError names the missing guard).
+    """
+    a = np.ascontiguousarray(a)
+    flat = np.zeros(a.size + max(int(tail), 0), dtype=a.dtype)
+    flat[:a.size] = a.ravel()
+    return to_device(flat)[:a.size].reshape(a.shape)
 
 
 def canary_ok(buf, n: int) -> bool:

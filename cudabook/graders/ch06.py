@@ -24,6 +24,7 @@ from ._core import (
     error_summary,
     fresh_rng,
     guarded,
+    padded,
     passed,
     to_device,
     xp,
@@ -85,13 +86,10 @@ def ex06_1(kernel) -> None:
             M, C = z.shape
             case = f"{what} (seed {seed}, call {rep + 1})"
             ref_loss, ref_dz = _ce_reference(z, labels)
-            # the inputs are views of buffers padded to the rows the launch covers, so a kernel
-            # without its guard reads harmless padding (labels 0) on a GPU instead of faulting
-            # (a fault would end the CUDA context); its writes land in dz's canary
-            rows = ceil_div(M, CE_THREADS) * CE_THREADS
-            z_pad, y_pad = np.zeros((rows, C), np.float32), np.zeros(rows, np.int32)
-            z_pad[:M], y_pad[:M] = z, labels
-            z_d, y_d = to_device(z_pad)[:M], to_device(y_pad)[:M]
+            # padded to the rows the launch covers: a kernel without its guard reads zeros
+            # (labels 0) on a GPU instead of faulting; its writes land in dz's canary
+            extra = ceil_div(M, CE_THREADS) * CE_THREADS - M
+            z_d, y_d = padded(z, extra * C), padded(labels, extra)
             loss = m.zeros(1, dtype=np.float32)
             dz, buf = guarded((M, C))
 
@@ -181,12 +179,9 @@ def ex06_2(kernel) -> None:
             dz = rng.standard_normal((M, N)).astype(np.float32)
             ref = dz.astype(np.float64).sum(0)
             db, buf = guarded((N,))
-            # dz is a view of a zero-padded buffer: a missing column guard or a transposed index
-            # reads padding on a GPU instead of faulting (a fault would end the CUDA context)
+            # a missing column guard or a transposed index reads the zero tail on a GPU
             big = max(M, N)
-            flat = np.zeros(M * N + big * (big + BG_BLOCK[0]), np.float32)
-            flat[:M * N] = dz.ravel()
-            dz_d = to_device(flat)[:M * N].reshape(M, N)
+            dz_d = padded(dz, big * (big + BG_BLOCK[0]))
 
             def run(dz_d=dz_d, db=db, N=N, case=case):
                 try:

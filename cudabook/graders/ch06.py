@@ -329,9 +329,16 @@ def ex06_3(adamw_update: Callable) -> None:
                     (dict(decay=False), "no weight decay: p *= 1 - lr * weight_decay first"),
                 ]
                 hist = grads[:t]
-                for kw, hint in hints:
-                    if _same(o, _adamw_variant(p0, hist, **kw, **hp)[-1], 1e-12, 1e-9):
-                        raise GradeError(f"{ex}: {where}: {hint}")
+                fits = [hint for kw, hint in hints
+                        if _same(o, _adamw_variant(p0, hist, **kw, **hp)[-1], 1e-12, 1e-9)]
+                if len(fits) == 1:
+                    raise GradeError(f"{ex}: {where}: {fits[0]}")
+                if len(fits) > 1:
+                    # at step 1 Adam's step is about lr * sign(g), so Adam + L2 and no decay can
+                    # give the same p; the moments they carry differ, and so does the next step
+                    if t < len(grads):
+                        continue
+                    raise GradeError(f"{ex}: {where}: one of: " + "; or ".join(fits))
                 if t > 1 and _same(o, _adamw_variant(p0, hist, keep=False, **hp)[-1], 1e-12,
                                    1e-9):
                     raise GradeError(f"{ex}: {where}: p is what AdamW gives when m and v restart "

@@ -248,3 +248,38 @@ def test_torchrun_turns_a_hang_into_a_timeout(tmp_path):
     script.write_text("import time\ntime.sleep(60)\n")
     with pytest.raises(dist.DistTimeout, match="did not finish within 3 s"):
         dist.torchrun(script, 1, timeout=3)
+
+
+# ============================================================================ GPUs (the lane)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 3, 1000, 4097, 1 << 20])
+def test_p2p_allreduce_every_gpu_of_the_host(n):
+    """The ring and both one-shots on every GPU of the host (2, 4, 8: any world size), at sizes
+    that do not divide by the world and smaller than it: every GPU holds the exact sum."""
+    import cupy as cp
+
+    import cudabook as cb
+
+    if dist.gpu_count() < 2:
+        pytest.skip("needs 2 or more GPUs of one host")
+    ar = cb.load_launch("allreduce")
+    g = ar.PeerGroup()
+    w = g.world
+    want = (np.arange(n) % 61).astype(np.float32) * (w * (w + 1) // 2)
+    for algo in ("ring", "v1", "v2"):
+        ins, outs = [], []
+        for r, d in enumerate(g.devices):
+            with cp.cuda.Device(d):
+                ins.append((cp.arange(n, dtype=cp.float32) % 61) * (r + 1))
+                outs.append(cp.full(n, np.nan, cp.float32))
+        if algo == "ring":
+            g.ring(ins)
+            outs = ins
+        else:
+            g.one_shot(ins, outs, version=algo)
+        g.synchronize()
+        for r, d in enumerate(g.devices):
+            with cp.cuda.Device(d):
+                np.testing.assert_array_equal(cp.asnumpy(outs[r]), want,
+                                              err_msg=f"{algo} on GPU {d} of {w}, n={n}")

@@ -6,6 +6,7 @@
 #   LESSONS_ONLY=1 bash tools/gpu_lane.sh 04    lessons only (execute, nbval, policy)
 #   SKIP_NBVAL=1 bash tools/gpu_lane.sh          no second execution (step 3), for a run short of
 #                                                device time; the report marks the step skipped
+#   SKIP_HELPERS=1 bash tools/gpu_lane.sh 11     no final tests/test_helpers.py (the report says so)
 #
 # It refuses to start without a GPU. Then, chapter by chapter:
 #   1. execute lessons/NN_* and solutions/NN_* in place (tools/gpu_execute.py); their bench
@@ -122,7 +123,11 @@ for c in "${chapters[@]}"; do
   fi
   pack
 done
-[ -z "${LESSONS_ONLY:-}" ] && step all helpers "$py" -m pytest -q -p no:cacheprovider tests/test_helpers.py
+if [ -n "${SKIP_HELPERS:-}" ]; then
+  rows+=("| all | helpers | skipped (SKIP_HELPERS=1) | 0 s | |")
+elif [ -z "${LESSONS_ONLY:-}" ]; then
+  step all helpers "$py" -m pytest -q -p no:cacheprovider tests/test_helpers.py
+fi
 t_total=$(( $(date +%s) - t_start ))
 
 "$py" - "$report" "$t_total" "${#rows[@]}" "${rows[@]}" "${chapter_rows[@]}" <<'PYEOF'

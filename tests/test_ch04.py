@@ -96,6 +96,37 @@ def test_tuned_defaults_match_the_cu_file():
     assert found == mm.TUNED_DEFAULT
 
 
+def test_ladder_plot_styles():
+    """The ladder figure's series: CUDA C++ solid and Numba dash-dotted with hollow markers, the
+    baseline black and dashed, no two series in one colour, the legend outside the axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from cudabook.bench import BenchTable, Row, Sweep
+
+    names = ["cuBLAS", *mm.VERSIONS, *(f"numba {v}" for v in mm.NUMBA_VERSIONS)]
+    st = cb.plot.styles(names, "cuBLAS")
+    assert st["cuBLAS"]["color"] == "black" and st["cuBLAS"]["ls"] == "--"
+    colours = [st[n]["color"] for n in names]
+    assert len(set(colours)) == len(names), "two series share a colour"
+    for n in names[1:]:
+        numba = n.startswith("numba")
+        assert (st[n]["ls"] == "-.") == numba and (st[n].get("mfc") == "white") == numba, n
+    many = cb.plot.styles([f"v{i}" for i in range(40)])
+    assert len({s["color"] for s in many.values()}) == 40
+    tables = [BenchTable([Row(n, 1.0, float(i + k + 1), "TFLOP/s", is_baseline=(i == 0))
+                          for i, n in enumerate(names)], size=k) for k in (1024, 2048)]
+    sw = Sweep([1024, 2048], tables, xlabel="n")
+    fig, axes = plt.subplots(1, 2)
+    for ax in (cb.plot.perf(sw), cb.plot.perf(sw, ax=axes[0]), cb.plot.perf(sw, ax=axes[1])):
+        ax.figure.canvas.draw()
+        box = ax.get_legend().get_window_extent()
+        frame = ax.get_window_extent()
+        assert box.x0 >= frame.x1 or box.y1 <= frame.y0, "the legend overlaps the data"
+    plt.close("all")
+
+
 @gpu
 def test_cupy_versions_ragged():
     import cupy

@@ -49,6 +49,7 @@ __device__ __forceinline__ void load_tile(T* dst, const T* __restrict__ src, int
 // ----- the two 16-bit input types behind one name ---------------------------------------------
 template <typename T> struct Mma;
 template <> struct Mma<__half> {
+    static constexpr bool bf16 = false;
     static __device__ __forceinline__ void mma(float* c, const unsigned* a, const unsigned* b) {
         mma_m16n8k16_f16(c, a, b);
     }
@@ -59,6 +60,7 @@ template <> struct Mma<__half> {
     static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 };
 template <> struct Mma<__nv_bfloat16> {
+    static constexpr bool bf16 = true;
     static __device__ __forceinline__ void mma(float* c, const unsigned* a, const unsigned* b) {
         mma_m16n8k16_bf16(c, a, b);
     }

@@ -19,6 +19,11 @@
 //                       ldmatrix; S = Q K^T stays in registers, and its accumulators become the A
 //                       operand of P V without leaving them. Loads of the next K (and of V) overlap
 //                       the math. Needs sm_80 for bf16 (f16 runs from sm_75)
+//   attention_v4_{f16,bf16}_d{64,128}   Hopper (sm_90a): wgmma, TMA, warp specialisation. A
+//                       producer warpgroup loads K/V tiles by TMA into a 2-stage ring guarded by
+//                       mbarriers; two consumer warpgroups (64 query rows each) compute S = Q K^T
+//                       with wgmma from shared memory and O += P V with P from registers; at
+//                       D = 128, P V of one tile overlaps the softmax of the next
 //
 // work (non-causal): 4 Nq Nk D flops (two matrix products); causal about half.
 #include "attention.cuh"
@@ -339,3 +344,278 @@ ATTN_V3(attention_v3_f16_d64, __half, 64, 128, 64)
 ATTN_V3(attention_v3_bf16_d64, __nv_bfloat16, 64, 128, 64)
 ATTN_V3(attention_v3_f16_d128, __half, 128, 128, 64)
 ATTN_V3(attention_v3_bf16_d128, __nv_bfloat16, 128, 128, 64)
+
+// ======================================================================================= v4
+// Hopper (sm_90a). launch: block 384 = 3 warpgroups, grid (ceil(Nq / 128), BH), dynamic shared
+// memory (128 D + 4 BC D) * 2 + 1024 bytes (Q, two stages of K and of V, 1024 for alignment);
+// 81 KiB at D = 64, 161 KiB at D = 128. Q, K and V arrive by TMA through 2D tensor maps of
+// (BH N, D) with boxes of 64 columns (128 bytes, the 128-byte swizzle wgmma reads): a tile of
+// D = 128 is two slabs of 64 columns. A box that hangs over the end of a sequence reads the next
+// head's rows (or zeros past the last head): those keys are masked to -inf, those queries never
+// stored, so the ragged end costs nothing but the mask.
+//
+// Warpgroup 0 is the producer: it gives registers away (setmaxnreg.dec) and one thread issues the
+// TMA copies: Q once, then K_j and V_j into a ring of 2 stages, each stage guarded by a "full"
+// barrier (the bytes landed) and an "empty" one (both consumers are done with it). Warpgroups 1
+// and 2 are consumers (setmaxnreg.inc), 64 query rows each. Per tile j a consumer computes
+// S_j = Q K_j^T with wgmma (both operands from shared memory, K-major), the online softmax on
+// the accumulators, P_j rounded to 16 bits in registers, and O += P_j V_j with wgmma taking P
+// from registers and V from shared memory as it lies (N-major: no transpose). With OVERLAP the
+// product P_{j-1} V_{j-1} runs on the tensor cores while the softmax of S_j runs on the ALUs:
+// S_j is issued first, then P_{j-1} V_{j-1}; the consumer waits for S_j only, and for the
+// P V product just before O is rescaled.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// d += A (64 x 16, K-major in shared) @ B (16 x N, B stored (N, K) in shared)
+template <int N, typename T>
+__device__ __forceinline__ void wg_ss(float* d, unsigned long long da, unsigned long long db) {
+    static_assert(N == 64 || N == 128, "S tiles of 64 or 128 keys");
+    if constexpr (Mma<T>::bf16) {
+        if constexpr (N == 128) wgmma_m64n128k16_bf16(d, da, db);
+        else wgmma_m64n64k16_bf16(d, da, db);
+    } else {
+        if constexpr (N == 128) wgmma_m64n128k16_f16(d, da, db);
+        else wgmma_m64n64k16_f16(d, da, db);
+    }
+}
+// d += A (64 x 16, registers) @ B (16 x N, stored (K, N) in shared)
+template <int N, typename T>
+__device__ __forceinline__ void wg_rs(float* d, const unsigned* a, unsigned long long db) {
+    static_assert(N == 64 || N == 128, "head dimensions 64 or 128");
+    if constexpr (Mma<T>::bf16) {
+        if constexpr (N == 128) wgmma_m64n128k16_rs_bf16(d, a, db);
+        else wgmma_m64n64k16_rs_bf16(d, a, db);
+    } else {
+        if constexpr (N == 128) wgmma_m64n128k16_rs_f16(d, a, db);
+        else wgmma_m64n64k16_rs_f16(d, a, db);
+    }
+}
+// An empty asm that claims to change x: the compiler must keep x in its register until here, so
+// registers an in-flight wgmma reads or writes are not reused before the wgmma_wait before it.
+__device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
+__device__ __forceinline__ void pin(unsigned& x) { asm volatile("" : "+r"(x) :: "memory"); }
+template <int N, typename X>
+__device__ __forceinline__ void pin_all(X* x) {
+#pragma unroll
+    for (int i = 0; i < N; i++) pin(x[i]);
+}
+#endif
+
+template <typename T, int D, int BC, bool OVERLAP>
+__device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk,
+                                            const TmaDesc& tv, T* __restrict__ O,
+                                            float* __restrict__ lse, int Nq, int Nk,
+                                            float scale_log2, int causal) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BR = 128, SL = D / 64, ST = 2, NB = BC / 8, ND = D / 8, KP = BC / 16;
+    constexpr unsigned Q_BYTES = BR * D * sizeof(T), KV_BYTES = BC * D * sizeof(T);
+    __shared__ __align__(8) unsigned long long qbar, kfull[ST], vfull[ST], kempty[ST], vempty[ST];
+    extern __shared__ __align__(1024) unsigned char attn_smem[];
+    // slab sl of a tile of R rows: R x 64 values at offset sl * R * 64
+    T* Qs = reinterpret_cast<T*>(attn_smem + ((1024u - (smem_u32(attn_smem) & 1023u)) & 1023u));
+    T* Ks = Qs + BR * D;                          // ST stages of BC x D
+    T* Vs = Ks + ST * BC * D;
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    const int qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, q0 = qb * BR;
+    const int kv_end = causal ? min(Nk, min(Nq, q0 + BR)) : Nk;
+    const int n_tiles = ceil_div(kv_end, BC);
+    if (threadIdx.x == 0) {
+        mbar_init(&qbar, 1);
+        for (int s = 0; s < ST; s++) {
+            mbar_init(&kfull[s], 1);               // the producer's arrive (+ the TMA bytes)
+            mbar_init(&vfull[s], 1);
+            mbar_init(&kempty[s], 2);              // one arrive per consumer warpgroup
+            mbar_init(&vempty[s], 2);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {                                // ---------------------------------- producer
+        setmaxnreg_dec<24>();
+        if (tid == 0) {
+            mbar_expect_tx(&qbar, Q_BYTES);
+            for (int sl = 0; sl < SL; sl++)
+                tma_load_2d(Qs + sl * BR * 64, &tq, &qbar, 64 * sl, bh * Nq + q0);
+            for (int jt = 0; jt < n_tiles; jt++) {
+                const int s = jt % ST, use = jt / ST, row = bh * Nk + jt * BC;
+                if (use > 0) mbar_wait(&kempty[s], (use - 1) & 1);
+                mbar_expect_tx(&kfull[s], KV_BYTES);
+                for (int sl = 0; sl < SL; sl++)
+                    tma_load_2d(Ks + s * BC * D + sl * BC * 64, &tk, &kfull[s], 64 * sl, row);
+                if (use > 0) mbar_wait(&vempty[s], (use - 1) & 1);
+                mbar_expect_tx(&vfull[s], KV_BYTES);
+                for (int sl = 0; sl < SL; sl++)
+                    tma_load_2d(Vs + s * BC * D + sl * BC * 64, &tv, &vfull[s], 64 * sl, row);
+            }
+        }
+        return;
+    }
+    setmaxnreg_inc<240>();                         // ---------------------------------- consumers
+    const int c = wg - 1, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int rw = q0 + 64 * c;                   // this warpgroup's first row
+    const int r0 = rw + 16 * (tid / 32) + g;      // this thread's rows: r0 (h = 0), r0 + 8 (h = 1)
+    float o[D / 2], sacc[BC / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    unsigned pa[KP][4];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+
+    auto issue_s = [&](int s) {                   // sacc = Q K^T of stage s (asynchronous)
+#pragma unroll
+        for (int i = 0; i < BC / 2; i++) sacc[i] = 0.f;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wg_ss<BC, T>(sacc,
+                         wgmma_desc_sw128(Qs + (kk / 4) * BR * 64 + c * 64 * 64 + 16 * (kk % 4)),
+                         wgmma_desc_sw128(Ks + s * BC * D + (kk / 4) * BC * 64 + 16 * (kk % 4)));
+        wgmma_commit();
+    };
+    auto issue_pv = [&](int s) {                  // o += P V of stage s (asynchronous)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KP; kk++)
+            wg_rs<D, T>(o, pa[kk], wgmma_desc_sw128_mn(Vs + s * BC * D + kk * 16 * 64,
+                                                        BC * 64 * sizeof(T)));
+        wgmma_commit();
+    };
+    // mask, online softmax of sacc (tile jt), P into pa; returns alpha of each row (O's rescale)
+    auto softmax = [&](int jt, float* alpha) {
+        const int j0 = jt * BC;
+        if (j0 + BC > Nk || (causal && j0 + BC - 1 > rw)) {   // only edge tiles pay for the mask
+#pragma unroll
+            for (int j = 0; j < NB; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int row = r0 + 8 * (e / 2), col = j0 + 8 * j + 2 * t + (e % 2);
+                    if (col >= Nk || (causal && col > row)) sacc[4 * j + e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NB; j++) mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * h], sacc[4 * j + 2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the quad holds the row
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[h], mx * scale_log2);
+            const float base = m_new == -INFINITY ? 0.f : m_new;    // all masked: no NaN
+            alpha[h] = exp2f(m[h] - base);
+            m[h] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < NB; j++)
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; e++) {
+                    const float p = exp2f(fmaf(sacc[4 * j + e], scale_log2, -base));
+                    sacc[4 * j + e] = p;
+                    sum += p;
+                }
+            l[h] = l[h] * alpha[h] + sum;
+        }
+    };
+    auto rescale = [&](const float* alpha) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            o[4 * j] *= alpha[0];
+            o[4 * j + 1] *= alpha[0];
+            o[4 * j + 2] *= alpha[1];
+            o[4 * j + 3] *= alpha[1];
+        }
+    };
+    auto to_pa = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < KP; kk++) acc_to_a<T>(pa[kk], &sacc[8 * kk], &sacc[8 * kk + 4]);
+    };
+
+    mbar_wait(&qbar, 0);
+    float alpha[2];
+    if constexpr (OVERLAP) {
+        mbar_wait(&kfull[0], 0);
+        issue_s(0);
+        wgmma_wait<0>();
+        pin_all<BC / 2>(sacc);
+        if (tid == 0) mbar_arrive(&kempty[0]);
+        softmax(0, alpha);
+        to_pa();
+        for (int jt = 1; jt < n_tiles; jt++) {
+            const int s = jt % ST, sp = (jt - 1) % ST;
+            mbar_wait(&kfull[s], (jt / ST) & 1);
+            issue_s(s);                            // S_j on the tensor cores ...
+            mbar_wait(&vfull[sp], ((jt - 1) / ST) & 1);
+            issue_pv(sp);                          // ... then P_{j-1} V_{j-1} behind it
+            wgmma_wait<1>();                       // S_j is done (P V may still run)
+            pin_all<BC / 2>(sacc);                 // (no read of S may move above the wait)
+            if (tid == 0) mbar_arrive(&kempty[s]);
+            softmax(jt, alpha);                    // the ALUs work while P V runs
+            wgmma_wait<0>();
+            pin_all<D / 2>(o);
+            pin_all<4 * KP>(&pa[0][0]);            // (nor may P's registers be reused before it)
+            if (tid == 0) mbar_arrive(&vempty[sp]);
+            rescale(alpha);
+            to_pa();
+        }
+        const int sl = (n_tiles - 1) % ST;
+        mbar_wait(&vfull[sl], ((n_tiles - 1) / ST) & 1);
+        issue_pv(sl);
+        wgmma_wait<0>();
+        pin_all<D / 2>(o);
+        pin_all<4 * KP>(&pa[0][0]);
+        if (tid == 0) mbar_arrive(&vempty[sl]);
+    } else {
+        for (int jt = 0; jt < n_tiles; jt++) {
+            const int s = jt % ST, ph = (jt / ST) & 1;
+            mbar_wait(&kfull[s], ph);
+            issue_s(s);
+            wgmma_wait<0>();
+            pin_all<BC / 2>(sacc);
+            if (tid == 0) mbar_arrive(&kempty[s]);
+            softmax(jt, alpha);
+            rescale(alpha);
+            to_pa();
+            mbar_wait(&vfull[s], ph);
+            issue_pv(s);
+            wgmma_wait<0>();
+            pin_all<D / 2>(o);
+            pin_all<4 * KP>(&pa[0][0]);
+            if (tid == 0) mbar_arrive(&vempty[s]);
+        }
+    }
+    // O = o / l and lse, straight from the accumulators (layout: mma.cuh, wgmma accumulators)
+    T* Oh = O + (size_t)bh * Nq * D;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float sum = l[h];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        const int row = r0 + 8 * h;
+        if (row < Nq) {
+            unsigned* out = reinterpret_cast<unsigned*>(Oh + (size_t)row * D + 2 * t);
+#pragma unroll
+            for (int j = 0; j < ND; j++)
+                out[j * 4] = Mma<T>::pack(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+            if (t == 0)
+                lse[(size_t)bh * Nq + row] = sum > 0.f ? (m[h] + log2f(sum)) * ATTN_LN2 : -INFINITY;
+        }
+    }
+#endif
+}
+
+// BC = 128 keys per tile; OVERLAP per head dimension as timed by tools/dev/ch09_v4_probe.py on an
+// H100 (bf16, B = 8, H = 16, N = 4096): at D = 128 the overlap wins (614 against 574 TFLOP/s,
+// not causal), at D = 64 it loses (368 against 397): there the two consumer warpgroups already
+// keep the tensor cores busy, and the overlap's extra waits cost more than it hides. The
+// _overlap / _nolap kernels are the other choice, for the lesson's comparison.
+#define ATTN_V4(NAME, T, D, BC, OVERLAP)                                                         \
+    extern "C" __global__ void __launch_bounds__(384, 1) NAME(                                   \
+        const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk,                  \
+        const __grid_constant__ TmaDesc tv, T* O, float* lse, int Nq, int Nk, float scale_log2,  \
+        int causal) {                                                                            \
+        flash_wgmma<T, D, BC, OVERLAP>(tq, tk, tv, O, lse, Nq, Nk, scale_log2, causal);          \
+    }
+ATTN_V4(attention_v4_f16_d64, __half, 64, 128, false)
+ATTN_V4(attention_v4_bf16_d64, __nv_bfloat16, 64, 128, false)
+ATTN_V4(attention_v4_f16_d128, __half, 128, 128, true)
+ATTN_V4(attention_v4_bf16_d128, __nv_bfloat16, 128, 128, true)
+ATTN_V4(attention_v4_overlap_bf16_d64, __nv_bfloat16, 64, 128, true)
+ATTN_V4(attention_v4_nolap_bf16_d128, __nv_bfloat16, 128, 128, false)

@@ -8,8 +8,9 @@ PyTorch op built on them.
 
 Inputs: q (B, H, Nq, D) or (BH, Nq, D), k and v (..., Nk, D), one dtype, C-contiguous, on the
 GPU; any Nq, Nk >= 1; D = 64 or 128. Forward v1 (naive, three kernels) and v2 (fp32 flash) take
-float32, v3 (tensor cores) float16 or bfloat16; backward v1 float32, v2 float16/bfloat16. Every
-assumption is checked before a launch, with a message that names the argument.
+float32, v3 (tensor cores) and v4 (Hopper: wgmma, TMA, warp specialisation; compute capability
+9.0 only) float16 or bfloat16; backward v1 float32, v2 float16/bfloat16. Every assumption is
+checked before a launch, with a message that names the argument.
 
 16-bit tensors reach the kernels as raw device pointers: CuPy 14 has no bfloat16 dtype, so a
 bfloat16 tensor cannot cross into CuPy through DLPack (float16 and float32 could). The kernels run
@@ -28,11 +29,19 @@ LOG2E = 1.4426950408889634
 #: attention_v3 tiles (queries per block BR, keys per tile BC) per head dimension; the same
 #: numbers as the ATTN_V3 lines of attention_forward.cu (tests/test_ch09.py compares them)
 V3_TILES = {64: (128, 64), 128: (128, 64)}
+#: attention_v4 keys per K/V tile (BC) per head dimension (queries per block: 128), as in the
+#: ATTN_V4 lines of attention_forward.cu
+V4_TILES = {64: 128, 128: 128}
+V4_BR = 128
+#: whether attention_v4 overlaps P V of one tile with the softmax of the next, per head dimension
+#: (the faster choice on an H100; the other is compiled for bfloat16 as _overlap / _nolap)
+V4_OVERLAP = {64: False, 128: True}
 #: attention_bwd_v2 tiles (keys per block BC, queries per tile BR), as in ATTN_BWD_V2
 BWD_V2_TILES = {64: (128, 128), 128: (128, 64)}
 HEAD_DIMS = (64, 128)           # every CUDA version is compiled for these
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
-FWD_DTYPES = {"v1": ("float32",), "v2": ("float32",), "v3": ("float16", "bfloat16")}
+FWD_DTYPES = {"v1": ("float32",), "v2": ("float32",), "v3": ("float16", "bfloat16"),
+              "v4": ("float16", "bfloat16")}
 BWD_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16")}
 
 
@@ -119,16 +128,21 @@ def kernel_names(which: str) -> list[str]:
     if which == "forward":
         return (["attention_v1_scores", "attention_v1_softmax", "attention_v1_pv"]
                 + [f"attention_v2_d{d}" for d in HEAD_DIMS]
-                + [f"attention_v3_{t}_d{d}" for d in HEAD_DIMS for t in dts])
+                + [f"attention_v3_{t}_d{d}" for d in HEAD_DIMS for t in dts]
+                + [f"attention_v4_{t}_d{d}" for d in HEAD_DIMS for t in dts]
+                + ["attention_v4_overlap_bf16_d64", "attention_v4_nolap_bf16_d128"])
     return (["attention_bwd_v1_preprocess"]
             + [f"attention_bwd_v1_{k}_d{d}" for d in HEAD_DIMS for k in ("dkdv", "dq")]
             + [f"attention_bwd_v2_{k}_{t}" for t in dts for k in ("preprocess", "convert")]
             + [f"attention_bwd_v2_{t}_d{d}" for d in HEAD_DIMS for t in dts])
 
 
-def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None) -> dict:
+def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None,
+               overlap: bool | None = None) -> dict:
     """Kernel names, grid, block and dynamic shared memory of a forward version (dt: 'f16',
-    'bf16' for v3)."""
+    'bf16' for v3 and v4). ``overlap`` (v4): None takes V4_OVERLAP's choice for D; True or
+    False asks for v4 with or without the overlap of P V and the softmax (the choice V4_OVERLAP
+    does not make exists for bfloat16 only)."""
     cd = cb.ceil_div
     if version == "v1":
         return {"scores": {"kernel": "attention_v1_scores", "grid": (cd(Nk, 32), cd(Nq, 8), BH),
@@ -144,7 +158,17 @@ def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
         br, bc = V3_TILES[D]
         return {"kernel": f"attention_v3_{dt}_d{D}", "grid": (cd(Nq, br), BH), "block": (128,),
                 "shared": (br + 2 * bc) * D * 2}
-    raise ValueError(f"unknown forward version {version!r} (v1, v2, v3)")
+    if version == "v4":
+        bc = V4_TILES[D]
+        name = f"attention_v4_{dt}_d{D}"
+        if overlap is not None and bool(overlap) != V4_OVERLAP[D]:
+            if dt != "bf16":
+                raise ValueError(f"attention_v4 {'with' if overlap else 'without'} the overlap "
+                                 f"at D = {D} is compiled for bfloat16 only")
+            name = f"attention_v4_{'overlap' if overlap else 'nolap'}_{dt}_d{D}"
+        return {"kernel": name, "grid": (cd(Nq, V4_BR), BH), "block": (384,),
+                "shared": (V4_BR + 4 * bc) * D * 2 + 1024, "box_q": V4_BR, "box_kv": bc}
+    raise ValueError(f"unknown forward version {version!r} (v1, v2, v3, v4)")
 
 
 def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None) -> dict:
@@ -180,8 +204,19 @@ def flops(BH: int, Nq: int, Nk: int, D: int, causal: bool = False,
 
 # ============================================================================== launchers
 def module(which: str):
-    """kernels/attention_{forward,backward}.cu, compiled once per process."""
-    return cb.cuda_module(f"attention_{which}")
+    """kernels/attention_{forward,backward}.cu, compiled once per process (the forward for
+    sm_90a on a Hopper GPU: v4's wgmma and setmaxnreg are 'a' features)."""
+    opts = ("-arch=sm_90a",) if which == "forward" and tuple(cb.cc()) == (9, 0) else ()
+    return cb.cuda_module(f"attention_{which}", opts)
+
+
+def hopper_problem(cc: tuple[int, int]) -> str | None:
+    """Why attention_v4 cannot run on a GPU of compute capability ``cc`` (None: it can)."""
+    if tuple(cc) == (9, 0):
+        return None
+    return (f"attention_v4 is built from sm_90a instructions (wgmma, TMA, setmaxnreg) that only "
+            f"compute capability 9.0 (H100, H200) has; this GPU is {cc[0]}.{cc[1]}: use "
+            "version='v3'")
 
 
 def _require(what: str, dt: str, shared: int) -> None:
@@ -245,20 +280,26 @@ def _launch(mod, cfg: dict, args: tuple) -> None:
 
 
 def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | None = None,
-            out: tuple | None = None):
-    """(o, lse) of softmax(scale q k^T) v with the CUDA C++ forward ``version`` (v1, v2, v3).
+            out: tuple | None = None, overlap: bool | None = None):
+    """(o, lse) of softmax(scale q k^T) v with the CUDA C++ forward ``version`` (v1, v2, v3,
+    v4; ``overlap`` picks v4's kernel with or without the softmax / P V overlap, None the
+    faster for the head dimension).
 
     Outputs are allocated by the inputs' library (o like q, lse (..., Nq) float32), or given as
     ``out = (o, lse)`` (NaN-prefilled by a check, say).
     """
     if version not in FWD_DTYPES:
-        raise ValueError(f"unknown forward version {version!r} (v1, v2, v3)")
+        raise ValueError(f"unknown forward version {version!r} (v1, v2, v3, v4)")
     BH, Nq, Nk, D = check_qkv(q, k, v, FWD_DTYPES[version])
     cb.need_cc(7, 5, f"attention_{version}")
     dt = dtype_name(q)
-    cfg = fwd_config(version, BH, Nq, Nk, D, SHORT[dt])
-    if version == "v3":
-        _require("attention_v3", dt, cfg["shared"])
+    cfg = fwd_config(version, BH, Nq, Nk, D, SHORT[dt], overlap)
+    if version == "v4":
+        why = hopper_problem(cb.cc())
+        if why:
+            raise cb.LaunchError(why)
+    if version in ("v3", "v4"):
+        _require(f"attention_{version}", dt, cfg["shared"])
     s = 1 / math.sqrt(D) if scale is None else float(scale)
     mod = module("forward")
     if out is None:
@@ -275,6 +316,12 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
             _launch(mod, cfg["softmax"], (_ptr(S), L, np.int32(BH * Nq), n_k))
             _launch(mod, cfg["pv"], (_ptr(S), V, O, n_q, n_k, np.int32(D)))
             _keep_alive(q, [S])                      # S must outlive its readers
+        elif version == "v4":                        # TMA descriptors of (BH N, D) matrices
+            tmap = cb.load_launch("hgemm").tensor_map
+            tq = tmap(int(Q), BH * Nq, D, cfg["box_q"], dt, box_cols=64)
+            tk = tmap(int(K), BH * Nk, D, cfg["box_kv"], dt, box_cols=64)
+            tv = tmap(int(V), BH * Nk, D, cfg["box_kv"], dt, box_cols=64)
+            _launch(mod, cfg, (tq, tk, tv, O, L, n_q, n_k, np.float32(s * LOG2E), c))
         else:
             _launch(mod, cfg, (Q, K, V, O, L, n_q, n_k, np.float32(s * LOG2E), c))
     return o, lse

@@ -358,3 +358,64 @@ BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_bf16, "bf16")
 #undef BOOK_WGMMA_M64N128K16
 #undef BOOK_WGMMA_M64N256K16
 #endif  // sm_90a
+
+// ===== Hopper (sm_90a), A from registers: the P V product of attention ==========================
+//
+//   wgmma_desc_sw128_mn(p, lbo)         descriptor of an MN-major tile at p (1024-byte aligned):
+//                                       B stored (K, N) with N contiguous, as V is in P V.
+//                                       Rows of 64 16-bit values along N (128 bytes) with the
+//                                       128-byte swizzle, 8 rows (k) per 1024-byte atom; the next
+//                                       8 rows of k follow 1024 bytes on (stride offset), the next
+//                                       64 columns of N lbo bytes on (leading offset)
+//   wgmma_m64n{64,128}k16_rs_{f16,bf16}(d, a, db)   d += A @ B with A (64 x 16) from registers
+//                                       (4 per thread, the layout of an m16n8k16 A fragment for
+//                                       the warp's 16 rows) and B (16 x N) from shared memory,
+//                                       N-major (imm-trans-b = 1): no transpose of V is needed
+//
+// The A registers of warp w are rows 16w..16w+15: exactly the accumulator layout above, so two
+// neighbouring 8-column groups of an m64nN accumulator, rounded to 16 bits, are the A operand of
+// the next product (as with mma.sync; attention.cuh's acc_to_a).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ unsigned long long wgmma_desc_sw128_mn(const void* p, unsigned lbo) {
+    unsigned long long a = smem_u32(p);
+    return ((a & 0x3FFFF) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) |
+           ((1024ull >> 4) << 32) | (1ull << 62);
+}
+#define BOOK_WGMMA_M64N64K16_RS(NAME, T)                                        \
+__device__ __forceinline__ void NAME(float* d, const unsigned* a,          \
+                                     unsigned long long db) {             \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {"  \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"  \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db) : "memory");  \
+}
+#define BOOK_WGMMA_M64N128K16_RS(NAME, T)                                        \
+__device__ __forceinline__ void NAME(float* d, const unsigned* a,          \
+                                     unsigned long long db) {             \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {"  \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"  \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),  \
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),  \
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),  \
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db) : "memory");  \
+}
+
+BOOK_WGMMA_M64N64K16_RS(wgmma_m64n64k16_rs_f16, "f16")
+BOOK_WGMMA_M64N64K16_RS(wgmma_m64n64k16_rs_bf16, "bf16")
+BOOK_WGMMA_M64N128K16_RS(wgmma_m64n128k16_rs_f16, "f16")
+BOOK_WGMMA_M64N128K16_RS(wgmma_m64n128k16_rs_bf16, "bf16")
+#undef BOOK_WGMMA_M64N64K16_RS
+#undef BOOK_WGMMA_M64N128K16_RS
+#endif  // sm_90a

@@ -98,6 +98,10 @@ def test_tiles_match_the_cu_files():
     found = {int(d): (int(bc), int(br)) for d, bc, br in
              re.findall(r"ATTN_BWD_V2\(bf16, __nv_bfloat16, (\d+), (\d+), (\d+)\)", bwd)}
     assert found == al.BWD_V2_TILES
+    found = {int(d): (int(bc), ov == "true") for d, bc, ov in
+             re.findall(r"ATTN_V4\(attention_v4_bf16_d\d+, __nv_bfloat16, (\d+), (\d+), (\w+)\)",
+                        fwd)}
+    assert found == {d: (al.V4_TILES[d], al.V4_OVERLAP[d]) for d in al.HEAD_DIMS}
     for which in ("forward", "backward"):
         src = cb.kernel_source(f"attention_{which}.cu")
         for name in al.kernel_names(which):
@@ -116,6 +120,23 @@ def test_configs_and_flops():
     assert al.flops(1, 10, 20, 64, causal=True, backward=True) == 2.5 * 4 * 10 * 20 * 64 / 2
     with pytest.raises(ValueError, match="unknown forward version"):
         al.fwd_config("v9", 1, 1, 1, 64)
+    c = al.fwd_config("v4", 128, 4097, 4097, 128, "bf16")
+    assert c["grid"] == (33, 128) and c["block"] == (384,)
+    assert c["shared"] == (128 + 4 * 128) * 128 * 2 + 1024 < 227 * 1024
+    for D, ov in al.V4_OVERLAP.items():
+        assert al.fwd_config("v4", 2, 17, 17, D, "f16", overlap=ov)["kernel"] == \
+            f"attention_v4_f16_d{D}"
+        other = al.fwd_config("v4", 2, 17, 17, D, "bf16", overlap=not ov)["kernel"]
+        assert other == f"attention_v4_{'nolap' if ov else 'overlap'}_bf16_d{D}"
+        with pytest.raises(ValueError, match="bfloat16 only"):
+            al.fwd_config("v4", 2, 17, 17, D, "f16", overlap=not ov)
+
+
+def test_v4_refuses_every_gpu_but_hopper():
+    assert al.hopper_problem((9, 0)) is None
+    for cc in ((7, 5), (8, 0), (8, 9), (10, 0), (12, 0)):
+        msg = al.hopper_problem(cc)
+        assert f"this GPU is {cc[0]}.{cc[1]}" in msg and "version='v3'" in msg
 
 
 def test_check_qkv_messages():
@@ -326,6 +347,34 @@ def test_cuda_versions(dt, fwd, bwd, tol, shape, D, causal):
 
 
 @gpu
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(2, 1, 1), (3, 17, 17), (2, 1000, 1000), (1, 4097, 4097),
+                                   (3, 150, 77), (3, 1, 300)])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_v4(dt, shape, D, causal):
+    """attention_v4 (wgmma, TMA) against float64 on ragged lengths; on other GPUs, its refusal."""
+    import torch
+
+    BH, Nq, Nk = shape
+    g = torch.Generator(device="cuda").manual_seed(Nq + D + causal)
+    mk = lambda n: torch.randn(BH, n, D, generator=g, device="cuda", dtype=getattr(torch, dt))  # noqa: E731
+    q, k, v = mk(Nq), mk(Nk), mk(Nk)
+    if al.hopper_problem(cb.cc()):
+        with pytest.raises(cb.LaunchError, match="compute capability 9.0"):
+            al.forward(q, k, v, causal, "v4")
+        return
+    O, lse = _torch_ref(q, k, v, torch.zeros_like(q), causal)[:2]
+    o = torch.full_like(q, float("nan"))
+    lo = torch.full(q.shape[:-1], float("nan"), device="cuda")
+    al.forward(q, k, v, causal, "v4", out=(o, lo))
+    assert _rel(o, O) < (2e-2 if dt == "bfloat16" else 5e-3) and _rel(lo, lse) < 1e-4
+    if dt == "bfloat16" and Nq > 1:          # the other overlap choice: the same numbers
+        o2, _ = al.forward(q, k, v, causal, "v4", overlap=not al.V4_OVERLAP[D])
+        assert _rel(o2, O) < 2e-2
+
+
+@gpu
 def test_launchers_refuse_bad_input():
     import torch
 
@@ -341,6 +390,13 @@ def test_launchers_refuse_bad_input():
         al.forward(t(2, 64, 50).transpose(1, 2), q[0], q[0])
     with pytest.raises(TypeError, match="GPU array"):
         al.forward(q.cpu(), q.cpu(), q.cpu())
+    if not al.hopper_problem(cb.cc()):
+        with pytest.raises(TypeError, match="float16 or bfloat16"):
+            al.forward(*(t(2, 50, 64, dt=torch.float32),) * 3, version="v4")
+        with pytest.raises(ValueError, match="head dimension 96"):
+            al.forward(*(t(2, 50, 96),) * 3, version="v4")
+        with pytest.raises(ValueError, match="C-contiguous"):
+            al.forward(t(2, 64, 50).transpose(1, 2), q[0], q[0], version="v4")
     with pytest.raises(ValueError, match="unknown backward version"):
         al.backward(q, q, q, q, q[..., 0].float(), q, version="v3")
     o, lse = al.forward(q, q, q)

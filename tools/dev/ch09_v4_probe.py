@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Shows: Chapter 9's Hopper forward attention_v4 (both overlap choices) checked against float64
+on ragged sizes, then timed against attention_v3 and SDPA's flash and cuDNN backends (bf16, B = 8,
+H = 16, N = 4096, D = 64 and 128, causal and not), in one run on an H100.
+
+    python tools/dev/ch09_v4_probe.py [--check-only | --time-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import cudabook as cb  # noqa: E402, I001
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+al = cb.load_launch("attention")
+OUT = Path(os.environ.get("OUT", "/tmp/ch09_out"))
+OUT.mkdir(parents=True, exist_ok=True)
+LOG = open(OUT / "ch09_v4_probe.log", "a")
+DT = {"bf16": torch.bfloat16, "f16": torch.float16}
+TOL = {"f16": 5e-3, "bf16": 2e-2}
+
+
+def log(*a) -> None:
+    s = " ".join(str(x) for x in a)
+    print(s, flush=True)
+    LOG.write(s + "\n")
+    LOG.flush()
+
+
+def rel(a, b) -> float:
+    a = a.double()
+    if not torch.isfinite(a).all():
+        return math.inf
+    return float((a - b).norm() / b.norm().clamp_min(1e-3 * math.sqrt(b.numel())))
+
+
+def ref(q, k, v, causal, heads):
+    Q, K, V = (x[heads].double() for x in (q, k, v))
+    S = Q @ K.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool, device=S.device).triu(1),
+                          -math.inf)
+    return torch.softmax(S, -1) @ V, torch.logsumexp(S, -1)
+
+
+def check(BH, Nq, Nk, D, causal, dt, overlap=None) -> bool:
+    g = torch.Generator(device="cuda").manual_seed(BH + Nq + D + causal)
+    mk = lambda n: torch.randn(BH, n, D, generator=g, device="cuda", dtype=DT[dt])  # noqa: E731
+    q, k, v = mk(Nq), mk(Nk), mk(Nk)
+    heads = sorted({0, BH // 2, BH - 1})
+    O, L = ref(q, k, v, causal, heads)
+    o = torch.full_like(q, float("nan"))
+    lo = torch.full(q.shape[:-1], float("nan"), device="cuda")
+    try:
+        al.forward(q, k, v, causal, "v4", out=(o, lo), overlap=overlap)
+        torch.cuda.synchronize()
+        eo, el = rel(o[heads], O), rel(lo[heads], L)
+    except Exception:  # noqa: BLE001
+        log(traceback.format_exc())
+        eo = el = math.inf
+    good = eo < TOL[dt] and el < 1e-4
+    tag = "" if overlap is None else f" overlap={overlap}"
+    log(f"{'ok  ' if good else 'FAIL'} v4{tag} {dt} BH={BH} Nq={Nq} "
+        f"Nk={Nk} D={D} causal={int(causal)}  O {eo:.1e}  lse {el:.1e}")
+    return good
+
+
+def checks() -> None:
+    n = bad = 0
+    cases = [(2, 17, 17), (2, 1, 1), (2, 1000, 1000), (192, 1000, 1000), (2, 4097, 4097),
+             (3, 70, 150), (3, 150, 77), (3, 1, 300), (3, 300, 1)]
+    for dt in ("bf16", "f16"):
+        for BH, Nq, Nk in cases:
+            for D in (64, 128):
+                for causal in (False, True):
+                    if dt == "f16" and BH == 192:
+                        continue
+                    n += 1
+                    bad += not check(BH, Nq, Nk, D, causal, dt)
+    for BH, Nq, Nk in cases[:5]:
+        for D in (64, 128):
+            for causal in (False, True):
+                n += 1
+                bad += not check(BH, Nq, Nk, D, causal, "bf16", overlap=not al.V4_OVERLAP[D])
+    log(f"checks: {n - bad} of {n} pass")
+
+
+def bench(name, fn, flop):
+    try:
+        r = cb.bench({name: fn}, flops=flop, repeat=20, quiet=True)[name]
+        log(f"    {name:22s} {r.time_us:9.1f} us  {r.value:6.1f} TFLOP/s")
+        return r.value
+    except Exception as e:  # noqa: BLE001
+        log(f"    {name:22s} failed: {type(e).__name__}: {str(e)[:300]}")
+        return None
+
+
+def timings() -> None:
+    B, H, N = 8, 16, 4096
+    rows, summ = [], []
+    for D in (64, 128):
+        for causal in (False, True):
+            g = torch.Generator(device="cuda").manual_seed(D)
+            q, k, v = (torch.randn(B, H, N, D, generator=g, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(3))
+            f = al.flops(B * H, N, N, D, causal)
+            log(f"--- bf16 B={B} H={H} N={N} D={D} causal={causal}")
+            res = {"v3": bench("attention_v3", lambda: al.forward(q, k, v, causal, "v3"), f),
+                   "v4": bench("attention_v4", lambda: al.forward(q, k, v, causal, "v4"), f),
+                   "v4 other": bench("attention_v4 other overlap",
+                                     lambda: al.forward(q, k, v, causal, "v4",
+                                                        overlap=not al.V4_OVERLAP[D]), f)}
+            for bn, be in (("SDPA flash", SDPBackend.FLASH_ATTENTION),
+                           ("SDPA cudnn", SDPBackend.CUDNN_ATTENTION)):
+                def fn(be=be):
+                    with sdpa_kernel(be):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                res[bn] = bench(bn, fn, f)
+            rows.append({"D": D, "causal": causal, **res})
+            r = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
+            summ.append(f"D={D:3d} causal={int(causal)} v3 {res['v3'] or 0:4.0f} v4 "
+                        f"{res['v4'] or 0:4.0f} other {res['v4 other'] or 0:4.0f} flash "
+                        f"{res['SDPA flash'] or 0:4.0f} cudnn {res['SDPA cudnn'] or 0:4.0f} | "
+                        f"v4/cudnn {r(res['v4'], res['SDPA cudnn'])} "
+                        f"other/cudnn {r(res['v4 other'], res['SDPA cudnn'])} "
+                        f"v4/flash {r(res['v4'], res['SDPA flash'])}")
+            torch.cuda.empty_cache()
+    (OUT / "ch09_v4_timings.json").write_text(json.dumps(rows, indent=1))
+    log("==== summary (TFLOP/s)\n" + "\n".join(summ))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--time-only", action="store_true")
+    a = ap.parse_args()
+    m = al.module("forward")
+    for name in al.kernel_names("forward"):
+        if "v4" in name:
+            r = al.resources(m, name)
+            log(f"{name:30s} {r['registers']} registers {r['local_bytes']} local bytes")
+    if not a.time_only:
+        checks()
+    if not a.check_only:
+        timings()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

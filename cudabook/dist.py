@@ -2,7 +2,7 @@
 
     from cudabook import dist
     out = dist.spawn(fn, 4)                 # fn(comm) in 4 forked CPU processes over gloo
-    res = dist.torchrun("tools/dist/nccl_sweep.py", 2, args=["--sizes", "4K:1G"])
+    res = dist.torchrun("allreduce_sweep", 2, args=["--max-bytes", "1G"])   # cudabook/dist_scripts
     if dist.need_gpus(2, "the NCCL sweep"):  # False (and says why) with fewer than 2 GPUs
         ...
 
@@ -32,8 +32,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["DistError", "DistTimeout", "Comm", "spawn", "torchrun", "gpu_count", "need_gpus",
-           "SAFE_ENV"]
+__all__ = ["DistError", "DistTimeout", "Comm", "spawn", "torchrun", "script_path", "cupy_nccl",
+           "gpu_count", "need_gpus", "SAFE_ENV"]
 
 #: set in every process this module starts: NVLink multicast (NVLS) off, as the machines require
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -256,6 +256,35 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 30.0,
     return [results[r] for r in range(world)]
 
 
+def cupy_nccl():
+    """CuPy's NCCL bindings (``cupy.cuda.nccl``: one process drives every GPU), or None after
+    printing why not. CuPy loads libnccl.so.2 from a pip package; where it finds none, the copy
+    that PyTorch's wheels ship (``nvidia/.../libnccl.so.2``) is loaded first."""
+    import ctypes
+    import glob
+    import importlib
+    import warnings
+
+    try:
+        import nvidia  # the namespace package of NVIDIA's pip wheels (PyTorch depends on them)
+
+        for root in list(nvidia.__path__):
+            libs = sorted(glob.glob(os.path.join(root, "**", "libnccl.so*"), recursive=True))
+            if libs:
+                ctypes.CDLL(libs[0], mode=ctypes.RTLD_GLOBAL)
+                break
+    except (ImportError, OSError):
+        pass
+    with warnings.catch_warnings():        # CuPy warns on stderr when it finds no library
+        warnings.simplefilter("ignore")
+        nccl = importlib.import_module("cupy.cuda.nccl")
+    if not getattr(nccl, "available", False):
+        print("skipped: CuPy finds no NCCL library here (pip install nvidia-nccl-cu12 or -cu13, "
+              "matching CuPy's CUDA); torch.distributed's NCCL above is the same library")
+        return None
+    return nccl
+
+
 def gpu_count() -> int:
     """CUDA devices visible here (0 in simulator mode or without a driver)."""
     from . import env
@@ -279,9 +308,29 @@ def need_gpus(n: int, what: str = "this cell") -> bool:
     return False
 
 
+def script_path(script: str | os.PathLike) -> Path:
+    """A script's path: a name such as ``"ddp_train"`` is one of the package's
+    ``cudabook/dist_scripts/``; anything else is a path to a file."""
+    here = Path(__file__).resolve().parent / "dist_scripts"
+    s = str(script)
+    if os.sep not in s and "/" not in s:
+        p = here / (s if s.endswith(".py") else s + ".py")
+        if p.is_file() and p.name != "__init__.py":
+            return p
+        names = sorted(q.stem for q in here.glob("*.py") if q.name != "__init__.py")
+        if not Path(s).is_file():
+            raise FileNotFoundError(f"torchrun: no script {s!r}: the package's scripts are "
+                                    f"{names}, or give a path to a file")
+    p = Path(script)
+    if not p.is_file():
+        raise FileNotFoundError(f"torchrun: no script {p}")
+    return p
+
+
 def torchrun(script: str | os.PathLike, nproc: int, args: Sequence[str] = (),
              timeout: float = 300.0, env: dict | None = None, quiet: bool = True) -> Any:
-    """Run ``script`` with ``torchrun --standalone --nproc_per_node nproc`` and return the JSON
+    """Run ``script`` (a name from ``cudabook/dist_scripts``, or a path) with ``torchrun
+    --standalone --nproc_per_node nproc`` and return the JSON
     that rank 0 writes to the path in ``$CUDABOOK_DIST_OUT`` (None if it writes none).
 
     The run is killed after ``timeout`` seconds (``DistTimeout``); a non-zero exit raises
@@ -290,9 +339,7 @@ def torchrun(script: str | os.PathLike, nproc: int, args: Sequence[str] = (),
     """
     if nproc < 1:
         raise ValueError(f"torchrun: nproc must be >= 1, got {nproc}")
-    script = Path(script)
-    if not script.is_file():
-        raise FileNotFoundError(f"torchrun: no script {script}")
+    script = script_path(script)
     fd, out = tempfile.mkstemp(suffix=".json", prefix="cudabook-dist-")
     os.close(fd)
     os.unlink(out)

@@ -1,4 +1,4 @@
-// allreduce.cu: all-reduce of float32 buffers over the GPUs of one host, through peer access
+// allreduce.cu: all-reduce of float32 (and, for the ring, bf16) buffers over the GPUs of one host, through peer access
 // (each GPU reads the others' memory over NVLink or PCIe), driven by one process (Chapter 11).
 //
 // versions, simplest first
@@ -9,6 +9,8 @@
 //                   with events (allreduce_launch.PeerGroup.ring)
 //   ring_step_copy  one all-gather step: own[lo:hi] = left[lo:hi]. Alone, on a whole buffer, it
 //                   is the "kernel that reads a peer's memory" whose bandwidth the lesson measures
+//   ring_step_*_bf16  the same two steps on bf16 buffers (gradients of data-parallel training):
+//                   8 values per 16-byte load, each sum in float32 rounded to bf16 once per step
 //   one_shot_v1     out = in_0 + in_1 + ... + in_{world-1} in one kernel: every GPU reads every
 //                   peer's whole input. Per-block flags in each GPU's memory make two barriers
 //                   across the GPUs (everyone's input is ready; everyone has finished reading),
@@ -70,6 +72,77 @@ extern "C" __global__ void ring_step_add(float* own, const float* left, long lon
 // launch: as ring_step_add
 extern "C" __global__ void ring_step_copy(float* own, const float* left, long long lo, long long hi) {
     ring_body<false>(own, left, lo, hi);
+}
+
+// bf16 gradients (data-parallel training keeps them in bf16, as DDP does): the same pull, 8 values
+// per 16-byte load, each sum formed in float32 and rounded to bf16 (round to nearest even) once per
+// ring step, as NCCL's bf16 all-reduce does. bf16 is handled as its bits (unsigned short), so the
+// kernels need no bf16 header and compile for sm_75 like the rest.
+__device__ __forceinline__ float bf16_bits_to_float(unsigned int h) { return __uint_as_float(h << 16); }
+
+__device__ __forceinline__ unsigned int float_to_bf16_bits(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;   // NaN stays a (quiet) NaN
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;                     // round to nearest even
+}
+
+__device__ __forceinline__ unsigned int add_bf16x2(unsigned int a, unsigned int b) {
+    unsigned int lo = float_to_bf16_bits(bf16_bits_to_float(a & 0xffffu) + bf16_bits_to_float(b & 0xffffu));
+    unsigned int hi = float_to_bf16_bits(bf16_bits_to_float(a >> 16) + bf16_bits_to_float(b >> 16));
+    return lo | (hi << 16);
+}
+
+template <bool ADD>
+__device__ __forceinline__ void ring_body_bf16(unsigned short* __restrict__ own,
+                                               const unsigned short* __restrict__ left,
+                                               long long lo, long long hi) {
+    long long a = (lo + 7) & ~7LL;                    // first 16-byte aligned element
+    if (a > hi) a = hi;
+    long long b = a + ((hi - a) & ~7LL);              // end of the 8-value body
+    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long nth = (long long)gridDim.x * blockDim.x;
+    if (tid < a - lo) {
+        long long i = lo + tid;
+        own[i] = ADD ? (unsigned short)float_to_bf16_bits(bf16_bits_to_float(own[i]) + bf16_bits_to_float(left[i]))
+                     : left[i];
+    }
+    if (tid < hi - b) {
+        long long i = b + tid;
+        own[i] = ADD ? (unsigned short)float_to_bf16_bits(bf16_bits_to_float(own[i]) + bf16_bits_to_float(left[i]))
+                     : left[i];
+    }
+    const uint4* l4 = reinterpret_cast<const uint4*>(left + a);
+    uint4* o4 = reinterpret_cast<uint4*>(own + a);
+    long long n8 = (b - a) >> 3;
+    for (long long i = tid; i < n8; i += 4 * nth) {
+        uint4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (i + k * nth < n8) v[k] = l4[i + k * nth];       // remote loads, all in flight
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (i + k * nth >= n8) continue;
+            uint4 r = v[k];
+            if (ADD) {
+                uint4 m = o4[i + k * nth];
+                r.x = add_bf16x2(r.x, m.x); r.y = add_bf16x2(r.y, m.y);
+                r.z = add_bf16x2(r.z, m.z); r.w = add_bf16x2(r.w, m.w);
+            }
+            o4[i + k * nth] = r;
+        }
+    }
+}
+
+// launch: as ring_step_add; own and left hold bf16 values (as their 16-bit patterns)
+extern "C" __global__ void ring_step_add_bf16(unsigned short* own, const unsigned short* left,
+                                              long long lo, long long hi) {
+    ring_body_bf16<true>(own, left, lo, hi);
+}
+
+// launch: as ring_step_add
+extern "C" __global__ void ring_step_copy_bf16(unsigned short* own, const unsigned short* left,
+                                               long long lo, long long hi) {
+    ring_body_bf16<false>(own, left, lo, hi);
 }
 
 // A barrier across GPUs for block blockIdx.x: tell every rank p (slot [rank][block] of p's flags)

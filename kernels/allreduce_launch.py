@@ -71,7 +71,8 @@ class PeerGroup:
                                 raise
                 mod = cb.load_cuda("allreduce")            # one module per GPU, loaded there
                 k = {n: mod.get(n) for n in ("ring_step_add", "ring_step_copy", "one_shot_v1",
-                                             "one_shot_v2")}
+                                             "one_shot_v2", "ring_step_add_bf16",
+                                             "ring_step_copy_bf16")}
                 k["spin"] = cb.load_cuda("profiling").get("spin")
                 self.mods.append(k)
                 self.streams.append(cp.cuda.Stream(non_blocking=True))
@@ -95,13 +96,13 @@ class PeerGroup:
         with cp.cuda.Device(device):
             return cp.zeros(n, cp.float32)
 
-    def _check(self, bufs, what: str) -> int:
+    def _check(self, bufs, what: str, dtype=np.float32) -> int:
         if len(bufs) != self.world:
             raise LaunchError(f"{what}: expected {self.world} buffers (one per GPU "
                               f"{self.devices}), got {len(bufs)}")
         n = None
         for r, (b, d) in enumerate(zip(bufs, self.devices)):
-            cb.expect(b, f"{what}[{r}]", dtype=np.float32, ndim=1)
+            cb.expect(b, f"{what}[{r}]", dtype=dtype, ndim=1)
             if b.device.id != d:
                 raise LaunchError(f"{what}[{r}] is on GPU {b.device.id}; rank {r} is GPU {d}")
             if n is None:
@@ -154,17 +155,20 @@ class PeerGroup:
 
     def ring(self, bufs, sync_start: bool = True, ordered: bool = True) -> None:
         """In-place ring all-reduce (sum): world - 1 reduce-scatter steps, a barrier, world - 1
-        all-gather steps; step s on GPU r waits only for step s - 1 on its left neighbour."""
+        all-gather steps; step s on GPU r waits only for step s - 1 on its left neighbour.
+        ``bufs``: one 1-D buffer per GPU, CuPy float32, or PyTorch float32 or bfloat16 tensors
+        (zero copy; bf16 sums are rounded once per step, as NCCL's)."""
         import cupy as cp
 
         from cudabook.collectives import chunk_bounds
 
-        n, w = self._check(bufs, "ring"), self.world
+        bufs, suffix = self._ring_buffers(bufs)
+        n, w = self._check(bufs, "ring", np.uint16 if suffix else np.float32), self.world
         if ordered:
             self._enter()
         if sync_start:
             self.barrier()          # no GPU may start before the previous call finished everywhere
-        for phase, name in enumerate(("ring_step_add", "ring_step_copy")):
+        for phase, name in enumerate(("ring_step_add" + suffix, "ring_step_copy" + suffix)):
             for s in range(w - 1):
                 evs = []
                 for r, d in enumerate(self.devices):
@@ -182,6 +186,34 @@ class PeerGroup:
                 self.barrier()      # no all-gather write before every reduce-scatter read
         if ordered:
             self._leave()
+
+    @staticmethod
+    def _ring_buffers(bufs):
+        """CuPy float32 arrays as they are; PyTorch tensors (float32 or bfloat16, 1-D, contiguous)
+        as zero-copy CuPy views through DLPack, bf16 as its 16-bit patterns. Returns (arrays,
+        kernel suffix)."""
+        import cupy as cp
+
+        try:
+            import torch
+        except ImportError:       # no PyTorch: only CuPy arrays can come in
+            return list(bufs), ""
+        if not any(isinstance(b, torch.Tensor) for b in bufs):
+            return list(bufs), ""
+        if not all(isinstance(b, torch.Tensor) for b in bufs):
+            raise LaunchError("ring: give all buffers as CuPy arrays or all as PyTorch tensors")
+        dts = {b.dtype for b in bufs}
+        if len(dts) != 1 or dts.pop() not in (torch.float32, torch.bfloat16):
+            raise LaunchError(f"ring: PyTorch buffers must all be float32 or all bfloat16, got "
+                              f"{sorted({str(b.dtype) for b in bufs})}")
+        for r, b in enumerate(bufs):
+            if b.dim() != 1 or not b.is_contiguous() or not b.is_cuda:
+                raise LaunchError(f"ring: buffer {r} must be a 1-D contiguous CUDA tensor "
+                                  f"(got shape {tuple(b.shape)}, device {b.device}); flatten it "
+                                  "into one gradient buffer first")
+        if bufs[0].dtype == torch.float32:
+            return [cp.from_dlpack(b) for b in bufs], ""
+        return [cp.from_dlpack(b.view(torch.int16)).view(cp.uint16) for b in bufs], "_bf16"
 
     def one_shot(self, ins, outs, version: str = "v2", ordered: bool = True) -> None:
         """outs[r] = ins[0] + ... + ins[world-1] (rank order, identical bits on every GPU), one

@@ -238,9 +238,17 @@ def test_peer_group_refuses_fewer_than_two_gpus():
 
 def test_torchrun_refuses_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="nproc must be >= 1"):
-        dist.torchrun("tools/dist/allreduce_sweep.py", 0)
+        dist.torchrun("allreduce_sweep", 0)
     with pytest.raises(FileNotFoundError, match="no script"):
         dist.torchrun(tmp_path / "missing.py", 2)
+    with pytest.raises(FileNotFoundError, match=r"scripts are \['allreduce_sweep', 'ddp_train'\]"):
+        dist.torchrun("ddp_trian", 2)
+
+
+def test_package_scripts_found_by_name():
+    for name in ("allreduce_sweep", "ddp_train", "ddp_train.py"):
+        p = dist.script_path(name)
+        assert p.is_file() and p.parent.name == "dist_scripts", p
 
 
 def test_torchrun_turns_a_hang_into_a_timeout(tmp_path):
@@ -283,3 +291,51 @@ def test_p2p_allreduce_every_gpu_of_the_host(n):
             with cp.cuda.Device(d):
                 np.testing.assert_array_equal(cp.asnumpy(outs[r]), want,
                                               err_msg=f"{algo} on GPU {d} of {w}, n={n}")
+
+
+@pytest.mark.gpu
+def test_p2p_ring_bf16_torch_tensors_and_refusals():
+    """The ring on PyTorch bf16 tensors (zero copy): small integers, exact in bf16, sum exactly
+    on every GPU, at a length with a ragged tail; mixed dtypes, 2-D and CPU tensors are refused."""
+    import cudabook as cb
+
+    if dist.gpu_count() < 2:
+        pytest.skip("needs 2 or more GPUs of one host")
+    g = cb.load_launch("allreduce").PeerGroup()
+    w, n = g.world, 10007
+    ts = [(torch.arange(n, device=f"cuda:{d}") % 13).to(torch.bfloat16) * (r + 1)
+          for r, d in enumerate(g.devices)]
+    g.ring(ts)
+    g.synchronize()
+    want = (torch.arange(n) % 13).float() * (w * (w + 1) // 2)
+    for d, t in zip(g.devices, ts):
+        assert torch.equal(t.float().cpu(), want), f"bf16 ring wrong on GPU {d}"
+    with pytest.raises(cb.LaunchError, match="all float32 or all bfloat16"):
+        g.ring([ts[0]] + [t.float() for t in ts[1:]])
+    with pytest.raises(cb.LaunchError, match="1-D contiguous CUDA tensor"):
+        g.ring([t.reshape(1, -1) for t in ts])
+    with pytest.raises(cb.LaunchError, match="1-D contiguous CUDA tensor"):
+        g.ring([t.cpu() for t in ts])
+
+
+@pytest.mark.gpu
+def test_dataparallel_p2p_replicas_stay_identical():
+    """Training with the own ring on every GPU: after the steps every replica holds the same
+    weights (the same summed gradients everywhere), and the timings are positive."""
+    from cudabook import dataparallel
+
+    if dist.gpu_count() < 2:
+        pytest.skip("needs 2 or more GPUs of one host")
+    r = dataparallel.train_p2p(list(range(dist.gpu_count())), steps=2, warmup=1, width=256,
+                               layers=3, tokens=128)
+    assert r["max_weight_spread"] == 0.0, r
+    assert r["ms"] > 0 and r["ms_single"] > 0 and r["world"] == dist.gpu_count()
+
+
+@pytest.mark.gpu
+def test_cupy_nccl_or_a_reason(capsys):
+    nccl = dist.cupy_nccl()
+    if nccl is None:
+        assert "skipped: CuPy finds no NCCL" in capsys.readouterr().out
+    else:
+        assert hasattr(nccl, "NcclCommunicator")

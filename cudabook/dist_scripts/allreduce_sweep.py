@@ -1,8 +1,9 @@
 """NCCL all-reduce through torch.distributed, one process per GPU: device time per call and bus
 bandwidth from 4 KB to 1 GB (Chapter 11). Launched by cudabook.dist.torchrun, or by hand:
 
-    torchrun --standalone --nproc_per_node 4 tools/dist/allreduce_sweep.py --max-bytes 1G
-    torchrun --standalone --nproc_per_node 8 tools/dist/allreduce_sweep.py --cpu --max-bytes 4M
+    torchrun --standalone --nproc_per_node 4 cudabook/dist_scripts/allreduce_sweep.py --max-bytes 1G
+    torchrun --standalone --nproc_per_node 8 cudabook/dist_scripts/allreduce_sweep.py --cpu \
+             --max-bytes 4M
 
 With --cpu it runs gloo over CPU processes (wall-clock time per call): the simulation of how
 the cost of a ring grows with the number of ranks, on any machine.

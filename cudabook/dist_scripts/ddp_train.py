@@ -1,7 +1,7 @@
 """Data-parallel training of a wide MLP (compute-bound: ~6 * params * tokens FLOPs a step),
 one process per GPU (Chapter 11). Launched by cudabook.dist.torchrun, or by hand:
 
-    torchrun --standalone --nproc_per_node 4 tools/dist/ddp_train.py --width 8192 --layers 8
+    torchrun --standalone --nproc_per_node 4 cudabook/dist_scripts/ddp_train.py --width 8192
 
 Modes, each on fresh weights, timed over --steps steps after --warmup (CUDA events, slowest
 rank):

@@ -4,12 +4,13 @@
     g = ar.PeerGroup()                       # every visible GPU (at least 2), peer access on
     bufs = [g.zeros(n, d) for d in g.devices]
     g.ring(bufs)                             # in place: every bufs[r] = sum over r (ring)
+    g.ring(grads)                            # PyTorch float32 or bf16 tensors, zero copy
     g.one_shot(ins, outs)                    # outs[r] = sum of ins (one kernel per GPU), v2
     g.one_shot(ins, outs, version="v1")      # the pull version with two flag barriers
     g.peer_copy(dst, src)                    # a kernel on dst's GPU reads src on another GPU
     us = g.device_time_us(lambda: g.ring(bufs), iters=20)
 
-Every call checks its buffers (float32, 1-D, contiguous, one per GPU in device order, equal
+Every call checks its buffers (float32, or bf16 PyTorch tensors for the ring; 1-D, contiguous, one per GPU in device order, equal
 sizes) and refuses with a message; a machine with fewer than 2 GPUs, or a pair of GPUs without
 peer access, is refused when the group is made. The group runs on streams of its own, ordered
 after the work already queued on each GPU's current stream, and each GPU's current stream waits
@@ -26,7 +27,8 @@ import numpy as np
 import cudabook as cb
 from cudabook.launch import LaunchError, ceil_div
 
-__all__ = ["PeerGroup", "MAX_ONE_SHOT_BLOCKS", "ONE_SHOT_MAX_BYTES", "set_peer_access", "memcpy_peer_us", "sweep"]
+__all__ = ["PeerGroup", "MAX_ONE_SHOT_BLOCKS", "ONE_SHOT_MAX_BYTES", "set_peer_access", "memcpy_peer_us", "sweep",
+           "sanitize_targets"]
 
 #: the one-shot grid's upper bound: its blocks wait for each other's peers, so all must be resident
 MAX_ONE_SHOT_BLOCKS = 64
@@ -411,3 +413,32 @@ def sweep(group: PeerGroup, sizes: Sequence[int], one_shot_max: int = 1 << 20) -
                 row[f"{k}_busbw"] = nbytes / (row[f"{k}_us"] * 1e-6) / 1e9 * 2 * (w - 1) / w
         rows.append(row)
     return rows
+
+
+def sanitize_targets():
+    """The ring's four step kernels (float32 and bf16) over every GPU of the host, at lengths
+    with ragged heads and tails and chunks shorter than the world; none with fewer than 2 GPUs.
+    The one-shots are left out: their blocks wait for flags written by the kernel on the other
+    GPUs, and compute-sanitizer runs one kernel at a time, so they would wait forever."""
+    import cupy as cp
+
+    if not cb.HAS_GPU or cp.cuda.runtime.getDeviceCount() < 2:
+        return []
+    import torch
+
+    def ring(n: int, bf16: bool):
+        def go() -> None:
+            g = PeerGroup()
+            if bf16:
+                bufs = [torch.ones(n, dtype=torch.bfloat16, device=f"cuda:{d}") for d in g.devices]
+            else:
+                bufs = []
+                for d in g.devices:
+                    with cp.cuda.Device(d):
+                        bufs.append(cp.ones(n, cp.float32))
+            g.ring(bufs)
+            g.synchronize()
+        return go
+
+    return [(f"ring {'bf16' if bf16 else 'float32'} n={n}", ring(n, bf16))
+            for n in (3, 1001, 40961) for bf16 in (False, True)]

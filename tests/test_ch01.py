@@ -207,11 +207,16 @@ def test_cuda_graders_refuse_in_simulator():
 
 # ----------------------------------------------------------------------------- pencil and paper
 (test_question_reference_passes, test_question_stub_fails,
- test_question_common_mistake_gets_its_hint) = pencil_tests(SOL, (graders.ex01_5, graders.ex01_6), [
+ test_question_common_mistake_gets_its_hint) = pencil_tests(
+    SOL, (graders.ex01_5, graders.ex01_6, graders.ex01_7), [
     ("ex01.5", "blocks", 3, "round up"),
     ("ex01.5", "idle_threads", 232, "3 blocks would leave uncovered"),
     ("ex01.6", "div_even_odd", 4, "in every warp"),
     ("ex01.6", "div_below_100", 0, "threads 96..127"),
     ("ex01.6", "div_below_100", 7, "do they agree"),            # no listed mistake: the nudge
     ("ex01.5", "blocks", "4", "should be a number"),
+    ("ex01.7", "grid_x", 46, "round up"),
+    ("ex01.7", "grid_x", 32, "x walks the columns"),
+    ("ex01.7", "row", 69, "the y indices"),
+    ("ex01.7", "col", 133, "not its y"),
 ])

@@ -326,11 +326,15 @@ def test_launch_helpers_refuse_bad_input():
 
 # ----------------------------------------------------------------------------- pencil and paper
 (test_question_reference_passes, test_question_stub_fails,
- test_question_common_mistake_gets_its_hint) = pencil_tests(SOL, (graders.ex02_5, graders.ex02_6), [
+ test_question_common_mistake_gets_its_hint) = pencil_tests(
+    SOL, (graders.ex02_5, graders.ex02_6, graders.ex02_7), [
     ("ex02.5", "sectors_s1", 1, "32 bytes, not 128"),
     ("ex02.5", "sectors_s16", 64, "at most one sector per lane"),
     ("ex02.5", "used_s2", 1.0, "every other float"),
     ("ex02.5", "used_s2", 50, "not a percentage"),
     ("ex02.6", "deg_34", 1, "not every padding works"),
     ("ex02.6", "deg_32", 1, "= c for every lane"),
+    ("ex02.7", "bytes_per_sm", 1_000_000, "divide by the 100 SMs"),
+    ("ex02.7", "threads_float", 2048, "asks for more"),
+    ("ex02.7", "threads_float4", 2500, "16 bytes in flight"),
 ])

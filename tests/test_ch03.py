@@ -486,10 +486,14 @@ def test_references_are_still_importable_from_the_grader_module():
 
 # ----------------------------------------------------------------------------- pencil and paper
 (test_question_reference_passes, test_question_stub_fails,
- test_question_common_mistake_gets_its_hint) = pencil_tests(SOL, (graders.ex03_7, graders.ex03_8), [
+ test_question_common_mistake_gets_its_hint) = pencil_tests(
+    SOL, (graders.ex03_7, graders.ex03_8, graders.ex03_9), [
     ("ex03.7", "interleaved_s4", 1, "one in 8 lanes of every warp"),
     ("ex03.7", "interleaved_s32", 8, "does not diverge"),
     ("ex03.7", "sequential_s16", 0, "half of warp 0"),
     ("ex03.8", "first_partials", 7812, "round up"),
     ("ex03.8", "launches", 2, "62"),
+    ("ex03.9", "bytes_v2", 12, "the write of y counts too"),
+    ("ex03.9", "bytes_v4", 16, "read twice"),
+    ("ex03.9", "speedup_v5_v2", 3.0, "16 / 8"),
 ])

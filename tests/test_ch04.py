@@ -338,10 +338,15 @@ def test_cuda_graders_need_gpu():
 
 # ----------------------------------------------------------------------------- pencil and paper
 (test_question_reference_passes, test_question_stub_fails,
- test_question_common_mistake_gets_its_hint) = pencil_tests(SOL, (graders.ex04_5, graders.ex04_6), [
+ test_question_common_mistake_gets_its_hint) = pencil_tests(
+    SOL, (graders.ex04_5, graders.ex04_6, graders.ex04_7), [
     ("ex04.5", "blocks_130", 2, "rounded up to 4352"),
     ("ex04.5", "blocks_127", 8, "the registers fewer"),
     ("ex04.5", "occupancy_130", 12.5, "not a percentage"),
     ("ex04.6", "intensity_64", 8, "two FLOPs"),
     ("ex04.6", "intensity_128", 128, "per byte, not per float"),
+    ("ex04.7", "waves", 3, "need a fourth"),
+    ("ex04.7", "last_wave_sms", 16, "idle"),
+    ("ex04.7", "efficiency", 116 / 132, "the last wave alone"),
+    ("ex04.7", "efficiency", 96.97, "not a percentage"),
 ])

@@ -6,6 +6,7 @@ ex01_3  Numba: add a bias to every row of a matrix (2D grid, row/column strides)
 ex01_4  CUDA C++ via CuPy: SGD update with a grid-stride loop                        GPU
 ex01_5  pencil and paper: blocks and idle threads of a launch                        CPU
 ex01_6  pencil and paper: which warps diverge on a branch                            CPU
+ex01_7  pencil and paper: a 2D grid, and the pixel one thread handles                CPU
 """
 
 from __future__ import annotations
@@ -240,3 +241,29 @@ def ex01_6(div_even_odd, div_below_100) -> None:
                   nudge={"div_even_odd": "a warp is lanes 32w .. 32w + 31: do they agree?",
                          "div_below_100": "a warp is lanes 32w .. 32w + 31: do they agree?"})
     passed("ex01.6")
+
+
+def ex01_7(grid_x, grid_y, row, col) -> None:
+    """An image of 1000 rows x 1500 columns, blocks of (32, 8) threads, x walking columns and y
+    rows, the grid rounded up: the grid's x and y sizes, and the row and column of thread
+    (x=5, y=3) in block (x=2, y=4)."""
+    check_numbers("ex01.7", {"grid_x": grid_x, "grid_y": grid_y, "row": row, "col": col},
+                  {"grid_x": 47, "grid_y": 125, "row": 35, "col": 69},
+                  wrong={"grid_x": {46: "1500 / 32 = 46.9: round up, or the last 28 columns "
+                                        "get no thread",
+                                    32: "x walks the columns: 1500 of them, 32 per block"},
+                         "grid_y": {188: "y walks the rows: 1000 of them, 8 per block",
+                                    32: "a block is 8 threads tall, not 32"},
+                         "row": {69: "the row comes from the y indices: blockIdx.y * "
+                                     "blockDim.y + threadIdx.y",
+                                 19: "the row uses the block's y index (4), not its x (2)",
+                                 131: "blockDim.y is 8, not 32"},
+                         "col": {35: "the column comes from the x indices: blockIdx.x * "
+                                     "blockDim.x + threadIdx.x",
+                                 133: "the column uses the block's x index (2), not its y (4)",
+                                 21: "blockDim.x is 32, not 8"}},
+                  nudge={"grid_x": "columns / blockDim.x, rounded up",
+                         "grid_y": "rows / blockDim.y, rounded up",
+                         "row": "blockIdx.y * blockDim.y + threadIdx.y",
+                         "col": "blockIdx.x * blockDim.x + threadIdx.x"})
+    passed("ex01.7")

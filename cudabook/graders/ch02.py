@@ -4,6 +4,9 @@ ex02_1  CUDA C++ via CuPy: coalesced, bank-conflict-free tiled transpose        
 ex02_2  CUDA C++ via CuPy: vectorised (float4) a*x + y with head, tail, grid-stride  GPU
 ex02_3  CuPy streams: chunked copy-in / compute / copy-out pipeline                  GPU
 ex02_4  Numba: moving average (radius 2) through a shared-memory tile with halo      simulator
+ex02_5  pencil and paper: 32-byte sectors a warp touches at a stride                CPU
+ex02_6  pencil and paper: bank-conflict degree of a padded shared tile              CPU
+ex02_7  pencil and paper: Little's law, bytes and threads in flight per SM          CPU
 """
 
 from __future__ import annotations
@@ -615,3 +618,29 @@ def ex02_6(deg_32, deg_33, deg_34) -> None:
                                     32: "2 t mod 32 takes 16 different values"}},
                   nudge={"deg_32": bank, "deg_33": bank, "deg_34": bank})
     passed("ex02.6")
+
+
+def ex02_7(bytes_per_sm, threads_float, threads_float4) -> None:
+    """2000 GB/s from DRAM, 500 ns per load, 100 SMs of at most 2048 threads: bytes each SM must
+    keep in flight (Little's law, shared evenly), and the threads per SM that this takes with one
+    outstanding 4-byte load each, or one 16-byte (float4) load each."""
+    law = "bytes in flight = bandwidth x latency = 2000e9 B/s x 500e-9 s, shared by 100 SMs"
+    check_numbers("ex02.7", {"bytes_per_sm": bytes_per_sm, "threads_float": threads_float,
+                             "threads_float4": threads_float4},
+                  {"bytes_per_sm": 10_000, "threads_float": 2500, "threads_float4": 625},
+                  wrong={"bytes_per_sm": {1_000_000: "that is the whole GPU: divide by the "
+                                                     "100 SMs",
+                                          1000: "GB/s x ns: 2000e9 B/s x 500e-9 s = 1e6 bytes "
+                                                "in all, then per SM",
+                                          10: "GB/s x ns: 2000e9 B/s x 500e-9 s = 1e6 bytes in "
+                                              "all, then per SM"},
+                         "threads_float": {250_000: "per SM: 10,000 bytes / 4 bytes a thread",
+                                           2048: "2048 is the most an SM holds; Little's law "
+                                                 "asks for more than that",
+                                           625: "a float keeps 4 bytes in flight, not 16"},
+                         "threads_float4": {2500: "a float4 load keeps 16 bytes in flight, not 4",
+                                            156.25: "10,000 bytes / 16 bytes a thread"}},
+                  nudge={"bytes_per_sm": law,
+                         "threads_float": "bytes per SM / bytes each thread has in flight",
+                         "threads_float4": "bytes per SM / bytes each thread has in flight"})
+    passed("ex02.7")

@@ -6,6 +6,9 @@ ex03_3  Numba: online softmax, one thread per row (large magnitudes, -inf, all -
 ex03_4  Numba: LayerNorm forward, one block per row, checked against torch layer_norm     simulator
 ex03_5  CUDA C++ via CuPy: 2D convolution with a shared-memory tile and halo              GPU
 ex03_6  CUDA C++ via CuPy: fused bias + GELU (tanh form)                                  GPU
+ex03_7  pencil and paper: divergent warps at the levels of a reduction tree                CPU
+ex03_8  pencil and paper: partial sums and launches of a multi-pass reduction              CPU
+ex03_9  pencil and paper: bytes per element of three softmax kernels                       CPU
 """
 
 from __future__ import annotations
@@ -747,3 +750,28 @@ def ex03_8(first_partials, launches) -> None:
                   nudge={"first_partials": "one partial sum per block: ceil(n / 128)",
                          "launches": "repeat n -> ceil(n / 128) until n is 1"})
     passed("ex03.8")
+
+
+def ex03_9(bytes_v2, bytes_v4, bytes_v5, speedup_v5_v2) -> None:
+    """Global-memory bytes per float32 element of x, every read going to DRAM: softmax_v2 (max
+    pass, sum pass, write pass), softmax_v4 (online max-and-sum pass, write pass), softmax_v5 (the
+    row in registers); and the time of v2 over v5 when both run at the same bandwidth."""
+    count = "4 bytes for every read of x and 4 for the write of y"
+    check_numbers("ex03.9", {"bytes_v2": bytes_v2, "bytes_v4": bytes_v4, "bytes_v5": bytes_v5,
+                             "speedup_v5_v2": speedup_v5_v2},
+                  {"bytes_v2": 16, "bytes_v4": 12, "bytes_v5": 8, "speedup_v5_v2": 2.0},
+                  wrong={"bytes_v2": {12: "the write of y counts too: three reads of x and one "
+                                          "write",
+                                      3: "in bytes: a float32 is 4 of them"},
+                         "bytes_v4": {16: "the online pass finds the max and the sum together: "
+                                          "x is read twice, not three times",
+                                      8: "the write pass reads x again to compute exp(x - m)"},
+                         "bytes_v5": {4: "y is still written: 4 bytes read and 4 written",
+                                      0: "x must be read once and y written once"},
+                         "speedup_v5_v2": {1.5: "that is v2 over v4 (16 / 12); v5 moves 8 bytes",
+                                           3.0: "count the write in both: 16 / 8",
+                                           0.5: "the time of v2 over the time of v5: v5 is the "
+                                                "faster"}},
+                  nudge={"bytes_v2": count, "bytes_v4": count, "bytes_v5": count,
+                         "speedup_v5_v2": "at the same bandwidth, time is proportional to bytes"})
+    passed("ex03.9")

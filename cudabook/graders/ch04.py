@@ -4,6 +4,9 @@ ex04_1  Numba: shared-memory tiled C = A @ Bt.T (16x16 tiles, B given transposed
 ex04_2  CUDA C++ via CuPy: 2D register tiling (64x64 block tile, 4x4 outputs/thread)      GPU
 ex04_3  Numba: boundary handling: make a register-tiled kernel correct for any M, N, K   simulator
 ex04_4  CUDA C++ via CuPy: one optimisation step that reaches FAST_FRACTION of cuBLAS     GPU
+ex04_5  pencil and paper: blocks per SM and occupancy from the registers per thread    CPU
+ex04_6  pencil and paper: FLOP per byte of a block tile                                CPU
+ex04_7  pencil and paper: blocks, waves and the last wave of a GEMM grid               CPU
 
 Every grader checks sizes that are not multiples of the tile (and tall-skinny ones), fills the
 output with NaN (an element never written fails) followed by a NaN canary (a write past the end
@@ -420,3 +423,26 @@ def ex04_6(intensity_64, intensity_128) -> None:
                                                "bytes per float"}},
                   nudge={"intensity_64": rule, "intensity_128": rule})
     passed("ex04.6")
+
+
+def ex04_7(blocks, waves, last_wave_sms, efficiency) -> None:
+    """C = A B with M = N = 4096, block tiles of 256 x 128 (BM x BN), one block per SM on 132 SMs:
+    blocks in the grid, waves (rounds of at most 132 blocks), SMs busy in the last wave, and the
+    fraction of SM time that does work, blocks / (waves x 132)."""
+    check_numbers("ex04.7", {"blocks": blocks, "waves": waves, "last_wave_sms": last_wave_sms,
+                             "efficiency": efficiency},
+                  {"blocks": 512, "waves": 4, "last_wave_sms": 116, "efficiency": 512 / 528},
+                  wrong={"blocks": {1024: "the tile is 256 x 128, not 128 x 128",
+                                    256: "the tile is 256 x 128, not 256 x 256: 16 x 32 tiles"},
+                         "waves": {3: "3 waves run 396 blocks; the other 116 need a fourth",
+                                   3.879: "a partial wave takes a round of its own: round up"},
+                         "last_wave_sms": {16: "16 SMs are idle in the last wave: how many are "
+                                               "busy?",
+                                           132: "the last wave is not full: 512 - 3 x 132"},
+                         "efficiency": {116 / 132: "that is the last wave alone: count all "
+                                                   "four"}},
+                  nudge={"blocks": "ceil(M / BM) x ceil(N / BN)",
+                         "waves": "ceil(blocks / 132)",
+                         "last_wave_sms": "blocks - (waves - 1) x 132",
+                         "efficiency": "blocks / (waves x 132)"})
+    passed("ex04.7")

@@ -22,8 +22,9 @@
 //   attention_v4_{f16,bf16}_d{64,128}   Hopper (sm_90a): wgmma, TMA, warp specialisation. A
 //                       producer warpgroup loads K/V tiles by TMA into a 2-stage ring guarded by
 //                       mbarriers; two consumer warpgroups (64 query rows each) compute S = Q K^T
-//                       with wgmma from shared memory and O += P V with P from registers; at
-//                       D = 128, P V of one tile overlaps the softmax of the next
+//                       with wgmma from shared memory and O += P V with P from registers; P V of
+//                       one tile overlaps the softmax of the next, and the two consumers take
+//                       turns issuing their products (ping-pong)
 //
 // work (non-causal): 4 Nq Nk D flops (two matrix products); causal about half.
 #include "attention.cuh"
@@ -347,15 +348,15 @@ ATTN_V3(attention_v3_bf16_d128, __nv_bfloat16, 128, 128, 64)
 
 // ======================================================================================= v4
 // Hopper (sm_90a). launch: block 384 = 3 warpgroups, grid (ceil(Nq / 128), BH), dynamic shared
-// memory (128 D + 4 BC D) * 2 + 1024 bytes (Q, two stages of K and of V, 1024 for alignment);
-// 81 KiB at D = 64, 161 KiB at D = 128. Q, K and V arrive by TMA through 2D tensor maps of
+// memory (128 D + 2 ST BC D) * 2 + 1024 bytes (Q, ST stages of K and of V, 1024 for alignment);
+// 81 KiB at D = 64, 161 KiB at D = 128 (ST = 2, BC = 128). Q, K and V arrive by TMA through 2D tensor maps of
 // (BH N, D) with boxes of 64 columns (128 bytes, the 128-byte swizzle wgmma reads): a tile of
 // D = 128 is two slabs of 64 columns. A box that hangs over the end of a sequence reads the next
 // head's rows (or zeros past the last head): those keys are masked to -inf, those queries never
 // stored, so the ragged end costs nothing but the mask.
 //
 // Warpgroup 0 is the producer: it gives registers away (setmaxnreg.dec) and one thread issues the
-// TMA copies: Q once, then K_j and V_j into a ring of 2 stages, each stage guarded by a "full"
+// TMA copies: Q once, then K_j and V_j into a ring of ST stages, each stage guarded by a "full"
 // barrier (the bytes landed) and an "empty" one (both consumers are done with it). Warpgroups 1
 // and 2 are consumers (setmaxnreg.inc), 64 query rows each. Per tile j a consumer computes
 // S_j = Q K_j^T with wgmma (both operands from shared memory, K-major), the online softmax on
@@ -363,7 +364,9 @@ ATTN_V3(attention_v3_bf16_d128, __nv_bfloat16, 128, 128, 64)
 // from registers and V from shared memory as it lies (N-major: no transpose). With OVERLAP the
 // product P_{j-1} V_{j-1} runs on the tensor cores while the softmax of S_j runs on the ALUs:
 // S_j is issued first, then P_{j-1} V_{j-1}; the consumer waits for S_j only, and for the
-// P V product just before O is rescaled.
+// P V product just before O is rescaled. With PINGPONG the two consumers take turns issuing
+// their products (named barriers 1 and 2), so that one's softmax tends to run while the other's
+// products occupy the tensor cores. ST: stages of the K/V ring.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // d += A (64 x 16, K-major in shared) @ B (16 x N, B stored (N, K) in shared)
 template <int N, typename T>
@@ -398,15 +401,22 @@ __device__ __forceinline__ void pin_all(X* x) {
 #pragma unroll
     for (int i = 0; i < N; i++) pin(x[i]);
 }
+// Named barriers 1 and 2, 256 threads: the two consumer warpgroups take turns issuing wgmma.
+__device__ __forceinline__ void named_sync(int id) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory");
+}
 #endif
 
-template <typename T, int D, int BC, bool OVERLAP>
+template <typename T, int D, int BC, int ST, bool OVERLAP, bool PINGPONG>
 __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk,
                                             const TmaDesc& tv, T* __restrict__ O,
                                             float* __restrict__ lse, int Nq, int Nk,
                                             float scale_log2, int causal) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BR = 128, SL = D / 64, ST = 2, NB = BC / 8, ND = D / 8, KP = BC / 16;
+    constexpr int BR = 128, SL = D / 64, NB = BC / 8, ND = D / 8, KP = BC / 16;
     constexpr unsigned Q_BYTES = BR * D * sizeof(T), KV_BYTES = BC * D * sizeof(T);
     __shared__ __align__(8) unsigned long long qbar, kfull[ST], vfull[ST], kempty[ST], vempty[ST];
     extern __shared__ __align__(1024) unsigned char attn_smem[];
@@ -527,11 +537,19 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
         for (int kk = 0; kk < KP; kk++) acc_to_a<T>(pa[kk], &sacc[8 * kk], &sacc[8 * kk + 4]);
     };
 
+    // PINGPONG: consumer c issues its products only on its turn (named barrier 1 + c) and then
+    // hands the turn to the other, so one's softmax runs while the other's products do
+    auto turn = [&]() { if constexpr (PINGPONG) named_sync(1 + c); };
+    auto pass = [&]() { if constexpr (PINGPONG) named_arrive(2 - c); };
+    if (PINGPONG && c == 1) named_arrive(1);      // consumer 0 goes first
+
     mbar_wait(&qbar, 0);
     float alpha[2];
     if constexpr (OVERLAP) {
         mbar_wait(&kfull[0], 0);
+        turn();
         issue_s(0);
+        pass();
         wgmma_wait<0>();
         pin_all<BC / 2>(sacc);
         if (tid == 0) mbar_arrive(&kempty[0]);
@@ -540,9 +558,11 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
         for (int jt = 1; jt < n_tiles; jt++) {
             const int s = jt % ST, sp = (jt - 1) % ST;
             mbar_wait(&kfull[s], (jt / ST) & 1);
-            issue_s(s);                            // S_j on the tensor cores ...
             mbar_wait(&vfull[sp], ((jt - 1) / ST) & 1);
+            turn();
+            issue_s(s);                            // S_j on the tensor cores ...
             issue_pv(sp);                          // ... then P_{j-1} V_{j-1} behind it
+            pass();
             wgmma_wait<1>();                       // S_j is done (P V may still run)
             pin_all<BC / 2>(sacc);                 // (no read of S may move above the wait)
             if (tid == 0) mbar_arrive(&kempty[s]);
@@ -556,7 +576,9 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
         }
         const int sl = (n_tiles - 1) % ST;
         mbar_wait(&vfull[sl], ((n_tiles - 1) / ST) & 1);
+        turn();
         issue_pv(sl);
+        pass();
         wgmma_wait<0>();
         pin_all<D / 2>(o);
         pin_all<4 * KP>(&pa[0][0]);
@@ -565,7 +587,9 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
         for (int jt = 0; jt < n_tiles; jt++) {
             const int s = jt % ST, ph = (jt / ST) & 1;
             mbar_wait(&kfull[s], ph);
+            turn();
             issue_s(s);
+            pass();
             wgmma_wait<0>();
             pin_all<BC / 2>(sacc);
             if (tid == 0) mbar_arrive(&kempty[s]);
@@ -573,7 +597,9 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
             rescale(alpha);
             to_pa();
             mbar_wait(&vfull[s], ph);
+            turn();
             issue_pv(s);
+            pass();
             wgmma_wait<0>();
             pin_all<D / 2>(o);
             pin_all<4 * KP>(&pa[0][0]);
@@ -601,21 +627,20 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
 #endif
 }
 
-// BC = 128 keys per tile; OVERLAP per head dimension as timed by tools/dev/ch09_v4_probe.py on an
-// H100 (bf16, B = 8, H = 16, N = 4096): at D = 128 the overlap wins (614 against 574 TFLOP/s,
-// not causal), at D = 64 it loses (368 against 397): there the two consumer warpgroups already
-// keep the tensor cores busy, and the overlap's extra waits cost more than it hides. The
-// _overlap / _nolap kernels are the other choice, for the lesson's comparison.
-#define ATTN_V4(NAME, T, D, BC, OVERLAP)                                                         \
+// BC = 128 keys per tile, 2 stages. Timed on an H100 by tools/dev/ch09_v4_probe.py --variants
+// (bf16, B = 8, H = 16, N = 4096, TFLOP/s, not causal / causal): D = 64 with neither the overlap
+// nor the ping-pong 393 / 353, with both 447 / 395; D = 128 601 / 517 and 590 / 560 (3 stages:
+// no faster). The _nolap kernels (neither) are for the lesson's comparison.
+#define ATTN_V4(NAME, T, D, SCHED)                                                               \
     extern "C" __global__ void __launch_bounds__(384, 1) NAME(                                   \
         const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk,                  \
         const __grid_constant__ TmaDesc tv, T* O, float* lse, int Nq, int Nk, float scale_log2,  \
         int causal) {                                                                            \
-        flash_wgmma<T, D, BC, OVERLAP>(tq, tk, tv, O, lse, Nq, Nk, scale_log2, causal);          \
+        flash_wgmma<T, D, 128, 2, SCHED, SCHED>(tq, tk, tv, O, lse, Nq, Nk, scale_log2, causal); \
     }
-ATTN_V4(attention_v4_f16_d64, __half, 64, 128, false)
-ATTN_V4(attention_v4_bf16_d64, __nv_bfloat16, 64, 128, false)
-ATTN_V4(attention_v4_f16_d128, __half, 128, 128, true)
-ATTN_V4(attention_v4_bf16_d128, __nv_bfloat16, 128, 128, true)
-ATTN_V4(attention_v4_overlap_bf16_d64, __nv_bfloat16, 64, 128, true)
-ATTN_V4(attention_v4_nolap_bf16_d128, __nv_bfloat16, 128, 128, false)
+ATTN_V4(attention_v4_f16_d64, __half, 64, true)
+ATTN_V4(attention_v4_bf16_d64, __nv_bfloat16, 64, true)
+ATTN_V4(attention_v4_f16_d128, __half, 128, true)
+ATTN_V4(attention_v4_bf16_d128, __nv_bfloat16, 128, true)
+ATTN_V4(attention_v4_nolap_bf16_d64, __nv_bfloat16, 64, false)
+ATTN_V4(attention_v4_nolap_bf16_d128, __nv_bfloat16, 128, false)

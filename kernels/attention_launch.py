@@ -33,9 +33,7 @@ V3_TILES = {64: (128, 64), 128: (128, 64)}
 #: ATTN_V4 lines of attention_forward.cu
 V4_TILES = {64: 128, 128: 128}
 V4_BR = 128
-#: whether attention_v4 overlaps P V of one tile with the softmax of the next, per head dimension
-#: (the faster choice on an H100; the other is compiled for bfloat16 as _overlap / _nolap)
-V4_OVERLAP = {64: False, 128: True}
+V4_STAGES = 2
 #: attention_bwd_v2 tiles (keys per block BC, queries per tile BR), as in ATTN_BWD_V2
 BWD_V2_TILES = {64: (128, 128), 128: (128, 64)}
 HEAD_DIMS = (64, 128)           # every CUDA version is compiled for these
@@ -130,7 +128,7 @@ def kernel_names(which: str) -> list[str]:
                 + [f"attention_v2_d{d}" for d in HEAD_DIMS]
                 + [f"attention_v3_{t}_d{d}" for d in HEAD_DIMS for t in dts]
                 + [f"attention_v4_{t}_d{d}" for d in HEAD_DIMS for t in dts]
-                + ["attention_v4_overlap_bf16_d64", "attention_v4_nolap_bf16_d128"])
+                + [f"attention_v4_nolap_bf16_d{d}" for d in HEAD_DIMS])
     return (["attention_bwd_v1_preprocess"]
             + [f"attention_bwd_v1_{k}_d{d}" for d in HEAD_DIMS for k in ("dkdv", "dq")]
             + [f"attention_bwd_v2_{k}_{t}" for t in dts for k in ("preprocess", "convert")]
@@ -138,11 +136,10 @@ def kernel_names(which: str) -> list[str]:
 
 
 def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None,
-               overlap: bool | None = None) -> dict:
+               overlap: bool = True) -> dict:
     """Kernel names, grid, block and dynamic shared memory of a forward version (dt: 'f16',
-    'bf16' for v3 and v4). ``overlap`` (v4): None takes V4_OVERLAP's choice for D; True or
-    False asks for v4 with or without the overlap of P V and the softmax (the choice V4_OVERLAP
-    does not make exists for bfloat16 only)."""
+    'bf16' for v3 and v4). ``overlap=False`` (v4, bfloat16 only): the kernel without the overlap
+    of P V with the softmax and without the ping-pong of the two consumer warpgroups."""
     cd = cb.ceil_div
     if version == "v1":
         return {"scores": {"kernel": "attention_v1_scores", "grid": (cd(Nk, 32), cd(Nq, 8), BH),
@@ -161,13 +158,13 @@ def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
     if version == "v4":
         bc = V4_TILES[D]
         name = f"attention_v4_{dt}_d{D}"
-        if overlap is not None and bool(overlap) != V4_OVERLAP[D]:
+        if not overlap:
             if dt != "bf16":
-                raise ValueError(f"attention_v4 {'with' if overlap else 'without'} the overlap "
-                                 f"at D = {D} is compiled for bfloat16 only")
-            name = f"attention_v4_{'overlap' if overlap else 'nolap'}_{dt}_d{D}"
+                raise ValueError("attention_v4 without the overlap is compiled for bfloat16 only")
+            name = f"attention_v4_nolap_{dt}_d{D}"
         return {"kernel": name, "grid": (cd(Nq, V4_BR), BH), "block": (384,),
-                "shared": (V4_BR + 4 * bc) * D * 2 + 1024, "box_q": V4_BR, "box_kv": bc}
+                "shared": (V4_BR + 2 * V4_STAGES * bc) * D * 2 + 1024, "box_q": V4_BR,
+                "box_kv": bc}
     raise ValueError(f"unknown forward version {version!r} (v1, v2, v3, v4)")
 
 
@@ -280,10 +277,9 @@ def _launch(mod, cfg: dict, args: tuple) -> None:
 
 
 def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | None = None,
-            out: tuple | None = None, overlap: bool | None = None):
+            out: tuple | None = None, overlap: bool = True):
     """(o, lse) of softmax(scale q k^T) v with the CUDA C++ forward ``version`` (v1, v2, v3,
-    v4; ``overlap`` picks v4's kernel with or without the softmax / P V overlap, None the
-    faster for the head dimension).
+    v4; ``overlap=False``: v4 without the softmax / P V overlap and the ping-pong).
 
     Outputs are allocated by the inputs' library (o like q, lse (..., Nq) float32), or given as
     ``out = (o, lse)`` (NaN-prefilled by a check, say).

@@ -98,10 +98,11 @@ def test_tiles_match_the_cu_files():
     found = {int(d): (int(bc), int(br)) for d, bc, br in
              re.findall(r"ATTN_BWD_V2\(bf16, __nv_bfloat16, (\d+), (\d+), (\d+)\)", bwd)}
     assert found == al.BWD_V2_TILES
-    found = {int(d): (int(bc), ov == "true") for d, bc, ov in
-             re.findall(r"ATTN_V4\(attention_v4_bf16_d\d+, __nv_bfloat16, (\d+), (\d+), (\w+)\)",
-                        fwd)}
-    assert found == {d: (al.V4_TILES[d], al.V4_OVERLAP[d]) for d in al.HEAD_DIMS}
+    found = {int(d): sched for d, sched in
+             re.findall(r"ATTN_V4\(attention_v4_bf16_d(\d+), __nv_bfloat16, \d+, (\w+)\)", fwd)}
+    assert found == {64: "true", 128: "true"}          # both with overlap and ping-pong
+    assert re.search(r"flash_wgmma<T, D, (\d+), (\d+), SCHED, SCHED>", fwd).groups() == \
+        (str(al.V4_TILES[64]), str(al.V4_STAGES))
     for which in ("forward", "backward"):
         src = cb.kernel_source(f"attention_{which}.cu")
         for name in al.kernel_names(which):
@@ -123,13 +124,10 @@ def test_configs_and_flops():
     c = al.fwd_config("v4", 128, 4097, 4097, 128, "bf16")
     assert c["grid"] == (33, 128) and c["block"] == (384,)
     assert c["shared"] == (128 + 4 * 128) * 128 * 2 + 1024 < 227 * 1024
-    for D, ov in al.V4_OVERLAP.items():
-        assert al.fwd_config("v4", 2, 17, 17, D, "f16", overlap=ov)["kernel"] == \
-            f"attention_v4_f16_d{D}"
-        other = al.fwd_config("v4", 2, 17, 17, D, "bf16", overlap=not ov)["kernel"]
-        assert other == f"attention_v4_{'nolap' if ov else 'overlap'}_bf16_d{D}"
-        with pytest.raises(ValueError, match="bfloat16 only"):
-            al.fwd_config("v4", 2, 17, 17, D, "f16", overlap=not ov)
+    assert al.fwd_config("v4", 2, 17, 17, 64, "bf16", overlap=False)["kernel"] == \
+        "attention_v4_nolap_bf16_d64"
+    with pytest.raises(ValueError, match="bfloat16 only"):
+        al.fwd_config("v4", 2, 17, 17, 128, "f16", overlap=False)
 
 
 def test_v4_refuses_every_gpu_but_hopper():
@@ -369,8 +367,8 @@ def test_hopper_v4(dt, shape, D, causal):
     lo = torch.full(q.shape[:-1], float("nan"), device="cuda")
     al.forward(q, k, v, causal, "v4", out=(o, lo))
     assert _rel(o, O) < (2e-2 if dt == "bfloat16" else 5e-3) and _rel(lo, lse) < 1e-4
-    if dt == "bfloat16" and Nq > 1:          # the other overlap choice: the same numbers
-        o2, _ = al.forward(q, k, v, causal, "v4", overlap=not al.V4_OVERLAP[D])
+    if dt == "bfloat16" and Nq > 1:          # without overlap and ping-pong: the same numbers
+        o2, _ = al.forward(q, k, v, causal, "v4", overlap=False)
         assert _rel(o2, O) < 2e-2
 
 

@@ -3,7 +3,10 @@
 on ragged sizes, then timed against attention_v3 and SDPA's flash and cuDNN backends (bf16, B = 8,
 H = 16, N = 4096, D = 64 and 128, causal and not), in one run on an H100.
 
-    python tools/dev/ch09_v4_probe.py [--check-only | --time-only]
+    python tools/dev/ch09_v4_probe.py [--check-only | --time-only | --variants]
+
+--variants times other instantiations of flash_wgmma (stages, overlap, ping-pong of the two
+consumer warpgroups) at the same shapes, each first compared with the default kernel.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ def checks() -> None:
         for D in (64, 128):
             for causal in (False, True):
                 n += 1
-                bad += not check(BH, Nq, Nk, D, causal, "bf16", overlap=not al.V4_OVERLAP[D])
+                bad += not check(BH, Nq, Nk, D, causal, "bf16", overlap=False)
     log(f"checks: {n - bad} of {n} pass")
 
 
@@ -119,9 +122,9 @@ def timings() -> None:
             log(f"--- bf16 B={B} H={H} N={N} D={D} causal={causal}")
             res = {"v3": bench("attention_v3", lambda: al.forward(q, k, v, causal, "v3"), f),
                    "v4": bench("attention_v4", lambda: al.forward(q, k, v, causal, "v4"), f),
-                   "v4 other": bench("attention_v4 other overlap",
+                   "v4 other": bench("attention_v4 no overlap",
                                      lambda: al.forward(q, k, v, causal, "v4",
-                                                        overlap=not al.V4_OVERLAP[D]), f)}
+                                                        overlap=False), f)}
             for bn, be in (("SDPA flash", SDPBackend.FLASH_ATTENTION),
                            ("SDPA cudnn", SDPBackend.CUDNN_ATTENTION)):
                 def fn(be=be):
@@ -141,16 +144,93 @@ def timings() -> None:
     log("==== summary (TFLOP/s)\n" + "\n".join(summ))
 
 
+VARIANTS = [(st, ov, pp) for st in (2, 3) for ov in (False, True) for pp in (False, True)]
+
+
+def variants() -> None:
+    import numpy as np
+
+    from cudabook.compile import inline_source, kernel_path
+
+    names, extra = [], []
+    for D in (64, 128):
+        for st, ov, pp in VARIANTS:
+            n = f"var_d{D}_st{st}_ov{int(ov)}_pp{int(pp)}"
+            names.append((n, D, st))
+            b = lambda x: "true" if x else "false"  # noqa: E731
+            extra.append(f'extern "C" __global__ void __launch_bounds__(384, 1) {n}('
+                         "const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk, "
+                         "const __grid_constant__ TmaDesc tv, __nv_bfloat16* O, float* lse, "
+                         "int Nq, int Nk, float sl2, int causal) { flash_wgmma<__nv_bfloat16, "
+                         f"{D}, 128, {st}, {b(ov)}, {b(pp)}>(tq, tk, tv, O, lse, Nq, Nk, sl2, "
+                         "causal); }")
+    src = inline_source(kernel_path("attention_forward")) + "\n" + "\n".join(extra)
+    mod = cb.compile_source(src, options=("-arch=sm_90a",), name="attention_v4_variants")
+    tmap = cb.load_launch("hgemm").tensor_map
+
+    def fn(name, D, st):
+        smem = (128 + 2 * st * 128) * D * 2 + 1024
+        kern = al.kernel(mod, name)
+        kern.max_dynamic_shared_size_bytes = smem
+
+        def f(q, k, v, causal):
+            BH, N = q.shape[0] * q.shape[1], q.shape[2]
+            o = torch.empty_like(q)
+            lse = torch.empty(q.shape[:-1], device="cuda")
+            t = [tmap(x.data_ptr(), BH * N, D, 128, "bfloat16", box_cols=64) for x in (q, k, v)]
+            kern((cb.ceil_div(N, 128), BH), (384,),
+                 (*t, np.uint64(o.data_ptr()), np.uint64(lse.data_ptr()), np.int32(N),
+                  np.int32(N), np.float32(al.LOG2E / math.sqrt(D)), np.int32(causal)),
+                 shared_mem=smem)
+            return o
+        return f
+
+    fns = {n: (D, fn(n, D, st)) for n, D, st in names}
+    for D in (64, 128):
+        q, k, v = (torch.randn(2, 3, 1000, D, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        for causal in (False, True):
+            o, _ = al.forward(q, k, v, causal, "v4")
+            for n, (d, f) in fns.items():
+                if d == D:
+                    log(f"{n} causal={int(causal)}: rel. difference to v4 "
+                        f"{rel(f(q, k, v, causal), o.double()):.1e}")
+    B, H, N = 8, 16, 4096
+    summ = []
+    for D in (64, 128):
+        for causal in (False, True):
+            g = torch.Generator(device="cuda").manual_seed(D)
+            q, k, v = (torch.randn(B, H, N, D, generator=g, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(3))
+            fl = al.flops(B * H, N, N, D, causal)
+            log(f"--- variants bf16 B={B} H={H} N={N} D={D} causal={causal}")
+            res = {n: bench(n, lambda f=f: f(q, k, v, causal), fl)
+                   for n, (d, f) in fns.items() if d == D}
+            res["v4"] = bench("attention_v4", lambda: al.forward(q, k, v, causal, "v4"), fl)
+
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            res["cudnn"] = bench("SDPA cudnn", cudnn, fl)
+            summ.append(f"D={D} causal={int(causal)}: " + "  ".join(
+                f"{n.replace('var_', '')} {x:.0f}" for n, x in res.items() if x))
+    log("==== variants (TFLOP/s)\n" + "\n".join(summ))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--time-only", action="store_true")
+    ap.add_argument("--variants", action="store_true")
     a = ap.parse_args()
     m = al.module("forward")
     for name in al.kernel_names("forward"):
         if "v4" in name:
             r = al.resources(m, name)
             log(f"{name:30s} {r['registers']} registers {r['local_bytes']} local bytes")
+    if a.variants:
+        variants()
+        return 0
     if not a.time_only:
         checks()
     if not a.check_only:

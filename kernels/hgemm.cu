@@ -23,11 +23,17 @@
 //   hgemm_v9  the autotuned final version: instantiations of hgemm_tma_t (sm_90: tile
 //             width, stages, persistent grid) or hgemm_mma_t (elsewhere), picked by
 //             hgemm.autotune on the reader's GPU
-//   _bf16: the same kernel for bf16 inputs and output (v3-v8; sm_80+).
+//   hgemm_v10 v6's tiles and pipeline with the loop rebuilt for issue rate: per-thread copy and
+//             ldmatrix addresses computed once (one register + immediates, XOR per k-slice),
+//             predicate-free copies in interior blocks, each tile's copies issued right after
+//             the barrier that frees its stage, C staged through shared memory for 16-byte
+//             stores: the best mma.sync kernel                                              sm_80+
+//   _bf16: the same kernel for bf16 inputs and output (v3-v8, v10; sm_80+).
 //   mma_layout_probe  not a step: writes out which elements each lane holds in mma.m16n8k16
+//   mma_peak          not a step: mma.sync throughput from registers (the mma.sync ceiling)
 //
 // Launches (kernels/hgemm.py, config()): v1 grid (ceil(N/32), ceil(M/32)) x 128 threads;
-// v2 grid (ceil(N/128), ceil(M/128)) x 256; v3-v9 a 1D grid of tiles (v9 persistent: one block
+// v2 grid (ceil(N/128), ceil(M/128)) x 256; v3-v10 a 1D grid of tiles (v9 persistent: one block
 // per SM), dynamic shared memory as config() says (over 48 KiB: the launcher raises the limit).
 #include "mma.cuh"
 #include <mma.h>
@@ -402,6 +408,196 @@ hgemm_mma_t(const T* A, const T* B, T* C, int M, int N, int K) {
     gemm_mma<BM, BN, WM, WN, STAGES, true, DBUF, GROUP, T>(A, B, C, M, N, K);
 }
 
+// ============================================================================ v10: mma.sync, tuned
+
+// 16-byte cp.async to a shared-space address (u32) from global memory (sm_80+; a plain copy below).
+__device__ __forceinline__ void cp_async_16_s(unsigned dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
+#else
+    *reinterpret_cast<uint4*>(hg_smem + (dst - smem_u32(hg_smem))) =
+        *reinterpret_cast<const uint4*>(src);
+#endif
+}
+
+// v10: v6's instruction stream rebuilt for issue rate, same tiles (8 warps of 64 x 64 in
+// BM x BN blocks, k-steps of 64, the XOR swizzle). Everything that is the same on every k-step is
+// computed once: each thread copies the same column chunk of rows tid/8 + 32i, so its shared
+// offsets are one register plus immediates and its global addresses one pointer plus a stride;
+// interior tiles (no edge in M, N or this k-step) copy without predicates. ldmatrix addresses are
+// one register per operand: slice kk is an XOR with kk << 5 (the swizzle), fragment i an
+// immediate. The next tile's copies are issued right after the barrier that frees their stage
+// (prefetch distance STAGES - 1.25 tiles instead of v6's STAGES - 2), fragments are
+// double-buffered as in v6, and EPI stages C through shared memory so that each warp stores whole
+// 512-byte rows with 16-byte stores. Dynamic shared memory: STAGES * (BM + BN) * 128 bytes.
+template <int BM, int BN, int STAGES, bool EPI, int GROUP, bool FAST, typename T>
+__device__ __forceinline__ void gemm_mma10(const T* __restrict__ A, const T* __restrict__ B,
+                                           T* __restrict__ C, int M, int N, int K) {
+    constexpr int BK = 64, WM = 64, WN = 64, WARPS_N = BN / WN, THREADS = 256;
+    static_assert((BM / WM) * (BN / WN) == 8, "8 warps of 64 x 64");
+    static_assert(STAGES >= 3, "the copies of a tile are issued one step before its stage frees");
+    constexpr int FM = 4, FN = 8;
+    constexpr unsigned A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
+    constexpr int CA = BM / 32, CB = BN / 32;          // 16-byte chunks per thread and k-step
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = (warp / WARPS_N) * WM, wn = (warp % WARPS_N) * WN;
+    int bm, bn;
+    tile_of<GROUP>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, bm, bn);
+    const int m0 = bm * BM, n0 = bn * BN, KT = (K + BK - 1) / BK;
+    const unsigned smem = smem_u32(hg_smem);
+
+    // copies: chunk column c = tid % 8 of rows r = tid / 8 + 32 i (i < CA for A, < CB for B)
+    const int cr = tid >> 3, cc = tid & 7;
+    const unsigned cp_off = cr * 128 + ((cc ^ (cr & 7)) << 4);   // + 4096 i: rows 32 apart
+    const T* ga = A + (size_t)min(m0 + cr, M - 1) * K + cc * 8;
+    const T* gb = B + (size_t)min(n0 + cr, N - 1) * K + cc * 8;
+    const size_t rows32 = (size_t)32 * K;
+    auto load_stage = [&](unsigned stage, int kt) {
+        const int k0 = kt * BK;
+        if constexpr (FAST) {
+            const T* pa = ga + k0;
+#pragma unroll
+            for (int i = 0; i < CA; i++, pa += rows32)
+                cp_async_16_s(smem + stage * STAGE_BYTES + cp_off + 4096 * i, pa);
+            const T* pb = gb + k0;
+#pragma unroll
+            for (int i = 0; i < CB; i++, pb += rows32)
+                cp_async_16_s(smem + stage * STAGE_BYTES + A_BYTES + cp_off + 4096 * i, pb);
+        } else {
+            T* st = reinterpret_cast<T*>(hg_smem + stage * STAGE_BYTES);
+            load_tile<BM, THREADS, true, true>(st, A, M, K, m0, k0);
+            load_tile<BN, THREADS, true, true>(st + BM * BK, B, N, K, n0, k0);
+        }
+    };
+
+    // ldmatrix: A lane l -> row wm + l%16, chunk l/16; B lane l -> row wn + l%8 + 8(l/16),
+    // chunk (l/8)%2 (mma.cuh). Rows are 128-byte aligned, so slice kk's chunk 2kk + h swizzled
+    // is (h ^ r%8) ^ 2kk: the address of slice 0 XOR (kk << 5).
+    const int ra = wm + (lane & 15), rb = wn + (lane & 7) + ((lane >> 4) << 3);
+    const unsigned lda = ra * 128 + ((((lane >> 4)) ^ (ra & 7)) << 4);
+    const unsigned ldb = A_BYTES + rb * 128 + ((((lane >> 3) & 1) ^ (rb & 7)) << 4);
+    unsigned a[2][FM][4], b[2][FN][2];
+    auto load_frags10 = [&](int buf, unsigned stage_base, int kk) {
+        const unsigned pa = stage_base + (lda ^ (kk << 5)), pb = stage_base + (ldb ^ (kk << 5));
+#pragma unroll
+        for (int i = 0; i < FM; i++) ldmatrix_x4(a[buf][i], pa + 2048 * i);
+#pragma unroll
+        for (int j = 0; j < FN / 2; j++) {
+            unsigned r[4];
+            ldmatrix_x4(r, pb + 2048 * j);
+            b[buf][2 * j][0] = r[0];
+            b[buf][2 * j][1] = r[1];
+            b[buf][2 * j + 1][0] = r[2];
+            b[buf][2 * j + 1][1] = r[3];
+        }
+    };
+
+    float acc[FM][FN][4];
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {         // prologue: STAGES - 1 tiles in flight
+        if (s < KT) load_stage(s, s);
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 2>();                   // tile 0 has landed
+    __syncthreads();
+    load_frags10(0, smem, 0);
+    int rs = 0;                                    // the stage of tile kt
+    for (int kt = 0; kt < KT; kt++) {
+        const unsigned base = smem + rs * STAGE_BYTES;
+        const int next = rs + 1 == STAGES ? 0 : rs + 1;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            if (kk < 3) {
+                load_frags10((kk + 1) & 1, base, kk + 1);
+            } else {
+                cp_async_wait<STAGES - 2>();       // my copies of tile kt+1 have landed
+                __syncthreads();                   // everyone's; and stage rs-1 is free
+                load_frags10(0, smem + next * STAGE_BYTES, 0);   // (past the end: unused)
+            }
+            if (kk == 0) {                         // tile kt+STAGES-1 into the stage of
+                const int nk = kt + STAGES - 1;    // tile kt-1, freed by the last barrier
+                if (nk < KT) load_stage(rs == 0 ? STAGES - 1 : rs - 1, nk);
+                cp_async_commit();
+            }
+#pragma unroll
+            for (int i = 0; i < FM; i++)
+#pragma unroll
+                for (int jj = 0; jj < FN; jj++) {  // serpentine: one operand reused
+                    const int j = (i & 1) ? FN - 1 - jj : jj;
+                    mma16816<T>(acc[i][j], a[kk & 1][i], b[kk & 1][j]);
+                }
+        }
+        rs = next;
+    }
+
+    if constexpr (EPI) {
+        if ((N & 7) == 0 && (reinterpret_cast<size_t>(C) & 15) == 0) {
+            // round into a shared C tile (rows of BN + 8 halves: the 8 rows of one store land
+            // in 8 different 4-bank groups), then whole rows out with 16-byte stores
+            constexpr int LDC = BN + 8;
+            cp_async_wait<0>();
+            __syncthreads();                           // every warp is done with the stages
+            T* cs = reinterpret_cast<T*>(hg_smem);
+            const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+            for (int i = 0; i < FM; i++)
+#pragma unroll
+                for (int j = 0; j < FN; j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        *reinterpret_cast<unsigned*>(cs + (wm + 16 * i + g + 8 * h) * LDC + wn +
+                                                     8 * j + 2 * t) =
+                            pack2<T>(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            __syncthreads();
+            constexpr int CPR = BN / 8;                // 16-byte chunks per row
+#pragma unroll 4
+            for (int q = tid; q < BM * CPR; q += THREADS) {
+                const int r = q / CPR, c = (q % CPR) * 8;
+                if (m0 + r < M && n0 + c < N)
+                    *reinterpret_cast<uint4*>(C + (size_t)(m0 + r) * N + n0 + c) =
+                        *reinterpret_cast<const uint4*>(cs + r * LDC + c);
+            }
+            return;
+        }
+    }
+    store_c<FM, FN>(C, acc, M, N, m0 + wm, n0 + wn, lane);
+}
+
+// FAST (no predicates) for blocks with no edge in M or N and K a multiple of 64; the other
+// instantiation copies with v5's zero-filling load_tile.
+template <int BM, int BN, int STAGES, bool EPI, int GROUP, typename T>
+__device__ __forceinline__ void gemm_mma10_any(const T* A, const T* B, T* C, int M, int N, int K) {
+    int bm, bn;
+    tile_of<GROUP>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, bm, bn);
+    if ((bm + 1) * BM <= M && (bn + 1) * BN <= N && K % 64 == 0)
+        gemm_mma10<BM, BN, STAGES, EPI, GROUP, true, T>(A, B, C, M, N, K);
+    else
+        gemm_mma10<BM, BN, STAGES, EPI, GROUP, false, T>(A, B, C, M, N, K);
+}
+
+#define HG_MMA10_KERNEL(name, T, ...)                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                          \
+    name(const T* A, const T* B, T* C, int M, int N, int K) {                                     \
+        gemm_mma10_any<__VA_ARGS__, T>(A, B, C, M, N, K);                                         \
+    }
+//              kernel          type            BM   BN   STAGES EPI   GROUP
+HG_MMA10_KERNEL(hgemm_v10,      __half,         128, 256, 3,     true, 8)
+HG_MMA10_KERNEL(hgemm_v10_bf16, __nv_bfloat16,  128, 256, 3,     true, 8)
+
+// v10's family, for the probe and the autotuner (instantiated by name from hgemm_launch.py).
+template <int BM, int BN, int STAGES, bool EPI, int GROUP, typename T>
+__global__ void __launch_bounds__(256, 1)
+hgemm_mma10_t(const T* A, const T* B, T* C, int M, int N, int K) {
+    gemm_mma10_any<BM, BN, STAGES, EPI, GROUP, T>(A, B, C, M, N, K);
+}
+
 // ============================================================================ layout probe
 
 // Not a ladder step: which elements of A (16x16), B (16x8) and C (16x8) each lane holds in
@@ -448,6 +644,25 @@ mma_layout_probe(float* a_out, float* b_out, float* c_out) {
             for (int i = 0; i < 4; i++) c_out[lane * 8 + 4 * (pass - 1) + i] = c[i];
         }
     }
+}
+
+// Not a ladder step: the throughput of mma.sync alone. Each warp keeps 8 independent m16n8k16
+// accumulations going on constant fragments, with no memory traffic in the loop: the ceiling of
+// any kernel built on mma.sync (v3-v6, v10). 2 * 16 * 8 * 16 * 8 * iters flops per warp.
+// launch: any grid, block 256; out is written only if the sums take an impossible value.
+extern "C" __global__ void __launch_bounds__(256)
+mma_peak(float* out, int iters) {
+    const unsigned one2 = 0x3c003c00u;   // two fp16 ones
+    const unsigned a[4] = {one2, one2, one2, one2}, b[2] = {one2, one2};
+    float c[8][4] = {};
+    for (int it = 0; it < iters; it++) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) mma_m16n8k16_f16(c[j], a, b);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) s += c[j][0] + c[j][1] + c[j][2] + c[j][3];
+    if (s == -1.0f) out[threadIdx.x] = s;
 }
 
 // ============================================================================ v7-v9: Hopper

@@ -30,7 +30,7 @@ import numpy as np
 
 from cudabook.launch import LaunchError
 
-VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10")
 
 #: what each step changes (one line each, for tables and plots)
 WHAT = {
@@ -43,26 +43,31 @@ WHAT = {
     "v7": "wgmma from shared memory (cp.async loads)",
     "v8": "TMA + mbarriers + warp specialisation",
     "v9": "autotuned final version",
+    "v10": "v6 rebuilt: lean loop, early copies, staged C",
 }
 
 #: the lowest compute capability each version runs on
 MIN_CC = {"v1": (7, 0), "v2": (7, 0), "v3": (7, 5), "v4": (7, 5), "v5": (8, 0), "v6": (8, 0),
-          "v7": (9, 0), "v8": (9, 0), "v9": (7, 5)}
+          "v7": (9, 0), "v8": (9, 0), "v9": (7, 5), "v10": (8, 0)}
 #: versions built from sm_90a instructions (wgmma, setmaxnreg): Hopper (cc 9.0) only
 HOPPER_ONLY = ("v7", "v8")
 #: versions with a bf16 kernel (bf16 tensor-core instructions start at cc 8.0)
-BF16 = ("v3", "v4", "v5", "v6", "v7", "v8", "v9")
+BF16 = ("v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10")
 
 #: block tiles (rows, cols of C), threads and stages of the fixed versions
 _FIXED = {"v3": (128, 128, 256, 1), "v4": (128, 128, 256, 1), "v5": (128, 128, 256, 3),
-          "v6": (128, 256, 256, 3), "v7": (128, 128, 256, 4), "v8": (128, 256, 384, 4)}
+          "v6": (128, 256, 256, 3), "v7": (128, 128, 256, 4), "v8": (128, 256, 384, 4),
+          "v10": (128, 256, 256, 3)}
 BK = 64
 MAX_STATIC_SHARED = 48 * 1024
 
 #: v9's defaults per architecture before (or without) autotuning
 DEFAULT_SM90 = dict(BN=256, STAGES=4, PERSIST=1)
+#: hgemm_mma_t (the template of v3-v6): sm_80+ and sm_75 defaults
 DEFAULT_SM80 = dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8)
 DEFAULT_SM75 = dict(BM=128, BN=128, WM=64, WN=32, STAGES=1, DBUF=0, GROUP=8)
+#: hgemm_mma10_t (the template of v10, 8 warps of 64 x 64): v9's default on sm_80+ off Hopper
+DEFAULT_MMA10 = dict(BM=128, BN=256, STAGES=3, EPI=1, GROUP=8)
 
 _TUNED: dict[tuple, dict] = {}   # (cc, dtype) -> the parameters autotune() found best
 
@@ -191,9 +196,9 @@ def require(version: str, cc: tuple[int, int], dtype: str = "float16") -> None:
 # ============================================================================ configuration
 
 def v9_family(cc: tuple[int, int], params: dict | None = None) -> str:
-    """The template v9 instantiates: "tma" (hgemm_tma_t) or "mma" (hgemm_mma_t). Given
-    parameters say which (a tma set has PERSIST); without, the architecture decides (tma on
-    cc 9.0, the only one with wgmma)."""
+    """The template family v9 instantiates: "tma" (hgemm_tma_t) or "mma" (mma.sync: hgemm_mma_t,
+    or hgemm_mma10_t for a parameter set with EPI). Given parameters say which (a tma set has
+    PERSIST); without, the architecture decides (tma on cc 9.0, the only one with wgmma)."""
     if params is not None:
         return "tma" if "PERSIST" in params else "mma"
     return "tma" if tuple(cc) == (9, 0) else "mma"
@@ -209,7 +214,7 @@ def v9_params(cc: tuple[int, int], dtype: str = "float16", params: dict | None =
         return dict(_TUNED[(tuple(cc), "float16")])
     if v9_family(cc) == "tma":
         return dict(DEFAULT_SM90)
-    return dict(DEFAULT_SM80 if tuple(cc) >= (8, 0) else DEFAULT_SM75)
+    return dict(DEFAULT_MMA10 if tuple(cc) >= (8, 0) else DEFAULT_SM75)
 
 
 def _family(cc: tuple[int, int], dtype: str, params: dict | None) -> tuple[str, dict]:
@@ -223,6 +228,9 @@ def template_name(family: str, p: dict, dtype: str = "float16") -> str:
     b = lambda x: "true" if x else "false"   # noqa: E731
     if family == "tma":
         return f"hgemm_tma_t<{p['BN']}, {p['STAGES']}, {b(p['PERSIST'])}, {t}>"
+    if "EPI" in p:
+        return (f"hgemm_mma10_t<{p['BM']}, {p['BN']}, {p['STAGES']}, {b(p['EPI'])}, "
+                f"{p['GROUP']}, {t}>")
     return (f"hgemm_mma_t<{p['BM']}, {p['BN']}, {p['WM']}, {p['WN']}, {p['STAGES']}, "
             f"{b(p['DBUF'])}, {p['GROUP']}, {t}>")
 
@@ -237,8 +245,18 @@ def check_params(family: str, p: dict) -> None:
         if not 2 <= p["STAGES"] <= 8:
             raise ValueError("STAGES must be 2..8")
         return
+    if "EPI" in p:                       # hgemm_mma10_t: 8 warps of 64 x 64
+        if set(p) != set(DEFAULT_MMA10):
+            raise ValueError(f"mma10 parameters are {sorted(DEFAULT_MMA10)}, got {sorted(p)}")
+        if (p["BM"], p["BN"]) not in ((128, 256), (256, 128)):
+            raise ValueError(f"{p}: BM x BN must be 128 x 256 or 256 x 128 (8 warps of 64 x 64)")
+        if p["STAGES"] < 3 or p["GROUP"] < 1:
+            raise ValueError(f"{p}: STAGES >= 3 (copies are issued a step before their stage "
+                             "is read) and GROUP >= 1")
+        return
     if set(p) != set(DEFAULT_SM80):
-        raise ValueError(f"mma parameters are {sorted(DEFAULT_SM80)}, got {sorted(p)}")
+        raise ValueError(f"mma parameters are {sorted(DEFAULT_SM80)} (or {sorted(DEFAULT_MMA10)}"
+                         f" for v10's template), got {sorted(p)}")
     bm, bn, wm, wn = p["BM"], p["BN"], p["WM"], p["WN"]
     threads = (bm // wm) * (bn // wn) * 32 if wm and wn else 0
     rules = [(bm % wm == 0 and bn % wn == 0, "the warp tile WMxWN must divide BMxBN"),
@@ -286,7 +304,7 @@ def config(version: str, M: int, N: int, K: int, cc: tuple[int, int] = (9, 0),
             grid = min(tiles, sms) if p["PERSIST"] else tiles
             return dict(grid=(grid,), block=(384,), shared=shared_bytes("v9", cc, p),
                         kernel=template_name("tma", p, dtype), params=p)
-        threads = (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
+        threads = 256 if "EPI" in p else (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
         return dict(grid=(cdiv(M, p["BM"]) * cdiv(N, p["BN"]),), block=(threads,),
                     shared=shared_bytes("v9", cc, p), kernel=template_name("mma", p, dtype),
                     params=p)
@@ -402,6 +420,11 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
         raise UnsupportedError(f"hgemm_{version} was not compiled for sm_90a: load the module "
                                "with hgemm.load() (it passes -arch=sm_90a on Hopper)")
     cfg = config(version, M, N, K, cc, params, sms=_sms(), dtype=dtype)
+    optin = _smem_optin()
+    if cfg["shared"] > optin:
+        raise UnsupportedError(f"hgemm_{version} needs {cfg['shared'] // 1024} KiB of shared memory "
+                               f"per block; this GPU allows {optin // 1024} KiB (the H100 227, the "
+                               "A100 163, most others 99): use a version with fewer stages")
     kern = kernel(module_for(mod, cfg["kernel"]), cfg["kernel"])
     if cfg["shared"] > MAX_STATIC_SHARED:
         kern.max_dynamic_shared_size_bytes = cfg["shared"]
@@ -443,6 +466,19 @@ def _cc() -> tuple[int, int]:
     import cudabook as cb
 
     return cb.cc()
+
+
+_OPTIN: list[int] = []
+
+
+def _smem_optin() -> int:
+    """The most dynamic shared memory one block may ask for on this GPU (bytes)."""
+    if not _OPTIN:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        _OPTIN.append(int(props.get("sharedMemPerBlockOptin", MAX_STATIC_SHARED)))
+    return _OPTIN[0]
 
 
 def _sms() -> int:
@@ -576,11 +612,11 @@ def candidates(cc: tuple[int, int], family: str | None = None) -> list[dict]:
     if (family or v9_family(cc)) == "tma":
         return [dict(BN=256, STAGES=4, PERSIST=1), dict(BN=256, STAGES=3, PERSIST=1),
                 dict(BN=256, STAGES=4, PERSIST=0), dict(BN=128, STAGES=4, PERSIST=1)]
-    if tuple(cc) >= (8, 0):
-        return [dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8),
-                dict(BM=128, BN=256, WM=64, WN=64, STAGES=4, DBUF=1, GROUP=8),
-                dict(BM=256, BN=128, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8),
-                dict(BM=128, BN=128, WM=64, WN=64, STAGES=4, DBUF=1, GROUP=8)]
+    if tuple(cc) >= (8, 0):   # v10's template, and v6's tiles in the template of v3-v6
+        return [dict(BM=128, BN=256, STAGES=3, EPI=1, GROUP=8),
+                dict(BM=256, BN=128, STAGES=3, EPI=1, GROUP=8),
+                dict(BM=128, BN=256, STAGES=4, EPI=1, GROUP=8),
+                dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8)]
     return [dict(BM=128, BN=128, WM=64, WN=32, STAGES=1, DBUF=0, GROUP=g) for g in (1, 8)] + [
             dict(BM=128, BN=128, WM=64, WN=64, STAGES=1, DBUF=0, GROUP=8),
             dict(BM=64, BN=128, WM=32, WN=64, STAGES=1, DBUF=0, GROUP=8)]
@@ -637,6 +673,9 @@ def autotune(n: int = 4096, cands: list[dict] | None = None, repeat: int = 10,
 def params_label(p: dict) -> str:
     if "PERSIST" in p:
         return f"128x{p['BN']}x64, {p['STAGES']} stages, {'persistent' if p['PERSIST'] else 'one tile/block'}"
+    if "EPI" in p:
+        return (f"{p['BM']}x{p['BN']}x64, warps 64x64, {p['STAGES']} stages, v10's loop"
+                f"{', staged C' if p['EPI'] else ''}, group {p['GROUP']}")
     return (f"{p['BM']}x{p['BN']}x64, warps {p['WM']}x{p['WN']}, {p['STAGES']} stage(s)"
             f"{', reg. double buffer' if p['DBUF'] else ''}, group {p['GROUP']}")
 
@@ -657,6 +696,11 @@ def sanitize_targets():
     A = cp.asarray(rng.random((M, K)).astype(np.float16))
     B = cp.asarray(rng.random((N, K)).astype(np.float16))
     C = cp.empty((M, N), cp.float16)
-    for v in ("v1", "v2", "v3", "v4", "v5", "v6"):
+    for v in ("v1", "v2", "v3", "v4", "v5", "v6", "v10"):
         if cc >= MIN_CC[v]:
             yield f"hgemm_{v}", (lambda v=v: launch(mod, v, A, B, C))
+    if cc >= MIN_CC["v10"]:   # v10's predicate-free path runs only in blocks with no edge
+        A2 = cp.asarray(rng.random((256, 128)).astype(np.float16))
+        B2 = cp.asarray(rng.random((512, 128)).astype(np.float16))
+        C2 = cp.empty((256, 512), cp.float16)
+        yield "hgemm_v10 (interior blocks)", lambda: launch(mod, "v10", A2, B2, C2)

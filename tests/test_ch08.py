@@ -62,7 +62,7 @@ def test_require_names_the_minimum_cc():
     with pytest.raises(hg.UnsupportedError, match="no bf16 kernel"):
         hg.require("v1", (9, 0), "bfloat16")
     with pytest.raises(ValueError, match="unknown version"):
-        hg.require("v10", (9, 0))
+        hg.require("v11", (9, 0))
     assert issubclass(hg.UnsupportedError, cb.LaunchError)
 
 
@@ -72,11 +72,19 @@ def test_config_and_params():
     c = hg.config("v6", 1000, 777, 520)
     assert c["grid"] == (8 * 4,) and c["block"] == (256,) and c["shared"] == 3 * 384 * 64 * 2
     assert hg.config("v5", 10, 10, 8, dtype="bfloat16")["kernel"] == "hgemm_v5_bf16"
+    c = hg.config("v10", 4096, 4096, 4096, dtype="bfloat16")
+    assert c["kernel"] == "hgemm_v10_bf16" and c["shared"] == 3 * 384 * 64 * 2
+    assert c["grid"] == (32 * 16,) and c["block"] == (256,)
+    with pytest.raises(hg.UnsupportedError, match="compute capability 8.0"):
+        hg.require("v10", (7, 5))
     c = hg.config("v9", 4096, 4096, 4096, cc=(9, 0), sms=132)
     assert c["grid"] == (132,) and c["block"] == (384,)
     assert c["kernel"] == "hgemm_tma_t<256, 4, true, __half>"
     c = hg.config("v9", 4096, 4096, 4096, cc=(8, 0))
-    assert c["kernel"].startswith("hgemm_mma_t<128, 256, 64, 64, 3, true, 8")
+    assert c["kernel"] == "hgemm_mma10_t<128, 256, 3, true, 8, __half>"
+    assert c["block"] == (256,) and c["shared"] == 3 * 384 * 128
+    c = hg.config("v9", 4096, 4096, 4096, cc=(7, 5))
+    assert c["kernel"].startswith("hgemm_mma_t<128, 128, 64, 32, 1, false, 8")
     assert hg.config("v9", 64, 64, 64, cc=(9, 0), params=hg.DEFAULT_SM80)["block"] == (256,)
     for cc in ((7, 5), (8, 0), (9, 0)):
         for p in hg.candidates(cc) + hg.candidates(cc, "mma"):
@@ -85,6 +93,12 @@ def test_config_and_params():
         hg.check_params("mma", dict(hg.DEFAULT_SM80, STAGES=2))
     with pytest.raises(ValueError, match="must divide"):
         hg.check_params("mma", dict(hg.DEFAULT_SM80, WN=96))
+    with pytest.raises(ValueError, match="128 x 256 or 256 x 128"):
+        hg.check_params("mma", dict(hg.DEFAULT_MMA10, BN=128))
+    with pytest.raises(ValueError, match="STAGES >= 3"):
+        hg.check_params("mma", dict(hg.DEFAULT_MMA10, STAGES=2))
+    with pytest.raises(ValueError, match="mma10 parameters"):
+        hg.check_params("mma", dict(hg.DEFAULT_MMA10, DBUF=1))
     with pytest.raises(ValueError, match="BN must be"):
         hg.check_params("tma", dict(hg.DEFAULT_SM90, BN=192))
 
@@ -115,7 +129,9 @@ def test_kernel_header_lists_every_version():
 
 # ============================================================================ kernels (GPU)
 
-SHAPES = [(1, 1, 8), (127, 129, 72), (1000, 777, 520), (4096, 24, 64), (16, 3000, 136)]
+# (300, 600, 192): interior blocks (v10's predicate-free path) beside edge blocks
+SHAPES = [(1, 1, 8), (127, 129, 72), (1000, 777, 520), (4096, 24, 64), (16, 3000, 136),
+          (300, 600, 192)]
 
 
 @gpu

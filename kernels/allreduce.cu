@@ -31,53 +31,10 @@
 // (release/acquire at system scope for the flags) and compile for sm_75, sm_80, sm_90.
 #include "common.cuh"
 
-// 4 float4 loads in flight per thread before any store: the link's latency (~1 us) is hidden by
-// bytes in flight, not by arithmetic. Scalar head and tail where lo/hi are not multiples of 4.
-template <bool ADD>
-__device__ __forceinline__ void ring_body(float* __restrict__ own, const float* __restrict__ left,
-                                          long long lo, long long hi) {
-    long long a = (lo + 3) & ~3LL;                    // first 16-byte aligned element (buffers are)
-    if (a > hi) a = hi;
-    long long b = a + ((hi - a) & ~3LL);              // end of the float4 body
-    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long nth = (long long)gridDim.x * blockDim.x;
-    if (tid < a - lo) { long long i = lo + tid; own[i] = ADD ? own[i] + left[i] : left[i]; }
-    if (tid < hi - b) { long long i = b + tid;  own[i] = ADD ? own[i] + left[i] : left[i]; }
-    const float4* l4 = reinterpret_cast<const float4*>(left + a);
-    float4* o4 = reinterpret_cast<float4*>(own + a);
-    long long n4 = (b - a) >> 2;
-    for (long long i = tid; i < n4; i += 4 * nth) {
-        float4 v[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            if (i + k * nth < n4) v[k] = l4[i + k * nth];       // remote loads, all in flight
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            if (i + k * nth >= n4) continue;
-            float4 r = v[k];
-            if (ADD) {
-                float4 m = o4[i + k * nth];
-                r.x += m.x; r.y += m.y; r.z += m.z; r.w += m.w;
-            }
-            o4[i + k * nth] = r;
-        }
-    }
-}
-
-// launch: grid = min(ceil_div(hi - lo, 4 * 256 * 4), 4 * SMs), block = 256, on own's GPU
-extern "C" __global__ void ring_step_add(float* own, const float* left, long long lo, long long hi) {
-    ring_body<true>(own, left, lo, hi);
-}
-
-// launch: as ring_step_add
-extern "C" __global__ void ring_step_copy(float* own, const float* left, long long lo, long long hi) {
-    ring_body<false>(own, left, lo, hi);
-}
-
-// bf16 gradients (data-parallel training keeps them in bf16, as DDP does): the same pull, 8 values
-// per 16-byte load, each sum formed in float32 and rounded to bf16 (round to nearest even) once per
-// ring step, as NCCL's bf16 all-reduce does. bf16 is handled as its bits (unsigned short), so the
-// kernels need no bf16 header and compile for sm_75 like the rest.
+// The element types of the ring: float32, and bf16 held as its 16-bit pattern (data-parallel
+// training keeps gradients in bf16, as DDP does). A bf16 sum is formed in float32 and rounded to
+// bf16 (to nearest even) once per ring step, as NCCL's bf16 all-reduce does; as bits, bf16 needs
+// no header and compiles for sm_75 like the rest.
 __device__ __forceinline__ float bf16_bits_to_float(unsigned int h) { return __uint_as_float(h << 16); }
 
 __device__ __forceinline__ unsigned int float_to_bf16_bits(float f) {
@@ -86,63 +43,84 @@ __device__ __forceinline__ unsigned int float_to_bf16_bits(float f) {
     return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;                     // round to nearest even
 }
 
-__device__ __forceinline__ unsigned int add_bf16x2(unsigned int a, unsigned int b) {
-    unsigned int lo = float_to_bf16_bits(bf16_bits_to_float(a & 0xffffu) + bf16_bits_to_float(b & 0xffffu));
-    unsigned int hi = float_to_bf16_bits(bf16_bits_to_float(a >> 16) + bf16_bits_to_float(b >> 16));
-    return lo | (hi << 16);
-}
+struct RingF32 {                      // 4 values per 16-byte word
+    using E = float;
+    static constexpr int V = 4;
+    __device__ static E add(E a, E b) { return a + b; }
+    __device__ static unsigned int add_word(unsigned int a, unsigned int b) {
+        return __float_as_uint(__uint_as_float(a) + __uint_as_float(b));
+    }
+};
 
-template <bool ADD>
-__device__ __forceinline__ void ring_body_bf16(unsigned short* __restrict__ own,
-                                               const unsigned short* __restrict__ left,
-                                               long long lo, long long hi) {
-    long long a = (lo + 7) & ~7LL;                    // first 16-byte aligned element
+struct RingBF16 {                     // 8 values per 16-byte word, 2 per 32-bit lane
+    using E = unsigned short;
+    static constexpr int V = 8;
+    __device__ static E add(E a, E b) {
+        return (E)float_to_bf16_bits(bf16_bits_to_float(a) + bf16_bits_to_float(b));
+    }
+    __device__ static unsigned int add_word(unsigned int a, unsigned int b) {
+        unsigned int lo = float_to_bf16_bits(bf16_bits_to_float(a & 0xffffu) + bf16_bits_to_float(b & 0xffffu));
+        unsigned int hi = float_to_bf16_bits(bf16_bits_to_float(a >> 16) + bf16_bits_to_float(b >> 16));
+        return lo | (hi << 16);
+    }
+};
+
+// 4 16-byte loads in flight per thread before any store: the link's latency (~1 us) is hidden by
+// bytes in flight, not by arithmetic. Scalar head and tail where lo/hi are not multiples of T::V.
+template <bool ADD, class T>
+__device__ __forceinline__ void ring_body(typename T::E* __restrict__ own,
+                                          const typename T::E* __restrict__ left,
+                                          long long lo, long long hi) {
+    constexpr long long V = T::V;
+    long long a = (lo + V - 1) & ~(V - 1);            // first 16-byte aligned element (buffers are)
     if (a > hi) a = hi;
-    long long b = a + ((hi - a) & ~7LL);              // end of the 8-value body
+    long long b = a + ((hi - a) & ~(V - 1));          // end of the 16-byte body
     long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long nth = (long long)gridDim.x * blockDim.x;
-    if (tid < a - lo) {
-        long long i = lo + tid;
-        own[i] = ADD ? (unsigned short)float_to_bf16_bits(bf16_bits_to_float(own[i]) + bf16_bits_to_float(left[i]))
-                     : left[i];
-    }
-    if (tid < hi - b) {
-        long long i = b + tid;
-        own[i] = ADD ? (unsigned short)float_to_bf16_bits(bf16_bits_to_float(own[i]) + bf16_bits_to_float(left[i]))
-                     : left[i];
-    }
+    if (tid < a - lo) { long long i = lo + tid; own[i] = ADD ? T::add(own[i], left[i]) : left[i]; }
+    if (tid < hi - b) { long long i = b + tid;  own[i] = ADD ? T::add(own[i], left[i]) : left[i]; }
     const uint4* l4 = reinterpret_cast<const uint4*>(left + a);
     uint4* o4 = reinterpret_cast<uint4*>(own + a);
-    long long n8 = (b - a) >> 3;
-    for (long long i = tid; i < n8; i += 4 * nth) {
+    long long n4 = (b - a) / V;
+    for (long long i = tid; i < n4; i += 4 * nth) {
         uint4 v[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            if (i + k * nth < n8) v[k] = l4[i + k * nth];       // remote loads, all in flight
+            if (i + k * nth < n4) v[k] = l4[i + k * nth];       // remote loads, all in flight
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            if (i + k * nth >= n8) continue;
+            if (i + k * nth >= n4) continue;
             uint4 r = v[k];
             if (ADD) {
                 uint4 m = o4[i + k * nth];
-                r.x = add_bf16x2(r.x, m.x); r.y = add_bf16x2(r.y, m.y);
-                r.z = add_bf16x2(r.z, m.z); r.w = add_bf16x2(r.w, m.w);
+                r.x = T::add_word(r.x, m.x); r.y = T::add_word(r.y, m.y);
+                r.z = T::add_word(r.z, m.z); r.w = T::add_word(r.w, m.w);
             }
             o4[i + k * nth] = r;
         }
     }
 }
 
+// launch: grid = min(ceil_div(hi - lo, 4 * 256 * 4), 4 * SMs), block = 256, on own's GPU
+extern "C" __global__ void ring_step_add(float* own, const float* left, long long lo, long long hi) {
+    ring_body<true, RingF32>(own, left, lo, hi);
+}
+
+// launch: as ring_step_add
+extern "C" __global__ void ring_step_copy(float* own, const float* left, long long lo, long long hi) {
+    ring_body<false, RingF32>(own, left, lo, hi);
+}
+
 // launch: as ring_step_add; own and left hold bf16 values (as their 16-bit patterns)
 extern "C" __global__ void ring_step_add_bf16(unsigned short* own, const unsigned short* left,
                                               long long lo, long long hi) {
-    ring_body_bf16<true>(own, left, lo, hi);
+    ring_body<true, RingBF16>(own, left, lo, hi);
 }
 
 // launch: as ring_step_add
 extern "C" __global__ void ring_step_copy_bf16(unsigned short* own, const unsigned short* left,
                                                long long lo, long long hi) {
-    ring_body_bf16<false>(own, left, lo, hi);
+    ring_body<false, RingBF16>(own, left, lo, hi);
 }
 
 // A barrier across GPUs for block blockIdx.x: tell every rank p (slot [rank][block] of p's flags)

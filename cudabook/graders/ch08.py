@@ -93,7 +93,8 @@ def _diagnose(ex: str, case: str, out, ref, absprod, K: int, out_dtype: str, buf
                          "stub?")
     if nan.any():
         rows, cols = np.nonzero(nan)
-        edge = ((rows >= M // tile[0] * tile[0]) | (cols >= N // tile[1] * tile[1])).all()
+        edge = M >= tile[0] and N >= tile[1] and \
+            ((rows >= M // tile[0] * tile[0]) | (cols >= N // tile[1] * tile[1])).all()
         raise GradeError(f"{ex}: {case}: {rows.size} of {M * N} elements of C never written, "
                          f"first at ({rows[0]}, {cols[0]})" +
                          (": all in the edge tiles (a guard that drops partial tiles?)" if edge
@@ -116,7 +117,8 @@ def _diagnose(ex: str, case: str, out, ref, absprod, K: int, out_dtype: str, buf
                          "accumulate in fp32 (an accumulator fragment of float, the .f32 "
                          "accumulator of mma.sync) and round only the result")
     rows, cols = np.nonzero(bad)
-    if ((rows >= M // tile[0] * tile[0]) | (cols >= N // tile[1] * tile[1])).all():
+    interior = M >= tile[0] and N >= tile[1]     # else every tile is an edge tile: no evidence
+    if interior and ((rows >= M // tile[0] * tile[0]) | (cols >= N // tile[1] * tile[1])).all():
         raise GradeError(f"{msg}: errors only in the edge tiles (M={M}, N={N} are not multiples "
                          "of the tile): zero-fill the tile loads outside A and B?")
     raise GradeError(f"{msg}: wrong products{'; ' + hint_sync if hint_sync else ''}")

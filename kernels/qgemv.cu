@@ -24,6 +24,15 @@
 //             of 4 products |q| <= 8 overflows when |x| > 2000 (the launcher documents it).
 //   qgemv_w4_v4   v3's arithmetic with gemv_v3's layout: a warp per row, no split of K, no
 //             shared memory; 8 loads of 16 bytes in flight per lane (B <= 4: qgemv_w4_v4_b{BT})
+//   qgemv_w4_v5   B = 1: x stays in registers. v2-v4 read x again for every row or pair of rows
+//             (64 bytes of fp16 x per 16 bytes of int4 weights: 2 to 4 times the weight bytes
+//             through L1). Here a block of 256 threads keeps its columns of x in registers,
+//             regrouped once, and walks R rows at a time over a grid of one wave (a multiple of
+//             the SMs); the 8 warps' sums meet in a double-buffered shared array, one barrier
+//             per step. qgemv_w4_v5_c{CPT}_r{R}: CPT chunks per thread (K <= 8192 CPT).
+//             Correct but slower than v3 on the H100 (lesson 10 measures it): each step's
+//             barrier holds all 8 warps until the slowest one's loads arrive, and no fresh
+//             block fills the gap; the next step's rows are not prefetched before the barrier.
 //
 //   Chunks are 16 bytes of q: 16 weights (W8) or 32 (W4), inside one group: G % 16 == 0 (W8),
 //   G % 32 == 0 (W4), and G divides K. q and x 16-byte aligned (the launcher checks).
@@ -31,7 +40,8 @@
 //   qgemv_w8_v2_b{BT}_r{R}, qgemv_f8_v2_..., qgemv_w4_v2_..., qgemv_w4_v3_b{BT}_r{R}.
 //
 // Launches (kernels/qgemv_launch.py): v1 grid (ceil(N/4), B) x 128; v2/v3 (ceil(N/R),
-// ceil(B/BT)) x 128; v4 (ceil(N/4), ceil(B/BT)) x 128. No dynamic shared memory.
+// ceil(B/BT)) x 128; v4 (ceil(N/4), ceil(B/BT)) x 128; v5 (min(ceil(N/R), SMs x resident
+// blocks per SM)) x 256. No dynamic shared memory.
 #include <cuda_fp16.h>
 #include "common.cuh"
 
@@ -333,6 +343,94 @@ __device__ __forceinline__ void qgemv_w4_v4_body(const __half* __restrict__ x,
         if (lane == 0 && b < nb) y[(size_t)(b0 + b) * N + n] = __float2half_rn(v + bn);
     }
 }
+
+// ----------------------------------------------------------------------------- v5 (W4, B = 1)
+// Thread t of 256 owns the 16-byte chunk columns t, t + 256, ... (CPT of them) of every row and
+// keeps the 32 halves of x under each, regrouped as w4_to_half2 pairs them (16 half2), for the
+// whole kernel. The block walks rows n0 = blockIdx.x * R, += gridDim.x * R: R * CPT loads of 16
+// bytes in flight per thread, then a warp_sum per row and the 8 warps' sums added from shared
+// memory by thread r of the block.
+template <int CPT, int R>
+__device__ __forceinline__ void qgemv_w4_v5_body(const __half* __restrict__ x,
+                                                 const unsigned char* __restrict__ q,
+                                                 const __half* __restrict__ s,
+                                                 const __half* __restrict__ bias,
+                                                 __half* __restrict__ y, int N, int K, int G) {
+    constexpr int T = 256, NW = T / 32;
+    __shared__ float part[2][NW][R];              // two buffers: one barrier per step suffices
+    int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    int nc = K / 32, ng = K / G;
+    const uint4* qv = reinterpret_cast<const uint4*>(q);
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    __half2 xp[CPT][16];                          // x of chunk j, word w: xp[j][4w .. 4w + 3]
+    bool has[CPT];                                // chunk column t + 256 j exists (K may be short)
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+        int c = t + T * j;
+        has[j] = c < nc;
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+            x_pairs_k4(has[j] ? __ldg(xv + (size_t)c * 4 + w) : make_uint4(0u, 0u, 0u, 0u),
+                       &xp[j][4 * w]);
+    }
+    int buf = 0;
+    for (int n0 = blockIdx.x * R; n0 < N; n0 += gridDim.x * R, buf ^= 1) {
+        uint4 wv[R][CPT];
+        float sc[R][CPT];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            size_t row = (size_t)min(n0 + r, N - 1);   // rows past N re-read row N - 1, unused
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+                int c = t + T * j;
+                wv[r][j] = has[j] ? ld_stream16(qv + row * nc + c) : make_uint4(0u, 0u, 0u, 0u);
+                sc[r][j] = has[j] ? __half2float(s[row * ng + (c * 32) / G]) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+                float ps = 0.0f;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    __half2 qh[4];
+                    w4_to_half2(reinterpret_cast<const unsigned*>(&wv[r][j])[w], qh);
+                    __half2 p = __hmul2(qh[0], xp[j][4 * w]);
+                    p = __hfma2(qh[1], xp[j][4 * w + 1], p);
+                    p = __hfma2(qh[2], xp[j][4 * w + 2], p);
+                    p = __hfma2(qh[3], xp[j][4 * w + 3], p);
+                    float2 pf = __half22float2(p);
+                    ps += pf.x + pf.y;
+                }
+                acc = fmaf(sc[r][j], ps, acc);    // a missing chunk: scale 0 (and x 0)
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) part[buf][warp][r] = acc;
+        }
+        // Every warp's sums of this step are written. The other buffer, written next step, was
+        // last read before this barrier (by thread r, in the step before).
+        __syncthreads();
+        if (t < R && n0 + t < N) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) v += part[buf][w][t];
+            if (bias) v += __half2float(bias[n0 + t]);
+            y[n0 + t] = __float2half_rn(v);
+        }
+    }
+}
+
+#define QGEMV_V5(CPT, R)                                                                     \
+extern "C" __global__ void __launch_bounds__(256) qgemv_w4_v5_c##CPT##_r##R(                 \
+        const __half* __restrict__ x, const unsigned char* __restrict__ q,                   \
+        const __half* __restrict__ s, const __half* __restrict__ bias,                       \
+        __half* __restrict__ y, int B, int N, int K, int G) {                                \
+    qgemv_w4_v5_body<CPT, R>(x, q, s, bias, y, N, K, G);                                     \
+}
+QGEMV_V5(1, 4) QGEMV_V5(1, 8) QGEMV_V5(2, 2) QGEMV_V5(2, 4) QGEMV_V5(4, 2)
+#undef QGEMV_V5
 
 #define QGEMV_V4(BT)                                                                         \
 extern "C" __global__ void __launch_bounds__(128) qgemv_w4_v4_b##BT(                         \

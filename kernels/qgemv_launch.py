@@ -6,6 +6,7 @@
     f8 = qg.prepare(W, bits=8, group=K, fmt="e4m3")   # fp8 e4m3 weights (weight-only fp8)
     y = qg.qgemv(x, w4)                      # x (B, K) fp16, B 1..16 -> y (B, N) fp16
     y = qg.qgemv(x, w4, bias, out=y, version="qgemv_w4_v3")
+    qg.supports("qgemv_w4_v5", B, K)         # False where a version does not take (B, K)
 
 ``prepare`` quantizes a float (N, K) weight on the GPU (kernels/quant.cu, symmetric,
 round to nearest; fp8 through PyTorch's float8_e4m3fn with s = max|w| / 448) and keeps what the kernels read: q (int8, or packed uint8 (N, K / 2)), the
@@ -14,9 +15,10 @@ kernel effectively multiplies by (the float64 reference uses it).
 
 Refused before launching: a group size that does not divide K or is not a multiple of 16 (W8)
 or 32 (W4: 16 bytes of packed weights must fall in one group), odd K for packed int4, dtypes
-other than fp16 activations, B outside 1..16, misaligned or strided arrays.
-qgemv_w4_v3 sums 4 products in fp16 before the fp32 sum: activations above about 2000 in
-magnitude could overflow those partials; v2 (fp32 products) has no such limit.
+other than fp16 activations, B outside 1..16, misaligned or strided arrays; qgemv_w4_v4 beyond
+B = 4, qgemv_w4_v5 beyond B = 1 or K = 32768.
+qgemv_w4_v3, v4 and v5 sum 4 products in fp16 before the fp32 sum: activations above about 2000
+in magnitude could overflow those partials; v2 (fp32 products) has no such limit.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ import cudabook as cb
 from cudabook.launch import LaunchError, ceil_div
 
 __all__ = ["VERSIONS", "WHAT", "MAX_B", "QWeight", "prepare", "qgemv", "config", "kernel_name",
-           "sanitize_targets"]
+           "supports", "sanitize_targets"]
 
 VERSIONS = {8: ("qgemv_w8_v1", "qgemv_w8_v2"),
-            4: ("qgemv_w4_v1", "qgemv_w4_v2", "qgemv_w4_v3", "qgemv_w4_v4"),
+            4: ("qgemv_w4_v1", "qgemv_w4_v2", "qgemv_w4_v3", "qgemv_w4_v4", "qgemv_w4_v5"),
             "e4m3": ("qgemv_f8_v2",)}
 DEFAULT = {8: "qgemv_w8_v2", 4: "qgemv_w4_v3", "e4m3": "qgemv_f8_v2"}
 WHAT = {
@@ -44,9 +46,36 @@ WHAT = {
     "qgemv_w4_v2": "16-byte loads, half2 magic-number dequant, fp32 products",
     "qgemv_w4_v3": "v2 with fp16 products summed by 4 (HFMA2)",
     "qgemv_w4_v4": "v3's math, a warp per row, 8 loads in flight per lane (B <= 4)",
+    "qgemv_w4_v5": "B = 1: x kept in registers, rows walked by one wave of blocks",
 }
 MAX_B = 16
 BATCH_TILES = (1, 2, 4, 8, 16)
+V5_THREADS = 256
+V5_ROWS = {1: (4, 8), 2: (2, 4), 4: (2,)}    #: qgemv_w4_v5: rows per step for CPT chunks/thread
+# rows per step by CPT: 4 loads of 16 bytes in flight per thread (1 x 4, 2 x 2) ran faster on the
+# H100 than 8 (1 x 8, 2 x 4: 29.5 against 23.2 us at 8192 x 8192); CPT = 4 has R = 2 only
+V5_DEFAULT_ROWS = {1: 4, 2: 2, 4: 2}
+_RESIDENT: dict[str, int] = {}               # kernel name -> blocks per SM (driver's answer)
+
+
+def v5_cpt(K: int) -> int:
+    """qgemv_w4_v5's chunks (of 32 weights) per thread for rows of K: 1, 2 or 4."""
+    nc = K // 32
+    for cpt in (1, 2, 4):
+        if nc <= V5_THREADS * cpt:
+            return cpt
+    raise LaunchError(f"qgemv_w4_v5 keeps x in registers: K = {K} is more than its "
+                      f"{32 * V5_THREADS * 4} columns; use qgemv_w4_v3")
+
+
+def supports(version: str, B: int, K: int) -> bool:
+    """Whether ``version`` takes B rows of x and rows of K weights (v4: B <= 4; v5: B = 1,
+    K <= 32768; the others: any B up to MAX_B)."""
+    if version == "qgemv_w4_v4":
+        return B <= 4
+    if version == "qgemv_w4_v5":
+        return B == 1 and K <= 32 * V5_THREADS * 4
+    return 1 <= B <= MAX_B
 
 
 @dataclass
@@ -141,9 +170,23 @@ def batch_tile(B: int) -> int:
     return BATCH_TILES[-1]
 
 
-def kernel_name(version: str, B: int, rows: int = 2) -> str:
+def kernel_name(version: str, B: int, rows: int | None = None, K: int | None = None) -> str:
+    """The instantiation of ``version`` for batch B (and, for qgemv_w4_v5, rows of K)."""
     if version.endswith("_v1"):
         return version
+    if version == "qgemv_w4_v5":
+        if B != 1:
+            raise LaunchError(f"qgemv_w4_v5 keeps one row of x in registers: B must be 1, got "
+                              f"B = {B}; use qgemv_w4_v3")
+        if K is None:
+            raise ValueError("qgemv_w4_v5: kernel_name needs K (its instantiation depends on it)")
+        cpt = v5_cpt(K)
+        r = V5_DEFAULT_ROWS[cpt] if rows is None else rows
+        if r not in V5_ROWS[cpt]:
+            raise ValueError(f"qgemv_w4_v5 with K = {K}: rows per step one of {V5_ROWS[cpt]}, "
+                             f"got {rows}")
+        return f"qgemv_w4_v5_c{cpt}_r{r}"
+    rows = 2 if rows is None else rows
     if version == "qgemv_w4_v4":
         if B > 4:
             raise LaunchError(f"qgemv_w4_v4 takes B <= 4 (one warp keeps B sums), got B = {B}; "
@@ -154,17 +197,33 @@ def kernel_name(version: str, B: int, rows: int = 2) -> str:
     return f"{version}_b{batch_tile(B)}_r{rows}"
 
 
-def config(version: str, B: int, N: int, rows: int = 2):
-    """(grid, block) of ``version`` (qgemv.cu's launch comment)."""
+def config(version: str, B: int, N: int, rows: int | None = None, K: int | None = None,
+           resident: int | None = None):
+    """(grid, block) of ``version`` (qgemv.cu's launch comment). qgemv_w4_v5 needs K and the
+    blocks that fit at once on the GPU (``resident``: SMs x blocks per SM): one wave."""
     if version.endswith("_v1"):
         return (ceil_div(N, 4), B), (128,)
+    if version == "qgemv_w4_v5":
+        r = int(kernel_name(version, B, rows, K).rsplit("_r", 1)[1])
+        if resident is None or resident < 1:
+            raise ValueError("qgemv_w4_v5: config needs resident = SMs x blocks per SM")
+        return (min(ceil_div(N, r), resident),), (V5_THREADS,)
+    rows = 2 if rows is None else rows
     if version == "qgemv_w4_v4":
         return (ceil_div(N, 4), 1), (128,)
     return (ceil_div(N, rows), ceil_div(B, batch_tile(B))), (128,)
 
 
+def _resident(mod, name: str) -> int:
+    """SMs x resident blocks per SM of kernel ``name`` (the driver's occupancy, cached)."""
+    if name not in _RESIDENT:
+        per_sm = cb.occupancy.driver_blocks_per_sm(mod.get(name), V5_THREADS)
+        _RESIDENT[name] = max(1, per_sm) * cb.env.info().sms
+    return _RESIDENT[name]
+
+
 def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str | None = None,
-          rows: int = 2):
+          rows: int | None = None):
     """y = x @ dequant(w)^T (+ bias): x (B, K) fp16, B 1..16; y (B, N) fp16 (returned)."""
     import cupy as cp
 
@@ -181,7 +240,7 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
     if not 1 <= B <= MAX_B:
         raise LaunchError(f"qgemv: batch B = {B}; these kernels take 1..{MAX_B} rows of x")
     _check_group(w.bits, K, w.group)
-    version = version or DEFAULT[w.kind]
+    version = version or DEFAULT[w.kind]    # w4_v5 is slower than v3 (lesson 10): not default
     if version not in VERSIONS[w.kind]:
         raise ValueError(f"{version!r} is not a kernel for {w.kind} weights; choose from "
                          f"{VERSIONS[w.kind]}")
@@ -204,11 +263,13 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
             out = cp.empty((B, w.N), cp.float16)
     oc = gv.as_cupy(out, "out")[0]
     cb.expect(oc, "out", dtype=np.float16, shape=(B, w.N))
-    grid, block = config(version, B, w.N, rows)
+    name = kernel_name(version, B, rows, K)
+    resident = _resident(mod, name) if version == "qgemv_w4_v5" else None
+    grid, block = config(version, B, w.N, rows, K, resident)
     args = (xc, w.q, w.scales, bc, oc, np.int32(B), np.int32(w.N), np.int32(K),
             np.int32(w.group))
     with gv._stream_of(lib):
-        mod.get(kernel_name(version, B, rows))(grid, block, args)
+        mod.get(name)(grid, block, args)
     return out
 
 
@@ -223,7 +284,7 @@ def sanitize_targets():
         for bits, fmt in ((8, "int"), (4, "int"), (8, "e4m3")):
             w = prepare(W, bits, G, fmt)
             for v in VERSIONS[w.kind]:
-                if v == "qgemv_w4_v4" and B > 4:
+                if not supports(v, B, K):
                     continue
                 yield (f"{v} ({B}x{N}x{K}, g{G})",
                        (lambda v=v, w=w, x=x: qgemv(x, w, version=v)))

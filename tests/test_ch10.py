@@ -95,6 +95,18 @@ def test_launch_helpers_refuse_bad_input_before_the_gpu():
     with pytest.raises(cb.LaunchError, match="B <= 4"):
         qg.kernel_name("qgemv_w4_v4", 5)
     assert qg.kernel_name("qgemv_w4_v3", 16) == "qgemv_w4_v3_b16_r2"
+    # v5 keeps one row of x in registers: B = 1 only, instantiated per chunks per thread
+    assert qg.kernel_name("qgemv_w4_v5", 1, K=8192) == "qgemv_w4_v5_c1_r4"
+    assert qg.kernel_name("qgemv_w4_v5", 1, K=14336) == "qgemv_w4_v5_c2_r2"
+    assert qg.config("qgemv_w4_v5", 1, 8192, K=8192, resident=396) == ((396,), (256,))
+    assert qg.config("qgemv_w4_v5", 1, 100, K=8192, resident=396) == ((25,), (256,))
+    with pytest.raises(cb.LaunchError, match="B must be 1"):
+        qg.kernel_name("qgemv_w4_v5", 2, K=8192)
+    with pytest.raises(cb.LaunchError, match="use qgemv_w4_v3"):
+        qg.kernel_name("qgemv_w4_v5", 1, K=65536)
+    with pytest.raises(ValueError, match="rows per step"):
+        qg.kernel_name("qgemv_w4_v5", 1, rows=3, K=8192)
+    assert qg.supports("qgemv_w4_v5", 1, 8192) and not qg.supports("qgemv_w4_v5", 2, 8192)
     qt = cb.load_launch("quant")
     with pytest.raises(cb.LaunchError, match="does not divide K"):
         qt._group(100, 300, 64)
@@ -131,9 +143,15 @@ def test_gemv_qgemv_igemm_on_gpu():
     x = rng.standard_normal((3, 256), dtype=cp.float32).astype(cp.float16)
     for bits in (8, 4):
         w = qg.prepare(W, bits, 64)
-        ref = cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(w.dequantized()).astype(np.float64).T
-        for v in qg.VERSIONS[bits]:
-            cb.check(qg.qgemv(x, w, version=v), ref, atol=2e-3 * np.abs(ref).max(), rtol=1e-2)
+        for xb in (x, x[:1].copy()):                   # B = 3, and B = 1 (qgemv_w4_v5)
+            ref = (cp.asnumpy(xb).astype(np.float64)
+                   @ cp.asnumpy(w.dequantized()).astype(np.float64).T)
+            for v in qg.VERSIONS[bits]:
+                if qg.supports(v, xb.shape[0], 256):
+                    cb.check(qg.qgemv(xb, w, version=v), ref, atol=2e-3 * np.abs(ref).max(),
+                             rtol=1e-2)
+    with pytest.raises(cb.LaunchError, match="B must be 1"):
+        qg.qgemv(x, qg.prepare(W, 4, 64), version="qgemv_w4_v5")
     A = rng.integers(-128, 128, (130, 160), dtype=cp.int8)
     B = rng.integers(-128, 128, (70, 160), dtype=cp.int8)
     ref = cp.asnumpy(A).astype(np.int64) @ cp.asnumpy(B).astype(np.int64).T

@@ -15,6 +15,12 @@
 //                 y. float4 when N % 4 == 0 and x, y, gamma, beta are 16-byte aligned (rows
 //                 up to 32 * blockDim.x), scalar loads otherwise (up to 16 * blockDim.x); a
 //                 longer row is streamed through v2's body
+//   layernorm_v4  for long rows: 32 floats of the row per thread in registers and the rest in
+//                 dynamic shared memory (each thread keeps its own float4 there: no barrier, no
+//                 bank conflict), so rows up to 90k columns are read once (v3 streams them twice
+//                 past 32k); x is read around L1, which then keeps gamma and beta for the next
+//                 row (at N = 32k they are 256 KiB, as much as L1 holds). float4 rows; others
+//                 take v3's paths
 //   rmsnorm_v1    RMSNorm, one block per row, any N (one statistic: no mean to subtract)
 //   rmsnorm_v2    RMSNorm with the row in registers, as layernorm_v3 (longer rows: v1's body)
 //
@@ -108,6 +114,34 @@ extern "C" __global__ void layernorm_v2(const float* x, const float* gamma, cons
 #define NORM_REGS_SCALAR 16                // the same without float4 (32 would spill: the
                                            // scalar path needs an index per element)
 
+// One row of LayerNorm by the whole block, held in registers with scalar loads (rows that
+// are not 16-byte aligned), N <= NORM_REGS_SCALAR * blockDim.x. sbuf: 33 floats
+__device__ __forceinline__ void layernorm_row_regs_scalar(const float* xr, const float* gamma,
+                                                          const float* beta, float* yr, int N,
+                                                          float eps, float* sbuf) {
+    float r[NORM_REGS_SCALAR];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NORM_REGS_SCALAR; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        r[k] = (j < N) ? xr[j] : 0.0f;
+        s += r[k];
+    }
+    float mean = block_sum(s, sbuf) / N;
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NORM_REGS_SCALAR; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < N) { float c = r[k] - mean; q += c * c; }
+    }
+    float rstd = rsqrtf(block_sum(q, sbuf) / N + eps);
+#pragma unroll
+    for (int k = 0; k < NORM_REGS_SCALAR; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < N) yr[j] = (r[k] - mean) * rstd * gamma[j] + beta[j];
+    }
+}
+
 // launch: grid = M, block = T, a multiple of 32 <= 1024 with N <= 16 T for the row to stay in
 // registers (T = row_block(N) does that up to N = 16384; the float4 path holds up to 32 T);
 // static shared memory 99 floats. Any N is right: a longer row is streamed.
@@ -161,26 +195,104 @@ extern "C" __global__ void __launch_bounds__(1024) layernorm_v3(
             }
         }
     } else {                               // rows not 16-byte aligned: the same with scalars
-        float r[NORM_REGS_SCALAR];
-        float s = 0.0f;
+        layernorm_row_regs_scalar(xr, gamma, beta, yr, N, eps, sbuf);
+    }
+}
+
+// x of layernorm_v4: read once, so around L1 (ld_stream16): L1 keeps gamma and beta, which
+// every row reads again
+__device__ __forceinline__ float4 v4_load_x(const float4* p) {
+    uint4 u = ld_stream16(p);
+    return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                       __uint_as_float(u.w));
+}
+
+#define NORM_V4_REGS 8             // float4 of the row per thread in registers (32 floats)
+#define NORM_V4_SMEM_MAX 14        // float4 per thread in shared memory at most (224 KiB at 1024)
+
+// launch: grid = M, block = T = row_block(N) (a multiple of 32 <= 1024), dynamic shared memory
+// S T 16 bytes with S = max(0, ceil(N/4 / T) - 8) float4 per thread (0 when S > 14: the row is
+// then streamed). Rows that are not float4 rows take v3's paths. Any N is right.
+extern "C" __global__ void __launch_bounds__(1024) layernorm_v4(
+        const float* x, const float* gamma, const float* beta, float* y, int M, int N,
+        float eps) {
+    extern __shared__ float4 rowbuf[];     // [S][T]: float4 8 + k of thread t at [k T + t]
+    __shared__ float sbuf[3 * 33];
+    const float* xr = x + (size_t)blockIdx.x * N;
+    float* yr = y + (size_t)blockIdx.x * N;
+    const int T = blockDim.x, t = threadIdx.x;
+    bool vec = (N & 3) == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) &&
+               aligned16(beta);                                    // uniform over the grid
+    const int N4 = N / 4;
+    const int S = max(0, (N4 + T - 1) / T - NORM_V4_REGS);
+    unsigned dyn;                          // the dynamic shared memory this launch was given
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (!vec || S > NORM_V4_SMEM_MAX || (unsigned)S * T * 16u > dyn) {
+        if (!vec && N <= NORM_REGS_SCALAR * T)
+            layernorm_row_regs_scalar(xr, gamma, beta, yr, N, eps, sbuf);
+        else
+            layernorm_row_welford(xr, gamma, beta, yr, N, eps, sbuf);
+        return;
+    }
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    float4* y4 = reinterpret_cast<float4*>(yr);
+    const float4* g4 = reinterpret_cast<const float4*>(gamma);
+    const float4* b4 = reinterpret_cast<const float4*>(beta);
+    float4 r[NORM_V4_REGS];
+    float s = 0.0f;
 #pragma unroll
-        for (int k = 0; k < NORM_REGS_SCALAR; k++) {
-            int j = threadIdx.x + k * blockDim.x;
-            r[k] = (j < N) ? xr[j] : 0.0f;
-            s += r[k];
+    for (int k = 0; k < NORM_V4_REGS; k++) {
+        int j = t + k * T;
+        r[k] = (j < N4) ? v4_load_x(x4 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        s += (r[k].x + r[k].y) + (r[k].z + r[k].w);
+    }
+#pragma unroll 4
+    for (int k = 0; k < S; k++) {          // the rest of the row: into this thread's slots
+        int j = t + (k + NORM_V4_REGS) * T;
+        float4 v = (j < N4) ? v4_load_x(x4 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        rowbuf[k * T + t] = v;
+        s += (v.x + v.y) + (v.z + v.w);
+    }
+    float mean = block_sum(s, sbuf) / N;
+    float q = 0.0f;                        // second pass, registers and shared memory
+#pragma unroll
+    for (int k = 0; k < NORM_V4_REGS; k++) {
+        if (t + k * T < N4) {
+            float a = r[k].x - mean, b = r[k].y - mean, c = r[k].z - mean, d = r[k].w - mean;
+            q += (a * a + b * b) + (c * c + d * d);
         }
-        float mean = block_sum(s, sbuf) / N;
-        float q = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NORM_REGS_SCALAR; k++) {
-            int j = threadIdx.x + k * blockDim.x;
-            if (j < N) { float c = r[k] - mean; q += c * c; }
+    }
+#pragma unroll 4
+    for (int k = 0; k < S; k++) {
+        if (t + (k + NORM_V4_REGS) * T < N4) {
+            float4 v = rowbuf[k * T + t];
+            float a = v.x - mean, b = v.y - mean, c = v.z - mean, d = v.w - mean;
+            q += (a * a + b * b) + (c * c + d * d);
         }
-        float rstd = rsqrtf(block_sum(q, sbuf) / N + eps);
+    }
+    float rstd = rsqrtf(block_sum(q, sbuf) / N + eps);
 #pragma unroll
-        for (int k = 0; k < NORM_REGS_SCALAR; k++) {
-            int j = threadIdx.x + k * blockDim.x;
-            if (j < N) yr[j] = (r[k] - mean) * rstd * gamma[j] + beta[j];
+    for (int k = 0; k < NORM_V4_REGS; k++) {
+        int j = t + k * T;
+        if (j < N4) {
+            float4 g = g4[j], b = b4[j], v = r[k];
+            v.x = (v.x - mean) * rstd * g.x + b.x;
+            v.y = (v.y - mean) * rstd * g.y + b.y;
+            v.z = (v.z - mean) * rstd * g.z + b.z;
+            v.w = (v.w - mean) * rstd * g.w + b.w;
+            y4[j] = v;
+        }
+    }
+#pragma unroll 4
+    for (int k = 0; k < S; k++) {
+        int j = t + (k + NORM_V4_REGS) * T;
+        if (j < N4) {
+            float4 g = g4[j], b = b4[j], v = rowbuf[k * T + t];
+            v.x = (v.x - mean) * rstd * g.x + b.x;
+            v.y = (v.y - mean) * rstd * g.y + b.y;
+            v.z = (v.z - mean) * rstd * g.z + b.z;
+            v.w = (v.w - mean) * rstd * g.w + b.w;
+            y4[j] = v;
         }
     }
 }

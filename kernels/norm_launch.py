@@ -4,6 +4,7 @@
     y = nl.layernorm(x, gamma, beta, 1e-5)          # layernorm_v3, any N
     y = nl.rmsnorm(x, gamma, 1e-6)                  # rmsnorm_v2, any N
     nl.layernorm(x, gamma, beta, 1e-5, y, version="layernorm_v2")
+    nl.layernorm(x, gamma, beta, 1e-5, y, version="layernorm_v4")   # long rows (N > 16k)
 
 The helpers check x (float32, 2D, C-contiguous, on the GPU), gamma and beta (float32, (N,)),
 y (x's shape) and eps (a number > 0) before anything is launched.
@@ -21,8 +22,10 @@ from cudabook.launch import LaunchError, ceil_div, row_block
 __all__ = ["LAYERNORM_VERSIONS", "RMSNORM_VERSIONS", "layernorm", "rmsnorm", "config",
            "sanitize_targets"]
 
-LAYERNORM_VERSIONS = ("layernorm_v1", "layernorm_v2", "layernorm_v3")
+LAYERNORM_VERSIONS = ("layernorm_v1", "layernorm_v2", "layernorm_v3", "layernorm_v4")
 RMSNORM_VERSIONS = ("rmsnorm_v1", "rmsnorm_v2")
+#: layernorm_v4 (norm.cu): float4 per thread in registers, and in shared memory at most
+V4_REGS, V4_SMEM_MAX = 8, 14
 
 
 def config(version: str, M: int, N: int) -> tuple[tuple[int], tuple[int]]:
@@ -33,10 +36,23 @@ def config(version: str, M: int, N: int) -> tuple[tuple[int], tuple[int]]:
         return (M,), (row_block(N),)               # the row in registers, <= 16 per thread
     if version == "layernorm_v2":
         return (M,), (256 if N <= 4096 else 512,)
+    if version == "layernorm_v4":                  # the rest of the row in shared memory
+        return (M,), (row_block(N),)
     if version == "rmsnorm_v1":
         return (M,), (512,)
     raise ValueError(f"unknown version {version!r}; norm.cu has "
                      f"{LAYERNORM_VERSIONS + RMSNORM_VERSIONS}")
+
+
+def v4_shared(N: int, optin: int = 227 * 1024) -> int:
+    """Dynamic shared memory (bytes) of layernorm_v4 for rows of N: the float4 of the row past
+    the registers' 8 per thread; 0 (the kernel then streams the row) when a row needs more than
+    14 per thread, or more than ``optin`` bytes (the GPU's opt-in limit, less 1 KiB of static
+    shared memory) would allow."""
+    t = row_block(N)
+    s = max(0, ceil_div(N // 4, t) - V4_REGS)
+    need = s * t * 16
+    return 0 if s > V4_SMEM_MAX or need > optin - 1024 else need
 
 
 def _check(x, y, params, eps):
@@ -65,8 +81,12 @@ def layernorm(x, gamma, beta, eps: float, y=None, version: str = "layernorm_v3")
         raise ValueError(f"unknown version {version!r}; LayerNorm has {LAYERNORM_VERSIONS}")
     M, N, y = _check(x, y, (("gamma", gamma), ("beta", beta)), eps)
     grid, block = config(version, M, N)
-    _module().get(version)(grid, block, (x, gamma, beta, y, np.int32(M), np.int32(N),
-                                         np.float32(eps)))
+    kern = _module().get(version)
+    shared = v4_shared(N, _optin()) if version == "layernorm_v4" else 0
+    if shared > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = shared
+    kern(grid, block, (x, gamma, beta, y, np.int32(M), np.int32(N), np.float32(eps)),
+         shared_mem=shared)
     return y
 
 
@@ -85,12 +105,21 @@ def _module():
     return cb.cuda_module("norm")     # compiled once per process
 
 
+def _optin() -> int:
+    """The most shared memory one block may opt into on this GPU (227 KiB on an H100, 64 KiB on
+    a T4)."""
+    import cupy as cp
+
+    return int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+               .get("sharedMemPerBlockOptin", 48 * 1024))
+
+
 def sanitize_targets():
     """Every version on shapes that take each path of v3 / rmsnorm_v2: float4, scalar
     (N = 1001), and a row too long for the registers (streamed)."""
     import cupy as cp
 
-    for M, N in ((5, 256), (3, 1001), (2, 40_000)):
+    for M, N in ((5, 256), (3, 1001), (2, 40_000), (2, 100_000)):
         x = cp.random.standard_normal((M, N), dtype=cp.float32)
         g = cp.random.uniform(0.5, 1.5, N, dtype=cp.float32)
         b = cp.random.standard_normal(N, dtype=cp.float32)

@@ -146,7 +146,7 @@ def test_references_match_torch():
 # ----------------------------------------------------------------------------- launch helpers
 @gpu
 @pytest.mark.parametrize("M, N", [(3, 1), (5, 256), (3, 1001), (2, 4099), (2, 40_000),
-                                  (1, 65_536)])
+                                  (1, 65_536), (2, 100_000)])
 def test_row_kernels_any_n(M, N):
     """softmax_v5, layernorm_v3 and rmsnorm_v2 through their launch helpers for any N: float4
     rows, rows that are not 16-byte aligned (N % 4 != 0, and a view one float in), and rows too
@@ -173,6 +173,10 @@ def test_row_kernels_any_n(M, N):
         nl.rmsnorm(x, gv, 1e-5, y)
         cb.check(y, rmsnorm_reference(xh, cb.to_numpy(gv), 1e-5), atol=1e-4, rtol=1e-3,
                  name=f"rmsnorm_v2 off={off}")
+        y.fill(np.nan)
+        nl.layernorm(x, gv, bv, 1e-5, y, version="layernorm_v4")
+        cb.check(y, layernorm_reference(xh, cb.to_numpy(gv), cb.to_numpy(bv), 1e-5), atol=1e-4,
+                 rtol=1e-3, name=f"layernorm_v4 off={off}")
 
 
 @gpu

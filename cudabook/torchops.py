@@ -3,7 +3,8 @@
     from cudabook import torchops as to
     a = to.as_array(t)          # torch -> CuPy (GPU) or NumPy (CPU): the same memory, no copy
     t = to.as_tensor(a)         # and back
-    y = to.Matmul.apply(x, W)   # x @ W: SGEMM of Chapter 4 (float32), matmul_f64 (float64)
+    y = to.Matmul.apply(x, W)   # x @ W: SGEMM of Chapter 4 (float32; the thin kernels of
+                                #   Chapter 6 when W has at most 16 columns), matmul_f64 (float64)
     y = to.BiasGelu.apply(h, b) # gelu_tanh(h + b): Chapter 3's fused kernel, gelu_backward_v1
     y = to.BiasAdd.apply(h, b)  # h + b; the bias gradient is bias_grad_v2
     loss = to.SoftmaxCrossEntropy.apply(logits, labels)   # fused forward + backward (mean)
@@ -30,7 +31,7 @@ from .compile import load_launch
 __all__ = ["as_array", "as_tensor", "on_torch_stream", "Matmul", "BiasGelu", "BiasAdd",
            "SoftmaxCrossEntropy", "linear", "cross_entropy", "MLP"]
 
-MATMUL_VERSION = "v9"     # Chapter 4's double-buffered SGEMM (any shape)
+MATMUL_VERSION = "v10"    # Chapter 4's SGEMM with its tuned tile sizes (any shape)
 
 
 def _ptr(x: Any) -> int:
@@ -97,19 +98,50 @@ def _need_gpu(*ts: Any) -> None:
                             ".to('cuda')" + ("" if env.HAS_GPU else " (there is no GPU here)"))
 
 
+def _matmul_module():
+    """matmul.cu compiled once per process: matmul_v10 alone with its tuned tile sizes, or the
+    whole ladder for another MATMUL_VERSION."""
+    from .compile import cuda_module
+
+    mm = load_launch("matmul")
+    if MATMUL_VERSION == "v10":
+        mod = cuda_module("matmul", mm.tuned_options(only_tuned=True))
+        mod.params = mm.tuned_params()
+        return mod
+    return cuda_module("matmul")
+
+
 def _matmul(A, B):
-    """A @ B for CuPy arrays: SGEMM (float32, contiguous) or matmul_f64 (float64, strided)."""
+    """A @ B for CuPy arrays: SGEMM (float32, contiguous), thin_nn when B has at most 16 columns
+    (and the thin kernel's checks pass), or matmul_f64 (float64, strided)."""
     import cupy
 
     if A.dtype == np.float64:
         return load_launch("matmul_f64").matmul_f64(A, B)
-    mm = load_launch("matmul")
-    from .compile import cuda_module
-
+    A, B = cupy.ascontiguousarray(A), cupy.ascontiguousarray(B)
+    th = load_launch("thin_matmul")
+    if th.why_not("nn", A, B) is None:
+        return th.nn(A, B)
     C = cupy.empty((A.shape[0], B.shape[1]), cupy.float32)
-    mm.launch_cupy(cuda_module("matmul"), MATMUL_VERSION, cupy.ascontiguousarray(A),
-                   cupy.ascontiguousarray(B), C)
+    load_launch("matmul").launch_cupy(_matmul_module(), MATMUL_VERSION, A, B, C)
     return C
+
+
+def _matmul_tn(A, G):
+    """A^T @ G (the weight gradient x^T dy): thin_tn without a transposed copy when G is thin,
+    else a transpose kernel and the SGEMM."""
+    th = load_launch("thin_matmul")
+    if A.dtype == np.float32 and th.why_not("tn", A, G) is None:
+        return th.tn(A, G)
+    return _matmul(_transpose(A), G)
+
+
+def _matmul_nt(G, W):
+    """G @ W^T (the input gradient dy W^T): thin_nt when G is thin, else transpose + SGEMM."""
+    th = load_launch("thin_matmul")
+    if G.dtype == np.float32 and th.why_not("nt", G, W) is None:
+        return th.nt(G, W)
+    return _matmul(G, _transpose(W))
 
 
 def _transpose(A):
@@ -130,7 +162,8 @@ def _make_functions() -> dict:
     import torch
 
     class Matmul(torch.autograd.Function):
-        """y = x @ W. Backward: dx = dy @ W^T, dW = x^T @ dy (each transpose is a kernel)."""
+        """y = x @ W. Backward: dx = dy @ W^T, dW = x^T @ dy (each transpose is a kernel, except
+        for a thin W: thin_nt and thin_tn read the operands as they are)."""
 
         @staticmethod
         def forward(ctx, x, W):
@@ -145,8 +178,8 @@ def _make_functions() -> dict:
             x, W = ctx.saved_tensors
             with on_torch_stream():
                 d, a, w = _arrays(dy, x, W)
-                dx = as_tensor(_matmul(d, _transpose(w))) if ctx.needs_input_grad[0] else None
-                dW = as_tensor(_matmul(_transpose(a), d)) if ctx.needs_input_grad[1] else None
+                dx = as_tensor(_matmul_nt(d, w)) if ctx.needs_input_grad[0] else None
+                dW = as_tensor(_matmul_tn(a, d)) if ctx.needs_input_grad[1] else None
             return dx, dW
 
     class BiasGelu(torch.autograd.Function):

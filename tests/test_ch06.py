@@ -136,6 +136,24 @@ def test_functions_ask_for_the_gpu():
         torchops.Matmul.apply(torch.randn(2, 3), torch.randn(3, 4))
 
 
+def test_thin_matmul_says_why_it_cannot_run():
+    th = cb.load_launch("thin_matmul")
+    xp = grader_xp()                                    # device arrays on a GPU, NumPy otherwise
+    f32 = np.float32
+    A, B, G = xp.zeros((37, 44), f32), xp.zeros((44, 10), f32), xp.zeros((37, 10), f32)
+    assert th.why_not("nn", A, B) is None and th.why_not("tn", A, G) is None
+    assert th.why_not("nt", G, B) is None
+    assert "multiple of 4" in th.why_not("nn", xp.zeros((37, 47), f32), xp.zeros((47, 10), f32))
+    assert "1 <= N <= 16" in th.why_not("nn", A, xp.zeros((44, 17), f32))
+    assert "dtype float32" in th.why_not("tn", A.astype(np.float64), G)
+    assert "inner dimensions differ" in th.why_not("nn", A, xp.zeros((40, 10), f32))
+    assert "same number of rows" in th.why_not("tn", A, xp.zeros((36, 10), f32))
+    assert "C-contiguous" in th.why_not("nt", G, B.T.copy().T)
+    assert th.tn_workspace(64, 256, 10) == 0            # one slice: tn writes C directly
+    with pytest.raises(ValueError, match="unknown product"):
+        th.why_not("tt", A, B)
+
+
 # ----------------------------------------------------------------------------- GPU: helpers
 def _t64(a):
     return torch.tensor(np.asarray(a), dtype=torch.float64)
@@ -238,6 +256,52 @@ def test_torchops_functions_pass_gradcheck_and_are_zero_copy():
     ((xr @ Wr).t() * r).sum().backward()
     cb.check(x32.grad, xr.grad.cpu().numpy(), atol=1e-5, rtol=1e-4)
     cb.check(W32.grad, Wr.grad.cpu().numpy(), atol=1e-5, rtol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("M, K, N", [(203, 132, 10), (1, 4, 1), (517, 1028, 16), (64, 256, 7)])
+def test_thin_matmul_matches_float64(M, K, N):
+    import cupy as cp
+
+    th = cb.load_launch("thin_matmul")
+    g = np.random.default_rng(M + K + N)
+    A, B, G = (cp.asarray(g.standard_normal(s), cp.float32) for s in ((M, K), (K, N), (M, N)))
+    A64, B64, G64 = (x.get().astype(np.float64) for x in (A, B, G))
+    tol = cb.load_launch("matmul").tolerance
+    for _ in range(2):                                  # a second call on the same outputs
+        cb.check(th.nn(A, B, cb.empty_nan((M, N), np.float32, xp=cp)), A64 @ B64, **tol(K))
+        cb.check(th.tn(A, G, cb.empty_nan((K, N), np.float32, xp=cp)), A64.T @ G64, **tol(M))
+        cb.check(th.nt(G, B, cb.empty_nan((M, K), np.float32, xp=cp)), G64 @ B64.T, **tol(N))
+
+
+@gpu
+def test_thin_matmul_refuses_misaligned_and_short_workspace():
+    import cupy as cp
+
+    th = cb.load_launch("thin_matmul")
+    flat = cp.zeros(64 * 132 + 1, cp.float32)
+    A = flat[1:].reshape(64, 132)                       # contiguous, 4 bytes past alignment
+    B, G = cp.zeros((132, 10), cp.float32), cp.zeros((64 * 9, 10), cp.float32)
+    with pytest.raises(cb.LaunchError, match="16-byte aligned"):
+        th.nn(A, B)
+    A9 = cp.zeros((64 * 9, 132), cp.float32)
+    if th.tn_workspace(64 * 9, 132, 10):
+        with pytest.raises(cb.LaunchError, match="work holds 3 floats"):
+            th.tn(A9, G, work=cp.zeros(3, cp.float32))
+    with pytest.raises(ValueError, match=r"C: expected shape \(132, 10\)"):
+        th.tn(A9, G, cp.zeros((10, 132), cp.float32))
+
+
+@gpu
+def test_torchops_matmul_takes_the_thin_path_for_a_thin_layer():
+    x = torch.randn(70, 36, device="cuda", requires_grad=True)
+    W = torch.randn(36, 10, device="cuda", requires_grad=True)
+    r = torch.randn(70, 10, device="cuda")
+    (torchops.Matmul.apply(x, W) * r).sum().backward()
+    xr, Wr = x.detach().double().requires_grad_(), W.detach().double().requires_grad_()
+    ((xr @ Wr) * r.double()).sum().backward()
+    cb.check(x.grad, xr.grad.cpu().numpy(), atol=1e-5, rtol=1e-4)
+    cb.check(W.grad, Wr.grad.cpu().numpy(), atol=1e-4, rtol=1e-4)
 
 
 @gpu

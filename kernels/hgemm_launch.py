@@ -12,7 +12,9 @@ PyTorch CUDA tensors (fp16 and bf16) and Numba device arrays alike, read their d
   load(cc)                      hgemm.cu compiled for this GPU (-arch=sm_90a on Hopper)
   check_operands(A, B, C)       dtype / shape / layout / alignment checks with clear errors
   require(version, cc, dtype)   refuse a version the GPU cannot run, naming the minimum cc
-  config(version, M, N, K)      grid, block and dynamic shared memory of a launch
+  config(version, M, N, K)      grid, block and dynamic shared memory of a launch (a smaller
+                                variant where the GPU's shared memory is too small: FALLBACKS)
+  runnable(cc)                  the versions this GPU can run, with the reason for each other
   launch(mod, version, A, B, C) check, then launch (tensor maps built for v8/v9 on Hopper)
   matmul(A, B, version)         the friendly entry point: pads K to a multiple of 8 if needed
   tensor_map(...)               a TMA descriptor through cuda.bindings' cuTensorMapEncodeTiled
@@ -68,6 +70,27 @@ DEFAULT_SM80 = dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8)
 DEFAULT_SM75 = dict(BM=128, BN=128, WM=64, WN=32, STAGES=1, DBUF=0, GROUP=8)
 #: hgemm_mma10_t (the template of v10, 8 warps of 64 x 64): v9's default on sm_80+ off Hopper
 DEFAULT_MMA10 = dict(BM=128, BN=256, STAGES=3, EPI=1, GROUP=8)
+
+#: The most dynamic shared memory one block may opt into (``sharedMemPerBlockOptin``, bytes):
+#: v6 and v10 (and v9's default on sm_80+) need 144 KiB (3 stages of 128 x 256 x 64 tiles).
+SMEM_OPTIN = {"T4 (7.5)": 64 * 1024, "L4, A10, RTX 30/40 (8.6, 8.9)": 99 * 1024,
+              "A100 (8.0)": 163 * 1024, "H100 (9.0)": 227 * 1024}
+#: hgemm_mma10_t's smallest STAGES (the static_assert of gemm_mma10 in hgemm.cu)
+MMA10_MIN_STAGES = 3
+#: What config() launches when a version's own kernel needs more shared memory than the GPU
+#: allows (the L4, A10 and RTX 30/40 allow 99 KiB), tried in order; each is an instantiation of
+#: the version's own template, launched under its name with a one-time printed note.
+#:   v6: hgemm_mma_t on 128 x 128 tiles, 4 warps of 64 x 64, 3 stages, register double buffer,
+#:       groups of 8 (96 KiB): v6's warp tiles and pipeline at half its block width, so a
+#:       third more bytes come from L2 per flop ((BM + BN) / (BM BN): 1/64 against 3/256) and
+#:       a block has 4 warps instead of 8 (one 96 KiB block per SM on sm_86/89: 4 warps per
+#:       SM to hide latency). The shape is CUTLASS's usual sm_80 tile (128 x 128 x 64, 3 stages).
+#:   v10: 2 stages (96 KiB): the copies of tile k+1 are issued at the start of tile k and waited
+#:       for at its last k-slice (3/4 of a tile of math to hide them, instead of 1 3/4). Offered
+#:       only when hgemm.cu's gemm_mma10 accepts STAGES = 2 (MMA10_MIN_STAGES); until then v10
+#:       is refused on such GPUs with a message naming the 144 KiB it needs.
+FALLBACKS = {"v6": [dict(BM=128, BN=128, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8)],
+             "v10": [dict(BM=128, BN=256, STAGES=2, EPI=1, GROUP=8)]}
 
 _TUNED: dict[tuple, dict] = {}   # (cc, dtype) -> the parameters autotune() found best
 
@@ -170,9 +193,12 @@ def check_operands(A: Any, B: Any, C: Any | None = None) -> tuple[int, int, int,
     return M, N, K, a.dtype
 
 
-def require(version: str, cc: tuple[int, int], dtype: str = "float16") -> None:
-    """Raise ``UnsupportedError`` (naming the minimum compute capability) unless ``version`` with
-    ``dtype`` inputs runs on a GPU of compute capability ``cc``."""
+def require(version: str, cc: tuple[int, int], dtype: str = "float16",
+            optin: int | None = None, params: dict | None = None) -> None:
+    """Raise ``UnsupportedError`` (naming the minimum compute capability, or the shared memory
+    needed) unless ``version`` with ``dtype`` inputs runs on a GPU of compute capability ``cc``
+    that lets a block opt into ``optin`` bytes of shared memory (default: this GPU's, when ``cc``
+    is its compute capability; not checked without a GPU); ``params``: v9's, if not its own."""
     if version not in VERSIONS:
         raise ValueError(f"unknown version {version!r}; the ladder is {', '.join(VERSIONS)}")
     need = MIN_CC[version]
@@ -191,6 +217,40 @@ def require(version: str, cc: tuple[int, int], dtype: str = "float16") -> None:
         if tuple(cc) < (8, 0):
             raise UnsupportedError(f"bf16 tensor-core instructions need compute capability 8.0 "
                                    f"or newer; this GPU is {cc[0]}.{cc[1]}")
+    if optin is None:
+        optin = _smem_optin(cc)
+    if optin is not None:
+        need = config(version, 1, 1, 8, cc, params, dtype=dtype, optin=optin)["shared"]
+        if need > optin:
+            raise UnsupportedError(_smem_message(version, need, optin))
+
+
+def _smem_message(version: str, need: int, optin: int) -> str:
+    """Why ``version`` cannot launch: the shared memory it needs and the GPU allows (the first
+    clause says both: the lesson prints the message up to its first semicolon)."""
+    why = (f"its template needs {MMA10_MIN_STAGES} or more stages of 128 x 256 x 64 tiles "
+           "(hgemm.cu's gemm_mma10)" if version == "v10"
+           else "fewer stages or smaller tiles would fit")
+    return (f"hgemm_{version} needs {need // 1024} KiB of shared memory per block, this GPU "
+            f"allows {optin // 1024} KiB; {why} (per block: H100 227 KiB, A100 163, L4 / A10 / "
+            "RTX 30-40 99, T4 64). v9 picks tiles that fit")
+
+
+def runnable(cc: tuple[int, int] | None = None, dtype: str = "float16",
+             quiet: bool = False) -> list[str]:
+    """The versions a GPU of compute capability ``cc`` (default: this one) runs with ``dtype``
+    inputs, in ladder order; each other version is printed with the reason (unless ``quiet``)."""
+    cc = tuple(cc or _cc())
+    names = []
+    for v in VERSIONS:
+        try:
+            require(v, cc, dtype)
+        except UnsupportedError as e:
+            if not quiet:
+                print(f"{v}: skipped: {e}")
+            continue
+        names.append(v)
+    return names
 
 
 # ============================================================================ configuration
@@ -204,8 +264,11 @@ def v9_family(cc: tuple[int, int], params: dict | None = None) -> str:
     return "tma" if tuple(cc) == (9, 0) else "mma"
 
 
-def v9_params(cc: tuple[int, int], dtype: str = "float16", params: dict | None = None) -> dict:
-    """v9's parameters: ``params``, else what autotune() found here, else the defaults."""
+def v9_params(cc: tuple[int, int], dtype: str = "float16", params: dict | None = None,
+              optin: int | None = None) -> dict:
+    """v9's parameters: ``params``, else what autotune() found here, else the defaults; where
+    the default needs more shared memory than ``optin`` (default: this GPU's opt-in limit) the
+    first candidate() that fits (on an L4: 128 x 128 tiles, 96 KiB, see FALLBACKS)."""
     if params is not None:
         return dict(params)
     if (tuple(cc), dtype) in _TUNED:
@@ -213,13 +276,37 @@ def v9_params(cc: tuple[int, int], dtype: str = "float16", params: dict | None =
     if (tuple(cc), "float16") in _TUNED:
         return dict(_TUNED[(tuple(cc), "float16")])
     if v9_family(cc) == "tma":
-        return dict(DEFAULT_SM90)
-    return dict(DEFAULT_MMA10 if tuple(cc) >= (8, 0) else DEFAULT_SM75)
+        d = DEFAULT_SM90
+    else:
+        d = DEFAULT_MMA10 if tuple(cc) >= (8, 0) else DEFAULT_SM75
+    if optin is None:
+        optin = _smem_optin(cc)
+    if optin is not None and params_shared(d) > optin:
+        fit = [c for c in candidates(cc, optin=optin) if params_shared(c) <= optin]
+        if fit:
+            return dict(fit[0])
+    return dict(d)
 
 
-def _family(cc: tuple[int, int], dtype: str, params: dict | None) -> tuple[str, dict]:
-    p = v9_params(cc, dtype, params)
+def _family(cc: tuple[int, int], dtype: str, params: dict | None,
+            optin: int | None = None) -> tuple[str, dict]:
+    p = v9_params(cc, dtype, params, optin)
     return v9_family(cc, p), p
+
+
+def params_shared(p: dict) -> int:
+    """Dynamic shared memory (bytes) of one block of a template instantiation."""
+    if "PERSIST" in p:
+        return p["STAGES"] * (128 + p["BN"]) * BK * 2 + 1024
+    return p["STAGES"] * (p["BM"] + p["BN"]) * BK * 2
+
+
+def variants(version: str) -> list[dict | None]:
+    """The configurations config() may launch for a fixed version, in order of preference: None
+    (its own kernel), then FALLBACKS that hgemm.cu can instantiate."""
+    fb = [p for p in FALLBACKS.get(version, ())
+          if "EPI" not in p or p["STAGES"] >= MMA10_MIN_STAGES]
+    return [None, *fb]
 
 
 def template_name(family: str, p: dict, dtype: str = "float16") -> str:
@@ -250,9 +337,9 @@ def check_params(family: str, p: dict) -> None:
             raise ValueError(f"mma10 parameters are {sorted(DEFAULT_MMA10)}, got {sorted(p)}")
         if (p["BM"], p["BN"]) not in ((128, 256), (256, 128)):
             raise ValueError(f"{p}: BM x BN must be 128 x 256 or 256 x 128 (8 warps of 64 x 64)")
-        if p["STAGES"] < 3 or p["GROUP"] < 1:
-            raise ValueError(f"{p}: STAGES >= 3 (copies are issued a step before their stage "
-                             "is read) and GROUP >= 1")
+        if p["STAGES"] < MMA10_MIN_STAGES or p["GROUP"] < 1:
+            raise ValueError(f"{p}: STAGES >= {MMA10_MIN_STAGES} (hgemm.cu's gemm_mma10) and "
+                             "GROUP >= 1")
         return
     if set(p) != set(DEFAULT_SM80):
         raise ValueError(f"mma parameters are {sorted(DEFAULT_SM80)} (or {sorted(DEFAULT_MMA10)}"
@@ -278,18 +365,24 @@ def shared_bytes(version: str, cc: tuple[int, int] = (9, 0), params: dict | None
     if version in ("v1", "v2"):
         return 0
     if version == "v9":
-        fam, p = _family(cc, dtype, params)
-        if fam == "tma":
-            return p["STAGES"] * (128 + p["BN"]) * BK * 2 + 1024
-        return p["STAGES"] * (p["BM"] + p["BN"]) * BK * 2
+        return params_shared(v9_params(cc, dtype, params))
     bm, bn, _, stages = _FIXED[version]
     extra = 1024 if version in HOPPER_ONLY else 0
     return stages * (bm + bn) * BK * 2 + extra
 
 
 def config(version: str, M: int, N: int, K: int, cc: tuple[int, int] = (9, 0),
-           params: dict | None = None, sms: int = 132, dtype: str = "float16") -> dict:
-    """{"grid", "block", "shared", "kernel"} of a launch; ``sms`` sizes v9's persistent grid."""
+           params: dict | None = None, sms: int = 132, dtype: str = "float16",
+           optin: int | None = None) -> dict:
+    """{"grid", "block", "shared", "kernel"} of a launch; ``sms`` sizes v9's persistent grid.
+
+    ``optin``: the shared memory a block may have (default: this GPU's when ``cc`` is its
+    compute capability, else unlimited). A fixed version whose kernel needs more launches the
+    first of its FALLBACKS that fits (v6 on an L4: 128 x 128 tiles; the entry "fallback" says
+    so); v9's defaults are chosen to fit. When nothing fits, the version's own configuration is
+    returned and launch() refuses it with the shared memory it needs."""
+    if optin is None:
+        optin = _smem_optin(cc)
     cdiv = lambda a, b: (a + b - 1) // b   # noqa: E731
     if version == "v1":
         return dict(grid=(cdiv(N, 32), cdiv(M, 32)), block=(128,), shared=0, kernel="hgemm_v1")
@@ -297,7 +390,7 @@ def config(version: str, M: int, N: int, K: int, cc: tuple[int, int] = (9, 0),
         return dict(grid=(cdiv(N, 128), cdiv(M, 128)), block=(256,), shared=0, kernel="hgemm_v2")
     sfx = "_bf16" if dtype == "bfloat16" else ""
     if version == "v9":
-        fam, p = _family(cc, dtype, params)
+        fam, p = _family(cc, dtype, params, optin)
         check_params(fam, p)
         if fam == "tma":
             tiles = cdiv(M, 128) * cdiv(N, p["BN"])
@@ -311,8 +404,19 @@ def config(version: str, M: int, N: int, K: int, cc: tuple[int, int] = (9, 0),
     if version not in _FIXED:
         raise ValueError(f"unknown version {version!r}; the ladder is {', '.join(VERSIONS)}")
     bm, bn, threads, _ = _FIXED[version]
+    own = shared_bytes(version)
+    if optin is not None and own > optin:
+        for p in variants(version)[1:]:
+            if params_shared(p) > optin:
+                continue
+            threads = 256 if "EPI" in p else (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
+            return dict(grid=(cdiv(M, p["BM"]) * cdiv(N, p["BN"]),), block=(threads,),
+                        shared=params_shared(p), kernel=template_name("mma", p, dtype), params=p,
+                        fallback=f"hgemm_{version} needs {own // 1024} KiB of shared memory per "
+                                 f"block, this GPU allows {optin // 1024} KiB: running "
+                                 f"{params_label(p)} ({params_shared(p) // 1024} KiB) instead")
     return dict(grid=(cdiv(M, bm) * cdiv(N, bn),), block=(threads,),
-                shared=shared_bytes(version), kernel=f"hgemm_{version}{sfx}")
+                shared=own, kernel=f"hgemm_{version}{sfx}")
 
 
 # ============================================================================ compiling
@@ -340,8 +444,13 @@ def load(cc: tuple[int, int] | None = None, name_expressions: tuple[str, ...] = 
 
 
 def _default_exprs(cc: tuple[int, int]) -> tuple[str, ...]:
+    """v9's default instantiations, and the fallbacks config() picks on this GPU (one compile)."""
     dts = ("float16", "bfloat16") if tuple(cc) >= (8, 0) else ("float16",)
-    return tuple(dict.fromkeys(template_name(*_family(cc, d, None), d) for d in dts))
+    names = [template_name(*_family(cc, d, None), d) for d in dts]
+    for v in FALLBACKS:
+        if tuple(cc) >= MIN_CC[v]:
+            names += [config(v, 1, 1, 8, cc, dtype=d)["kernel"] for d in dts]
+    return tuple(dict.fromkeys(n for n in names if "<" in n))
 
 
 # ============================================================================ TMA descriptors
@@ -410,7 +519,7 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
     """
     M, N, K, dtype = check_operands(A, B, C)
     cc = tuple(getattr(mod, "cc", None) or _cc())
-    require(version, cc, dtype)
+    require(version, cc, dtype, params=params)
     fam = _family(cc, dtype, params)[0] if version == "v9" else None
     if fam == "tma" and cc != (9, 0):
         raise UnsupportedError(f"v9's tma family (wgmma, TMA) needs compute capability 9.0 "
@@ -419,12 +528,13 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
     if needs_90a and not getattr(mod, "sm90a", False):
         raise UnsupportedError(f"hgemm_{version} was not compiled for sm_90a: load the module "
                                "with hgemm.load() (it passes -arch=sm_90a on Hopper)")
-    cfg = config(version, M, N, K, cc, params, sms=_sms(), dtype=dtype)
     optin = _smem_optin()
-    if cfg["shared"] > optin:
-        raise UnsupportedError(f"hgemm_{version} needs {cfg['shared'] // 1024} KiB of shared memory "
-                               f"per block; this GPU allows {optin // 1024} KiB (the H100 227, the "
-                               "A100 163, most others 99): use a version with fewer stages")
+    cfg = config(version, M, N, K, cc, params, sms=_sms(), dtype=dtype, optin=optin)
+    if optin is not None and cfg["shared"] > optin:
+        raise UnsupportedError(_smem_message(version, cfg["shared"], optin))
+    if "fallback" in cfg and cfg["kernel"] not in _NOTED:
+        _NOTED.add(cfg["kernel"])
+        print(f"note: {cfg['fallback']}")
     kern = kernel(module_for(mod, cfg["kernel"]), cfg["kernel"])
     if cfg["shared"] > MAX_STATIC_SHARED:
         kern.max_dynamic_shared_size_bytes = cfg["shared"]
@@ -468,17 +578,28 @@ def _cc() -> tuple[int, int]:
     return cb.cc()
 
 
-_OPTIN: list[int] = []
+_OPTIN: dict[int, tuple[tuple[int, int], int]] = {}   # device id -> (cc, opt-in bytes)
+_NOTED: set[str] = set()                              # fallback kernels announced once
 
 
-def _smem_optin() -> int:
-    """The most dynamic shared memory one block may ask for on this GPU (bytes)."""
-    if not _OPTIN:
-        import cupy
+def _smem_optin(cc: tuple[int, int] | None = None) -> int | None:
+    """The most dynamic shared memory one block may opt into on this GPU (bytes:
+    ``sharedMemPerBlockOptin``); None without a GPU, or when ``cc`` is not this GPU's."""
+    from cudabook import env
 
-        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-        _OPTIN.append(int(props.get("sharedMemPerBlockOptin", MAX_STATIC_SHARED)))
-    return _OPTIN[0]
+    if not env.HAS_GPU:
+        return None
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _OPTIN:
+        props = cupy.cuda.runtime.getDeviceProperties(dev)
+        _OPTIN[dev] = ((int(props["major"]), int(props["minor"])),
+                       int(props.get("sharedMemPerBlockOptin", MAX_STATIC_SHARED)))
+    dev_cc, optin = _OPTIN[dev]
+    if cc is not None and tuple(cc) != dev_cc:
+        return None
+    return optin
 
 
 def _sms() -> int:
@@ -606,17 +727,26 @@ def flops(M: int, N: int, K: int) -> float:
 
 # ============================================================================ autotuning
 
-def candidates(cc: tuple[int, int], family: str | None = None) -> list[dict]:
+def candidates(cc: tuple[int, int], family: str | None = None,
+               optin: int | None = None) -> list[dict]:
     """The parameter sets autotune() tries on this architecture (``family`` "mma" on Hopper:
-    the mma.sync template's); autotune() skips those that need more shared memory than it has."""
+    the mma.sync template's); autotune() skips those that need more shared memory than it has.
+    Where some need more than ``optin`` (default: this GPU's limit; the L4's 99 KiB), sets of
+    96 KiB are added (FALLBACKS: 128 x 128 tiles; v10's loop with 2 stages if hgemm.cu has it)."""
     if (family or v9_family(cc)) == "tma":
         return [dict(BN=256, STAGES=4, PERSIST=1), dict(BN=256, STAGES=3, PERSIST=1),
                 dict(BN=256, STAGES=4, PERSIST=0), dict(BN=128, STAGES=4, PERSIST=1)]
     if tuple(cc) >= (8, 0):   # v10's template, and v6's tiles in the template of v3-v6
-        return [dict(BM=128, BN=256, STAGES=3, EPI=1, GROUP=8),
-                dict(BM=256, BN=128, STAGES=3, EPI=1, GROUP=8),
-                dict(BM=128, BN=256, STAGES=4, EPI=1, GROUP=8),
-                dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8)]
+        cands = [dict(BM=128, BN=256, STAGES=3, EPI=1, GROUP=8),
+                 dict(BM=256, BN=128, STAGES=3, EPI=1, GROUP=8),
+                 dict(BM=128, BN=256, STAGES=4, EPI=1, GROUP=8),
+                 dict(BM=128, BN=256, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8)]
+        if optin is None:
+            optin = _smem_optin(cc)
+        if optin is not None and params_shared(DEFAULT_MMA10) > optin:   # the L4's 99 KiB
+            cands += [p for v in ("v10", "v6") for p in variants(v)[1:]]
+            cands.append(dict(BM=128, BN=128, WM=64, WN=32, STAGES=3, DBUF=1, GROUP=8))
+        return cands
     return [dict(BM=128, BN=128, WM=64, WN=32, STAGES=1, DBUF=0, GROUP=g) for g in (1, 8)] + [
             dict(BM=128, BN=128, WM=64, WN=64, STAGES=1, DBUF=0, GROUP=8),
             dict(BM=64, BN=128, WM=32, WN=64, STAGES=1, DBUF=0, GROUP=8)]
@@ -632,9 +762,9 @@ def autotune(n: int = 4096, cands: list[dict] | None = None, repeat: int = 10,
     import cudabook as cb
 
     cc = tuple(cb.cc())
-    cands = [dict(c) for c in (cands or candidates(cc, family))]
+    optin = _smem_optin() or MAX_STATIC_SHARED
+    cands = [dict(c) for c in (cands or candidates(cc, family, optin))]
     fam = v9_family(cc, cands[0])
-    optin = cupy.cuda.runtime.getDeviceProperties(0).get("sharedMemPerBlockOptin", 227 * 1024)
     fits = [c for c in cands if shared_bytes("v9", cc, c) <= optin]
     mod = load(cc, tuple(template_name(fam, c) for c in fits))
     g = np.random.default_rng(n)

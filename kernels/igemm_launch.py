@@ -11,6 +11,8 @@ same product). CuPy arrays or torch CUDA tensors (int8; float8_e4m3fn for fp8, o
 as uint8). K must be a multiple of 16 (16-byte rows); M and N any.
 Refused with a message: igemm_v2/v3 below compute capability 8.0 (int8 mma.sync m16n8k32),
 fp8 below 8.9 (no fp8 tensor-core instructions: Ada and Hopper have them).
+Shared memory: the 128x256 versions need 144 KiB per block; where the GPU allows less (the L4,
+A10 and RTX 30/40 allow 99 KiB) they run their 128x128 step instead (FALLBACK, a printed note).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import numpy as np
 import cudabook as cb
 from cudabook.launch import LaunchError, ceil_div
 
-__all__ = ["VERSIONS", "FP8_VERSIONS", "WHAT", "MIN_CC", "int8_matmul", "fp8_matmul", "config",
-           "sanitize_targets"]
+__all__ = ["VERSIONS", "FP8_VERSIONS", "WHAT", "MIN_CC", "FALLBACK", "int8_matmul", "fp8_matmul",
+           "config", "kernel_for", "sanitize_targets"]
 
 VERSIONS = ("igemm_v1", "igemm_v2", "igemm_v3")
 FP8_VERSIONS = ("fp8gemm_v1", "fp8gemm_v2")
@@ -39,6 +41,14 @@ MIN_CC = {"igemm_v1": (6, 1), "igemm_v2": (8, 0), "igemm_v3": (8, 0), "fp8gemm_v
 TILES = {"igemm_v2": (128, 128), "igemm_v3": (128, 256), "fp8gemm_v1": (128, 128),
          "fp8gemm_v2": (128, 256)}
 STAGES = 3
+#: The kernel a 128x256 version runs where its 144 KiB of shared memory do not fit: the step
+#: below it, the same 3-stage pipeline on 128x128 tiles (96 KiB) with 64x32 warp tiles instead of
+#: 64x64. Cost: a third more bytes from L2 per multiply-add ((BM + BN) / (BM BN): 1/64 against
+#: 3/256) and more ldmatrix per mma in a warp; on the H100 at 4096^3, v2 ran at 0.78x
+#: torch._int_mm against v3's 0.81x, fp8gemm_v1 0.215x torch._scaled_mm against v2's 0.219x
+#: (reports/benchmarks.json, ch10).
+FALLBACK = {"igemm_v3": "igemm_v2", "fp8gemm_v2": "fp8gemm_v1"}
+_NOTED: set[str] = set()
 
 
 def config(version: str, M: int, N: int):
@@ -49,6 +59,29 @@ def config(version: str, M: int, N: int):
         bm, bn = TILES[version]
         return (ceil_div(M, bm) * ceil_div(N, bn),), (256,), STAGES * (bm + bn) * 128
     raise ValueError(f"unknown version {version!r}; igemm.cu has {VERSIONS + FP8_VERSIONS}")
+
+
+def _optin() -> int:
+    """The most dynamic shared memory one block may opt into on this GPU (bytes)."""
+    import cupy as cp
+
+    return int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+               .get("sharedMemPerBlockOptin", 48 * 1024))
+
+
+def kernel_for(version: str, optin: int | None = None) -> str:
+    """The kernel that runs ``version`` on a GPU whose blocks may have ``optin`` bytes of shared
+    memory (default: this GPU's): the version's own, else its FALLBACK, else LaunchError naming
+    the shared memory it needs."""
+    optin = _optin() if optin is None else optin
+    smem = config(version, 1, 1)[2]
+    if smem <= optin:
+        return version
+    fb = FALLBACK.get(version)
+    if fb is not None and config(fb, 1, 1)[2] <= optin:
+        return fb
+    raise LaunchError(f"{version} needs {smem // 1024} KiB of shared memory per block, this GPU "
+                      f"allows {optin // 1024} KiB")
 
 
 def _need(version: str) -> None:
@@ -86,8 +119,14 @@ def _shapes(A, B) -> tuple[int, int, int]:
 
 
 def _launch(mod, version, A, B, C, M, N, K, extra=()):
-    grid, block, smem = config(version, M, N)
-    kern = mod.get(version)
+    name = kernel_for(version)
+    if name != version and version not in _NOTED:
+        _NOTED.add(version)
+        print(f"note: {version} needs {config(version, 1, 1)[2] // 1024} KiB of shared memory per "
+              f"block, this GPU allows {_optin() // 1024} KiB: running {name} "
+              f"({WHAT[name]}) instead")
+    grid, block, smem = config(name, M, N)
+    kern = mod.get(name)
     if smem > 48 * 1024:
         kern.max_dynamic_shared_size_bytes = smem
     kern(grid, block, (A, B, C, np.int32(M), np.int32(N), np.int32(K)) + extra,

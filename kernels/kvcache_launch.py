@@ -91,13 +91,30 @@ def decode_attention(q, kc, vc, out, n_keys: int = 0, pos_dev=None, scale: float
         raise LaunchError(f"n_keys = {n_keys}: attention needs 1..{L} cached keys")
     s = 1 / math.sqrt(D) if scale is None else float(scale)
     threads = 128 if version == "decode_attention_v1" else 256
-    _module().get(version)((H, B), (threads,),
-                                         (q, np.int64(q.strides[0] // 2), kc, vc, out,
-                                          np.int32(H), np.int32(D), np.int32(L),
-                                          np.int32(n_keys), _ptr(pos_dev),
-                                          np.float32(s * math.log2(math.e))),
-                                         shared_mem=4 * L)
+    kern = _module().get(version)
+    _fit_scores(kern, version, L)
+    kern((H, B), (threads,), (q, np.int64(q.strides[0] // 2), kc, vc, out, np.int32(H),
+                              np.int32(D), np.int32(L), np.int32(n_keys), _ptr(pos_dev),
+                              np.float32(s * math.log2(math.e))), shared_mem=4 * L)
     return out
+
+
+def _fit_scores(kern, version: str, L: int) -> None:
+    """The L float scores live in dynamic shared memory beside the kernel's static arrays: past
+    48 KiB in all the block must opt in (L > ~9,900), and past the GPU's opt-in limit (64 KiB on
+    a T4, 99 on an L4, 227 on an H100) the cache is too long: LaunchError naming the longest."""
+    static = int(kern.attributes["shared_size_bytes"])
+    if 4 * L + static <= 48 * 1024:
+        return
+    import cupy as cp
+
+    optin = int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+                .get("sharedMemPerBlockOptin", 48 * 1024))
+    if 4 * L + static > optin:
+        raise LaunchError(f"{version}: a cache of L = {L} positions needs {(4 * L + static) // 1024}"
+                          f" KiB of shared memory per block (4 L bytes of scores + {static} static),"
+                          f" this GPU allows {optin // 1024} KiB: at most L = {(optin - static) // 4}")
+    kern.max_dynamic_shared_size_bytes = 4 * L
 
 
 def merge_heads(o, y):

@@ -25,6 +25,8 @@
 //   thin_nt_n{N}    a thread per 4 columns k keeps W[k..k+3, 0..N-1] in registers (N float4) and
 //                   writes THIN_NT_ROWS rows of C, one float4 store each.
 //
+// Numba twins (kernels/thin_matmul.py): the same three products, one thread per output.
+//
 // Assumptions (kernels/thin_matmul_launch.py checks them and refuses otherwise): K % 4 == 0,
 // every float4 operand 16-byte aligned (A and B of nn, A of tn, W and C of nt), 1 <= N <= 16.
 // Offsets are computed in size_t.

@@ -154,6 +154,20 @@ def test_thin_matmul_says_why_it_cannot_run():
         th.why_not("tt", A, B)
 
 
+def test_numba_thin_products_match_float64():
+    nb_th = cb.load_numba("thin_matmul")
+    g = np.random.default_rng(11)
+    M, K, N = 13, 9, 3                                  # tiny: the simulator runs every thread
+    A, B, G = (g.standard_normal(s).astype(np.float32) for s in ((M, K), (K, N), (M, N)))
+    for kern, x, y, shape, ref in ((nb_th.thin_nn_per_output, A, B, (M, N), A @ B),
+                                   (nb_th.thin_tn_per_output, A, G, (K, N), A.T @ G),
+                                   (nb_th.thin_nt_per_output, G, B, (M, K), G @ B.T)):
+        out = cuda.to_device(np.full(shape, np.nan, np.float32))
+        kern[(cb.ceil_div(shape[0], 16), cb.ceil_div(shape[1], 16)), (16, 16)](
+            cuda.to_device(x), cuda.to_device(y), out)
+        cb.check(out.copy_to_host(), ref.astype(np.float64), atol=1e-5, rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------- GPU: helpers
 def _t64(a):
     return torch.tensor(np.asarray(a), dtype=torch.float64)

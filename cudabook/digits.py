@@ -30,7 +30,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 __all__ = ["SEED", "SIZES", "HPARAMS", "Digits", "load", "save_npz", "init_params",
-           "batch_order", "MLP", "make_optimizer", "train_torch", "accuracy"]
+           "batch_order", "MLP", "make_optimizer", "train_torch", "accuracy",
+           "CNN_CHANNELS", "CNN_HEAD", "init_cnn_params", "conv2d_nhwc", "CNN"]
 
 #: the seed of the split, the initial weights and the batch order
 SEED = 0
@@ -204,3 +205,74 @@ def train_torch(model: Any, data: Digits, *, epochs: int | None = None, steps: i
         x_test = torch.tensor(data.x_test, dtype=p0.dtype, device=p0.device)
         acc = accuracy(model(x_test).cpu(), torch.tensor(data.y_test))
     return {"losses": losses, "test_acc": acc, "steps": len(losses)}
+
+
+#: the small CNN of Chapter 6's advanced section: 3x3 convolutions 1 -> 8 -> 16 channels on the
+#: 8 x 8 image (padding 1, GELU after each), then the MLP head 8 * 8 * 16 = 1024 -> 128 -> 10
+CNN_CHANNELS = (1, 8, 16)
+CNN_HEAD = (128, 10)
+CNN_K = 3
+
+
+def init_cnn_params(channels: Sequence[int] = CNN_CHANNELS, head: Sequence[int] = CNN_HEAD,
+                    K: int = CNN_K, side: int = 8, seed: int = SEED,
+                    dtype: Any = np.float32) -> list[tuple[np.ndarray, np.ndarray]]:
+    """[(W, b), ...]: first one (W (K K Cin, Cout), b (Cout,)) per convolution, then the head's
+    layers (W (in, out), b (out,)) on the flattened NHWC map (side * side * channels[-1] inputs).
+
+    A convolution's weights are stored as the matrix im2col multiplies (row (a, e, c) = a K Cin +
+    e Cin + c), drawn from +-1/sqrt(K K Cin) as ``nn.Conv2d`` draws them. ``conv2d_nhwc`` turns the
+    matrix into PyTorch's (Cout, Cin, K, K) filter."""
+    rng = np.random.default_rng(seed)
+    params = []
+    fans = [(K * K * ci, co) for ci, co in zip(channels[:-1], channels[1:])]
+    sizes = (side * side * channels[-1], *head)
+    fans += list(zip(sizes[:-1], sizes[1:]))
+    for fan_in, fan_out in fans:
+        bound = 1.0 / np.sqrt(fan_in)
+        W = rng.uniform(-bound, bound, (fan_in, fan_out)).astype(dtype)
+        b = rng.uniform(-bound, bound, fan_out).astype(dtype)
+        params.append((W, b))
+    return params
+
+
+def conv2d_nhwc(x: Any, W: Any, b: Any, K: int = CNN_K, pad: int | None = None) -> Any:
+    """PyTorch's convolution (cuDNN on a GPU) on NHWC ``x`` (B, H, W, Cin) with the im2col weight
+    matrix ``W`` (K K Cin, Cout): y (B, Ho, Wo, Cout), NHWC (a permuted view)."""
+    torch = _torch()
+    pad = K // 2 if pad is None else pad
+    cin, cout = int(x.shape[3]), int(W.shape[1])
+    w = W.reshape(K, K, cin, cout).permute(3, 2, 0, 1)          # (Cout, Cin, K, K)
+    y = torch.nn.functional.conv2d(x.permute(0, 3, 1, 2), w, b, padding=pad)
+    return y.permute(0, 2, 3, 1)
+
+
+def CNN(params: Sequence[tuple[np.ndarray, np.ndarray]], n_conv: int = len(CNN_CHANNELS) - 1,
+        side: int = 8, K: int = CNN_K, device: str = "cpu", dtype: Any = None):
+    """The PyTorch twin of the small CNN: per convolution ``gelu(conv2d_nhwc(x, W, b))``, then
+    the head as ``MLP`` (x @ W + b, GELU between layers) on the flattened NHWC map.
+
+    ``params`` as from ``init_cnn_params``; the first ``n_conv`` are convolutions (``model.W`` and
+    ``model.b`` hold all layers, in that order, as ``MLP``'s do). Rows of the input are the
+    ``side * side`` pixels of an image."""
+    torch = _torch()
+    gelu = torch.nn.functional.gelu
+    base = MLP(params, device=device, dtype=dtype)
+
+    class _CNN(type(base)):
+        def forward(self, x):
+            x = x.reshape(x.shape[0], self.side, self.side, 1)
+            layers = list(zip(self.W, self.b))
+            for W, b in layers[:self.n_conv]:
+                x = gelu(conv2d_nhwc(x, W, b, self.K), approximate="tanh")
+            x = x.reshape(x.shape[0], -1)
+            head = layers[self.n_conv:]
+            for i, (W, b) in enumerate(head):
+                x = x @ W + b
+                if i < len(head) - 1:
+                    x = gelu(x, approximate="tanh")
+            return x
+
+    base.__class__ = _CNN
+    base.n_conv, base.side, base.K = n_conv, side, K
+    return base

@@ -9,6 +9,8 @@
     y = to.BiasAdd.apply(h, b)  # h + b; the bias gradient is bias_grad_v2
     loss = to.SoftmaxCrossEntropy.apply(logits, labels)   # fused forward + backward (mean)
     model = to.MLP(digits.init_params())                  # the digits MLP on these ops
+    cols = to.Im2col.apply(x, 3, 1)   # NHWC x -> (B H W, 9 C) patches; backward col2im_v1
+    model = to.CNN(digits.init_cnn_params())              # the small CNN: im2col + matmul
 
 Zero copy: ``as_array`` and ``as_tensor`` check that the result starts at the same address as
 their argument (``data_ptr``) and refuse otherwise. Every Function passes its inputs through
@@ -29,7 +31,7 @@ from . import env
 from .compile import load_launch
 
 __all__ = ["as_array", "as_tensor", "on_torch_stream", "Matmul", "BiasGelu", "BiasAdd",
-           "SoftmaxCrossEntropy", "linear", "cross_entropy", "MLP"]
+           "SoftmaxCrossEntropy", "linear", "cross_entropy", "MLP", "Im2col", "conv_gelu", "CNN"]
 
 MATMUL_VERSION = "v10"    # Chapter 4's SGEMM with its tuned tile sizes (any shape)
 
@@ -316,4 +318,77 @@ def MLP(params: Sequence[tuple[np.ndarray, np.ndarray]], device: str = "cuda", d
 
     base.__class__ = _OwnMLP
     assert isinstance(base, torch.nn.Module)
+    return base
+
+
+def _make_im2col():
+    import torch
+
+    class Im2col(torch.autograd.Function):
+        """cols = im2col(x) for NHWC x (B, H, W, C), K x K patches, zero padding ``pad``, stride 1
+        (im2col_v1 / im2col_f64). Backward: dx = col2im(dcols), a gather without atomics."""
+
+        @staticmethod
+        def forward(ctx, x, K, pad):
+            _need_gpu(x)
+            ctx.K, ctx.pad, ctx.x_shape = K, pad, tuple(x.shape)
+            ic = load_launch("im2col")
+            with on_torch_stream():
+                (a,) = _arrays(x)
+                return as_tensor(ic.im2col(a, K, pad))
+
+        @staticmethod
+        def backward(ctx, dcols):
+            ic = load_launch("im2col")
+            with on_torch_stream():
+                (d,) = _arrays(dcols)
+                dx = as_tensor(ic.col2im(d, ctx.x_shape, ctx.K, ctx.pad))
+            return dx, None, None
+
+    return Im2col
+
+
+class Im2col(metaclass=_Lazy):
+    """``Im2col.apply(x, K, pad)``: the patches of NHWC ``x`` as rows (im2col.cu)."""
+
+    @classmethod
+    def _build(cls):
+        if "Im2col" not in _FUNCTIONS:
+            _FUNCTIONS["Im2col"] = _make_im2col()
+        return _FUNCTIONS["Im2col"]
+
+
+def conv_gelu(x: Any, W: Any, b: Any, K: int = 3, pad: int | None = None) -> Any:
+    """gelu_tanh(conv(x) + b) on the book's kernels, NHWC in and out: Im2col, then Matmul with
+    the weight matrix W (K K Cin, Cout), then BiasGelu (the ``conv_gelu`` of ``digits.CNN``)."""
+    pad = K // 2 if pad is None else pad
+    B, H, Wd, _ = (int(s) for s in x.shape)
+    Ho, Wo = load_launch("im2col").out_size(H, Wd, K, pad)
+    y = BiasGelu.apply(Matmul.apply(Im2col.apply(x, K, pad), W), b)
+    return y.reshape(B, Ho, Wo, int(W.shape[1]))
+
+
+def CNN(params: Sequence[tuple[np.ndarray, np.ndarray]], device: str = "cuda",
+        dtype: Any = None, **kw: Any):
+    """``digits.CNN`` whose every op is a kernel of the book: ``conv_gelu`` per convolution, then
+    the head as ``MLP`` (Matmul, BiasGelu between layers, BiasAdd after the last). Train it with
+    ``digits.train_torch(model, data, loss=torchops.cross_entropy)``."""
+    from .digits import CNN as _TorchCNN
+
+    base = _TorchCNN(params, device=device, dtype=dtype, **kw)
+
+    class _OwnCNN(type(base)):
+        def forward(self, x):
+            x = x.reshape(x.shape[0], self.side, self.side, 1)
+            layers = list(zip(self.W, self.b))
+            for W, b in layers[:self.n_conv]:
+                x = conv_gelu(x, W, b, self.K)
+            x = x.reshape(x.shape[0], -1)
+            head = layers[self.n_conv:]
+            for i, (W, b) in enumerate(head):
+                h = Matmul.apply(x, W)
+                x = BiasGelu.apply(h, b) if i < len(head) - 1 else BiasAdd.apply(h, b)
+            return x
+
+    base.__class__ = _OwnCNN
     return base

@@ -328,6 +328,127 @@ def test_wrapped_model_trains_like_the_reference():
     assert rel.max() < 1e-4, rel.max()
 
 
+# ----------------------------------------------------------------------------- im2col, the CNN
+def _im2col_ref(x, K, pad, g):
+    """cols of NHWC x by torch's unfold (columns reordered to (a, e, c)), and d<cols, g>/dx."""
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    B, _, _, C = x.shape
+    u = F.unfold(xt.permute(0, 3, 1, 2), K, padding=pad)            # (B, C K K, Ho Wo)
+    L = u.shape[2]
+    cols = u.reshape(B, C, K, K, L).permute(0, 4, 2, 3, 1).reshape(B * L, K * K * C)
+    (dx,) = torch.autograd.grad(cols, xt, torch.tensor(g, dtype=torch.float64))
+    return cols.detach().numpy(), dx.numpy()
+
+
+IM2COL_SHAPES = [((2, 5, 4, 3), 3, 1), ((1, 4, 6, 2), 3, 0), ((2, 3, 5, 1), 5, 2)]
+
+
+@pytest.mark.parametrize("shape, K, pad", IM2COL_SHAPES)
+def test_numba_im2col_col2im_match_autograd(shape, K, pad):
+    ic = cb.load_launch("im2col")
+    rng = np.random.default_rng(sum(shape) + K)
+    x = rng.standard_normal(shape)
+    Ho, Wo = ic.out_size(shape[1], shape[2], K, pad)
+    g = rng.standard_normal((shape[0] * Ho * Wo, K * K * shape[3]))
+    ref_cols, ref_dx = _im2col_ref(x, K, pad, g)
+    cols = cuda.to_device(np.full(ref_cols.shape, np.nan))
+    dx = cuda.to_device(np.full(shape, np.nan))
+    ic.im2col_numba(cuda.to_device(x), cols, K, pad)
+    ic.col2im_numba(cuda.to_device(g), dx, K, pad)
+    cb.check(cols.copy_to_host(), ref_cols, atol=0, rtol=0)
+    cb.check(dx.copy_to_host(), ref_dx, atol=1e-12, rtol=1e-12)
+
+
+def test_im2col_helpers_refuse_bad_input():
+    ic = cb.load_launch("im2col")
+    m = grader_xp()                           # device arrays on a GPU, NumPy in the simulator
+    x = m.zeros((2, 5, 4, 3), np.float32)
+    cols = m.zeros((40, 27), np.float32)
+    with pytest.raises(ValueError, match="4D NHWC"):
+        ic.im2col_numba(m.zeros((2, 5, 4), np.float32), cols, 3)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        ic.im2col_numba(x.astype(np.float16), cols, 3)
+    with pytest.raises(TypeError, match="expected dtype float32"):
+        ic.im2col_numba(x, cols.astype(np.float64), 3)
+    with pytest.raises(ValueError, match=r"cols: expected shape \(40, 27\)"):
+        ic.im2col_numba(x, m.zeros((27, 40), np.float32), 3)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ic.im2col_numba(m.zeros((2, 3, 4, 5), np.float32).transpose(0, 2, 3, 1), cols, 3)
+    with pytest.raises(ValueError, match="0 <= pad < K"):
+        ic.out_size(5, 4, 3, pad=3)
+    with pytest.raises(ValueError, match="does not fit a 5x4 image"):
+        ic.out_size(5, 4, 7, pad=0)
+    with pytest.raises(ValueError, match="K must be a positive int"):
+        ic.out_size(5, 4, 2.0)
+    with pytest.raises(ValueError, match=r"dcols: expected shape \(40, 27\)"):
+        ic.col2im_numba(m.zeros((40, 9), np.float32), x, 3)
+
+
+def test_cnn_twin_is_im2col_times_the_weight_matrix():
+    # digits.conv2d_nhwc (PyTorch's conv2d on the stored weight matrix) == unfold @ W + b
+    p = digits.init_cnn_params(seed=2, dtype=np.float64)
+    assert [W.shape for W, _ in p] == [(9, 8), (72, 16), (1024, 128), (128, 10)]
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 7, 8))
+    W, b = p[1]
+    y = digits.conv2d_nhwc(torch.tensor(x), torch.tensor(W), torch.tensor(b))
+    cols, _ = _im2col_ref(x, 3, 1, np.zeros((2 * 42, 72)))
+    cb.check(y.reshape(-1, 16).numpy(), cols @ W + b, atol=1e-12, rtol=1e-12)
+    out = digits.CNN(p, dtype=torch.float64)(torch.tensor(rng.standard_normal((3, 64))))
+    assert out.shape == (3, 10)
+
+
+@gpu
+@pytest.mark.parametrize("shape, K, pad", IM2COL_SHAPES + [((3, 7, 5, 8), 3, 1)])
+def test_cuda_im2col_col2im_match_autograd(shape, K, pad):
+    import cupy as cp
+
+    ic = cb.load_launch("im2col")
+    rng = np.random.default_rng(sum(shape) + K + 1)
+    x = rng.standard_normal(shape)
+    Ho, Wo = ic.out_size(shape[1], shape[2], K, pad)
+    g = rng.standard_normal((shape[0] * Ho * Wo, K * K * shape[3]))
+    ref_cols, ref_dx = _im2col_ref(x, K, pad, g)
+    for dt, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+        cols = ic.im2col(cp.asarray(x, dt), K, pad)
+        dx = ic.col2im(cp.asarray(g, dt), shape, K, pad)
+        assert cols.dtype == dt and dx.dtype == dt
+        cb.check(cp.asnumpy(cols), ref_cols, atol=tol, rtol=tol)
+        cb.check(cp.asnumpy(dx), ref_dx, atol=tol, rtol=tol)
+    d1 = ic.col2im(cp.asarray(g, np.float32), shape, K, pad)
+    d2 = ic.col2im(cp.asarray(g, np.float32), shape, K, pad)
+    assert bool((d1 == d2).all())                       # a gather: the same bits every run
+
+
+@gpu
+def test_im2col_function_passes_gradcheck_and_the_cnn_matches_its_twin():
+    x = torch.randn(2, 5, 4, 3, dtype=torch.float64, device="cuda", requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: torchops.Im2col.apply(t, 3, 1), (x,))
+    with pytest.raises(ValueError, match="C-contiguous|4D NHWC"):
+        cb.load_launch("im2col").im2col(torchops.as_array(x.detach()).transpose(0, 3, 1, 2), 3)
+    p = digits.init_cnn_params(seed=5, dtype=np.float64)
+    own = torchops.CNN(p, dtype=torch.float64)
+    ref = digits.CNN(p, device="cuda", dtype=torch.float64)
+    xb = torch.rand(6, 64, dtype=torch.float64, device="cuda")
+    yb = torch.randint(0, 10, (6,), device="cuda")
+    for m, loss in ((own, torchops.cross_entropy), (ref, F.cross_entropy)):
+        loss(m(xb), yb).backward()
+    for a, b in zip(own.parameters(), ref.parameters()):
+        cb.check(a.grad.cpu().numpy(), b.grad.cpu().numpy(), atol=1e-10, rtol=1e-10)
+
+
+@gpu
+def test_own_cnn_trains_like_the_twin():
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    data = digits.load()
+    ref = digits.train_torch(digits.CNN(digits.init_cnn_params(), device="cuda"), data, steps=60)
+    own = digits.train_torch(torchops.CNN(digits.init_cnn_params()), data, steps=60,
+                             loss=torchops.cross_entropy)
+    rel = np.abs(np.array(own["losses"]) - ref["losses"]) / np.array(ref["losses"])
+    assert rel.max() < 1e-4, rel.max()
+
+
 # ----------------------------------------------------------------------------- ex06.1
 def ce(*edits):
     return SOL.get("ex06.1", "cross_entropy", edits=edits)

@@ -213,9 +213,12 @@ class PeerGroup:
                 raise LaunchError(f"ring: buffer {r} must be a 1-D contiguous CUDA tensor "
                                   f"(got shape {tuple(b.shape)}, device {b.device}); flatten it "
                                   "into one gradient buffer first")
-        if bufs[0].dtype == torch.float32:
-            return [cp.from_dlpack(b) for b in bufs], ""
-        return [cp.from_dlpack(b.view(torch.int16)).view(cp.uint16) for b in bufs], "_bf16"
+        out = []
+        for b in bufs:
+            with cp.cuda.Device(b.device.index):   # DLPack orders on that GPU's current stream
+                out.append(cp.from_dlpack(b) if b.dtype == torch.float32 else
+                           cp.from_dlpack(b.view(torch.int16)).view(cp.uint16))
+        return out, ("" if bufs[0].dtype == torch.float32 else "_bf16")
 
     def one_shot(self, ins, outs, version: str = "v2", ordered: bool = True) -> None:
         """outs[r] = ins[0] + ... + ins[world-1] (rank order, identical bits on every GPU), one

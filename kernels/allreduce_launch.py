@@ -66,11 +66,7 @@ class PeerGroup:
             with cp.cuda.Device(a):
                 for b in devices:
                     if a != b:
-                        try:
-                            rt.deviceEnablePeerAccess(b)
-                        except rt.CUDARuntimeError as e:
-                            if "alreadyenabled" not in str(e).lower().replace("_", ""):
-                                raise
+                        set_peer_access(a, b, True)
                 mod = cb.load_cuda("allreduce")            # one module per GPU, loaded there
                 k = {n: mod.get(n) for n in ("ring_step_add", "ring_step_copy", "one_shot_v1",
                                              "one_shot_v2", "ring_step_add_bf16",
@@ -328,6 +324,8 @@ def set_peer_access(a: int, b: int, on: bool) -> None:
     import cupy as cp
 
     rt = cp.cuda.runtime
+    if on and (a, b) in _PEER_ON:
+        return                # no call that fails with "already enabled" (memcheck reports those)
     with cp.cuda.Device(a):
         try:
             rt.deviceEnablePeerAccess(b) if on else rt.deviceDisablePeerAccess(b)
@@ -335,6 +333,11 @@ def set_peer_access(a: int, b: int, on: bool) -> None:
             msg = str(e).lower().replace("_", "")
             if "alreadyenabled" not in msg and "notenabled" not in msg:
                 raise
+    (_PEER_ON.add if on else _PEER_ON.discard)((a, b))
+
+
+#: (a, b) pairs where this process turned GPU a's access to GPU b's memory on
+_PEER_ON: set[tuple[int, int]] = set()
 
 
 def memcpy_peer_us(dst_dev: int, src_dev: int, nbytes: int, iters: int = 20) -> float:

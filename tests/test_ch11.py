@@ -310,7 +310,7 @@ def test_p2p_ring_bf16_torch_tensors_and_refusals():
     want = (torch.arange(n) % 13).float() * (w * (w + 1) // 2)
     for d, t in zip(g.devices, ts):
         assert torch.equal(t.float().cpu(), want), f"bf16 ring wrong on GPU {d}"
-    with pytest.raises(cb.LaunchError, match="all float32 or all bfloat16"):
+    with pytest.raises(cb.LaunchError, match="must all be float32 or all bfloat16"):
         g.ring([ts[0]] + [t.float() for t in ts[1:]])
     with pytest.raises(cb.LaunchError, match="1-D contiguous CUDA tensor"):
         g.ring([t.reshape(1, -1) for t in ts])

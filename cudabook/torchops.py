@@ -101,15 +101,12 @@ def _need_gpu(*ts: Any) -> None:
 
 
 def _matmul_module():
-    """matmul.cu compiled once per process: matmul_v10 alone with its tuned tile sizes, or the
-    whole ladder for another MATMUL_VERSION."""
+    """matmul.cu compiled once per process: matmul_v10 alone with its tuned tile sizes
+    (``matmul_launch.load_tuned``), or the whole ladder for another MATMUL_VERSION."""
     from .compile import cuda_module
 
-    mm = load_launch("matmul")
     if MATMUL_VERSION == "v10":
-        mod = cuda_module("matmul", mm.tuned_options(only_tuned=True))
-        mod.params = mm.tuned_params()
-        return mod
+        return load_launch("matmul").load_tuned()
     return cuda_module("matmul")
 
 

@@ -21,14 +21,14 @@ __all__ = ["VERSIONS", "softmax", "config", "sanitize_targets"]
 VERSIONS = ("softmax_v1", "softmax_v2", "softmax_v3", "softmax_v4", "softmax_v5")
 
 
-def config(version: str, M: int, N: int) -> tuple[tuple[int], tuple[int]]:
+def config(version: str, M: int, N: int, vec: bool = False) -> tuple[tuple[int], tuple[int]]:
     """(grid, block) of ``version`` for an (M, N) input (see the launch comments in softmax.cu)."""
     if version == "softmax_v1":
         return (ceil_div(M, 128),), (128,)
     if version == "softmax_v3":
         return (ceil_div(M, 4),), (128,)           # 4 warps per block, one row each
-    if version == "softmax_v5":
-        return (M,), (row_block(N),)               # the row in registers, <= 16 per thread
+    if version == "softmax_v5":                    # the row in registers: <= 16 per thread,
+        return (M,), (row_block(N, 32 if vec and N > 8192 else 16),)   # 32 for long float4 rows
     if version in ("softmax_v2", "softmax_v4"):
         return (M,), (256 if N <= 4096 else 512,)
     raise ValueError(f"unknown version {version!r}; softmax.cu has {VERSIONS}")
@@ -48,7 +48,8 @@ def softmax(x, y=None, version: str = "softmax_v5"):
         raise LaunchError(f"softmax: x has shape {(M, N)}; a row needs at least one element")
     if M >= 2**31 or M * N >= 2**62:
         raise LaunchError(f"softmax: {M} rows is more than one grid dimension holds")
-    grid, block = config(version, M, N)
+    vec = N % 4 == 0 and x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0   # softmax_v5's float4 path
+    grid, block = config(version, M, N, vec)
     mod.get(version)(grid, block, (x, y, np.int32(M), np.int32(N)))
     return y
 

@@ -19,6 +19,10 @@
 //                        the rows of every product, puts dS^T in shared memory and adds its share
 //                        of dQ = dS K into a float32 buffer with atomicAdd. A last kernel scales
 //                        dQ and rounds it to 16 bits
+//   attention_bwd_v2_*_d{D}_{BC}x{BR}s{STAGES}   the same kernel with smaller tiles for GPUs
+//                        with less shared memory per block (the launcher picks the largest that
+//                        fits: L4 / A10 / RTX 30-40 99 KiB, T4 64 KiB); STAGES = 1 loads the next
+//                        query tile into the one buffer while dQ is computed, not during the tile
 //
 // work (non-causal): 10 Nq Nk D flops (five products: S, dP, dV, dK, dQ); causal about half.
 #include "attention.cuh"
@@ -210,14 +214,20 @@ __device__ __forceinline__ void bwd_convert(const float* __restrict__ dQacc, T* 
     if (i < n) dQ[i] = Mma<T>::from_float(dQacc[i] * scale);
 }
 
-// launch: block NW * 32 = 256, grid (ceil(Nk / BC), BH), dynamic shared memory
-// (2 BC D + 4 BR D + BC BR) * 2 + 4 BR * 4 bytes (145 KiB at D = 128: needs cc 8.0's 163 KiB).
+// launch: block NW * 32 = 2 BC, grid (ceil(Nk / BC), BH), dynamic shared memory
+// (2 BC D + 2 STAGES BR D + BC BR) * 2 + 2 STAGES BR * 4 bytes (BC = 128, 2 stages: 130 KiB at
+// D = 64 (BR = 128), 145 KiB at D = 128 (BR = 64): both need cc 8.0's 163 KiB; the smaller
+// instantiations below fit 99 and 64 KiB).
 // Warp w owns keys [16 w, 16 w + 16) of the block's BC = 16 NW: per query tile it computes
 // S^T = K_w Q^T and dP^T = V_w dO^T (16 x BR accumulators each), P^T and dS^T from them, then
 // dV += P^T dO and dK += dS^T Q with P^T and dS^T as A operands straight from the accumulators.
 // dS^T goes to shared memory; after a barrier, warp w computes a 16 x (D / (NW / (BR / 16)))
-// piece of dQ_i = dS K and adds it to dQacc with atomicAdd (other key blocks add theirs).
-template <typename T, int D, int BC, int BR, int NW>
+// piece of dQ_i = dS K and adds it to dQacc with atomicAdd (other key blocks add theirs); with
+// fewer warps than 16-row tiles of queries (NW < BR / 16), warp w takes row tiles w, w + NW, ...
+// each 16 x D. STAGES = 2: Q, dO, lse, Di double-buffered, the next tile loads during this one;
+// STAGES = 1: one buffer, refilled once the tile's last reader (the dS^T barrier) is past, so the
+// load overlaps the dQ product only.
+template <typename T, int D, int BC, int BR, int NW, int STAGES>
 __device__ __forceinline__ void flash_bwd_mma(const T* __restrict__ Q, const T* __restrict__ K,
                                               const T* __restrict__ V, const T* __restrict__ dO,
                                               const float* __restrict__ lse,
@@ -226,16 +236,19 @@ __device__ __forceinline__ void flash_bwd_mma(const T* __restrict__ Q, const T* 
                                               T* __restrict__ dV, int Nq, int Nk, float scale,
                                               int causal) {
     constexpr int NT = NW * 32, KD = D / 16, NQ = BR / 8, ND = D / 8;
-    constexpr int QM = BR / 16, DG = NW / QM, DC = D / DG;   // dQ split: QM row tiles x DG groups
-    static_assert(BC == 16 * NW && NW % QM == 0 && DC % 16 == 0 && BR % 64 == 0, "tile shape");
+    constexpr int QM = BR / 16, DG = NW >= QM ? NW / QM : 1, DC = D / DG;   // dQ split: QM row
+    constexpr int UNITS = QM * DG;                                          // tiles x DG groups
+    static_assert(BC == 16 * NW && UNITS % NW == 0 && DC % 16 == 0 && BR % 64 == 0 && NT >= BR,
+                  "tile shape");
+    static_assert(STAGES == 1 || STAGES == 2, "one or two query-tile buffers");
     extern __shared__ __align__(1024) unsigned char attn_smem[];
     T* Ks = reinterpret_cast<T*>(attn_smem);      // BC x D
     T* Vs = Ks + BC * D;                          // BC x D
-    T* Qs = Vs + BC * D;                          // 2 x BR x D (double buffer)
-    T* dOs = Qs + 2 * BR * D;                     // 2 x BR x D
-    T* dSs = dOs + 2 * BR * D;                    // BC x BR: dS^T, keys as rows
-    float* ls = reinterpret_cast<float*>(dSs + BC * BR);   // 2 x BR: lse in log2 units
-    float* dis = ls + 2 * BR;                     // 2 x BR: Di
+    T* Qs = Vs + BC * D;                          // STAGES x BR x D (double buffer at 2)
+    T* dOs = Qs + STAGES * BR * D;                // STAGES x BR x D
+    T* dSs = dOs + STAGES * BR * D;               // BC x BR: dS^T, keys as rows
+    float* ls = reinterpret_cast<float*>(dSs + BC * BR);   // STAGES x BR: lse in log2 units
+    float* dis = ls + STAGES * BR;                // STAGES x BR: Di
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int bh = blockIdx.y, j0 = blockIdx.x * BC, kw = warp * 16;
     float scale_log2 = scale * ATTN_LOG2E;
@@ -271,15 +284,15 @@ __device__ __forceinline__ void flash_bwd_mma(const T* __restrict__ Q, const T* 
     unsigned va_addr = smem_u32(Vs + swz<D>(kw + lane % 16, 8 * (lane / 16)));   // A = V_w
     unsigned qb_off = 2 * swz<D>(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2)); // B = Q^T, dO^T
     unsigned qt_off = 2 * swz<D>(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16)); // B = Q, dO
-    int qm = warp % QM, dg = warp / QM;           // this warp's piece of dQ
+    int qm = warp % QM, dg = warp / QM;           // this warp's (first) piece of dQ
     unsigned dsa_addr = smem_u32(dSs + swz<BR>(lane % 8 + 8 * (lane / 16), qm * 16 + 8 * ((lane / 8) % 2)));
     unsigned kb_addr = smem_u32(Ks + swz<D>(lane % 8 + 8 * ((lane / 8) % 2), dg * DC + 8 * (lane / 16)));
 
     for (int it = 0; it < n_tiles; it++) {
-        int i0 = i_begin + it * BR, buf = it & 1;
+        int i0 = i_begin + it * BR, buf = STAGES == 2 ? it & 1 : 0;
         cp_async_wait<0>();
         __syncthreads();                          // tile it has landed; dSs and buffer buf^1 are free
-        if (it + 1 < n_tiles) {                   // the next tile arrives during this one's math
+        if (STAGES == 2 && it + 1 < n_tiles) {    // the next tile arrives during this one's math
             fetch(i0 + BR, buf ^ 1);
             cp_async_commit();
         }
@@ -346,33 +359,44 @@ __device__ __forceinline__ void flash_bwd_mma(const T* __restrict__ Q, const T* 
             }
         }
         __syncthreads();                          // all of dS^T is in shared memory
-        // dQ_i[16 qm.., DC dg..] += dS K: A = dS, stored transposed (.trans); B = K as (K, N)
-        float dq[DC / 8][4];
-#pragma unroll
-        for (int nd = 0; nd < DC / 8; nd++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) dq[nd][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) {
-            unsigned a[4];
-            ldmatrix_x4_trans(a, dsa_addr + kk * 16 * BR * 2);
-#pragma unroll
-            for (int nd = 0; nd < DC / 8; nd += 2) {
-                unsigned b[4];
-                ldmatrix_x4_trans(b, (kb_addr ^ (nd << 4)) + kk * 16 * D * 2);
-                Mma<T>::mma(dq[nd], a, b);
-                Mma<T>::mma(dq[nd + 1], a, b + 2);
-            }
+        if (STAGES == 1 && it + 1 < n_tiles) {    // Q, dO, lse, Di of this tile are read: refill
+            fetch(i0 + BR, 0);
+            cp_async_commit();
         }
+        // dQ_i[16 qm.., DC dg..] += dS K: A = dS, stored transposed (.trans); B = K as (K, N).
+        // One pass when NW >= QM; else also the row tiles qm + NW, qm + 2 NW, ... (u > 0)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int row = i0 + qm * 16 + g + 8 * h;
-            if (row < Nq) {
-                float* out = dQacc + ((size_t)bh * Nq + row) * D + dg * DC + 2 * t;
+        for (int u = 0; u < UNITS / NW; u++) {
+            float dq[DC / 8][4];
 #pragma unroll
-                for (int nd = 0; nd < DC / 8; nd++) {
-                    atomicAdd(out + nd * 8, dq[nd][2 * h]);
-                    atomicAdd(out + nd * 8 + 1, dq[nd][2 * h + 1]);
+            for (int nd = 0; nd < DC / 8; nd++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dq[nd][e] = 0.f;
+            int qmu = qm + u * NW;
+            unsigned dsa = u == 0 ? dsa_addr
+                : smem_u32(dSs + swz<BR>(lane % 8 + 8 * (lane / 16), qmu * 16 + 8 * ((lane / 8) % 2)));
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) {
+                unsigned a[4];
+                ldmatrix_x4_trans(a, dsa + kk * 16 * BR * 2);
+#pragma unroll
+                for (int nd = 0; nd < DC / 8; nd += 2) {
+                    unsigned b[4];
+                    ldmatrix_x4_trans(b, (kb_addr ^ (nd << 4)) + kk * 16 * D * 2);
+                    Mma<T>::mma(dq[nd], a, b);
+                    Mma<T>::mma(dq[nd + 1], a, b + 2);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = i0 + qmu * 16 + g + 8 * h;
+                if (row < Nq) {
+                    float* out = dQacc + ((size_t)bh * Nq + row) * D + dg * DC + 2 * t;
+#pragma unroll
+                    for (int nd = 0; nd < DC / 8; nd++) {
+                        atomicAdd(out + nd * 8, dq[nd][2 * h]);
+                        atomicAdd(out + nd * 8 + 1, dq[nd][2 * h + 1]);
+                    }
                 }
             }
         }
@@ -403,16 +427,32 @@ __device__ __forceinline__ void flash_bwd_mma(const T* __restrict__ Q, const T* 
                                                             size_t n, float scale) {             \
         bwd_convert<T>(dQacc, dQ, n, scale);                                                     \
     }
-#define ATTN_BWD_V2(TN, T, D, BC, BR)                                                            \
-    extern "C" __global__ void __launch_bounds__(BC * 2) attention_bwd_v2_##TN##_d##D(           \
+#define ATTN_BWD_V2_KERNEL(NAME, T, D, BC, BR, STAGES)                                           \
+    extern "C" __global__ void __launch_bounds__(BC * 2) NAME(                                   \
         const T* Q, const T* K, const T* V, const T* dO, const float* lse, const float* Di,     \
         float* dQacc, T* dK, T* dV, int Nq, int Nk, float scale, int causal) {                   \
-        flash_bwd_mma<T, D, BC, BR, BC / 16>(Q, K, V, dO, lse, Di, dQacc, dK, dV, Nq, Nk, scale, \
-                                             causal);                                            \
+        flash_bwd_mma<T, D, BC, BR, BC / 16, STAGES>(Q, K, V, dO, lse, Di, dQacc, dK, dV, Nq, Nk, \
+                                                     scale, causal);                             \
     }
+// the kernels of GPUs with 163 KiB per block or more (A100, H100), two stages
+#define ATTN_BWD_V2(TN, T, D, BC, BR) ATTN_BWD_V2_KERNEL(attention_bwd_v2_##TN##_d##D, T, D, BC, BR, 2)
+// smaller tiles: attention_bwd_v2_f16_d128_64x64s1 is D = 128, BC = 64, BR = 64, one stage
+#define ATTN_BWD_V2_FIT(TN, T, D, BC, BR, STAGES)                                                \
+    ATTN_BWD_V2_KERNEL(attention_bwd_v2_##TN##_d##D##_##BC##x##BR##s##STAGES, T, D, BC, BR, STAGES)
 ATTN_BWD_V2_TYPE(f16, __half)
 ATTN_BWD_V2_TYPE(bf16, __nv_bfloat16)
 ATTN_BWD_V2(f16, __half, 64, 128, 128)
 ATTN_BWD_V2(bf16, __nv_bfloat16, 64, 128, 128)
 ATTN_BWD_V2(f16, __half, 128, 128, 64)
 ATTN_BWD_V2(bf16, __nv_bfloat16, 128, 128, 64)
+// 99 KiB (L4, A10, RTX 30-40): 81 KiB at D = 64, 72.5 KiB at D = 128
+ATTN_BWD_V2_FIT(f16, __half, 64, 128, 64, 2)
+ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 64, 128, 64, 2)
+ATTN_BWD_V2_FIT(f16, __half, 128, 64, 64, 1)
+ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 128, 64, 64, 1)
+// 64 KiB (T4; float16 only there, but the bfloat16 twins serve any GPU with this limit):
+// 57 KiB at D = 64, 52.5 KiB at D = 128
+ATTN_BWD_V2_FIT(f16, __half, 64, 64, 64, 2)
+ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 64, 64, 64, 2)
+ATTN_BWD_V2_FIT(f16, __half, 128, 32, 64, 1)
+ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 128, 32, 64, 1)

@@ -12,6 +12,11 @@ float32, v3 (tensor cores) and v4 (Hopper: wgmma, TMA, warp specialisation; comp
 9.0 only) float16 or bfloat16; backward v1 float32, v2 float16/bfloat16. Every assumption is
 checked before a launch, with a message that names the argument.
 
+Backward v2's own tiles need 130 KiB (D = 64) and 145 KiB (D = 128) of shared memory per block:
+an A100 or an H100 has them. On a GPU with less (L4 / A10 / RTX 30-40: 99 KiB, T4: 64 KiB)
+bwd_config() picks the largest smaller instantiation that fits (BWD_V2_FIT) and backward() prints
+a note the first time; forward v3 needs at most 64 KiB and fits every GPU from the T4 up.
+
 16-bit tensors reach the kernels as raw device pointers: CuPy 14 has no bfloat16 dtype, so a
 bfloat16 tensor cannot cross into CuPy through DLPack (float16 and float32 could). The kernels run
 on PyTorch's current stream when the inputs are torch tensors.
@@ -34,8 +39,13 @@ V3_TILES = {64: (128, 64), 128: (128, 64)}
 V4_TILES = {64: 128, 128: 128}
 V4_BR = 128
 V4_STAGES = 2
-#: attention_bwd_v2 tiles (keys per block BC, queries per tile BR), as in ATTN_BWD_V2
+#: attention_bwd_v2 tiles (keys per block BC, queries per tile BR), as in ATTN_BWD_V2: the
+#: kernels of GPUs with 163 KiB of shared memory per block or more (A100, H100), two stages
 BWD_V2_TILES = {64: (128, 128), 128: (128, 64)}
+#: smaller attention_bwd_v2 instantiations (BC, BR, STAGES), largest first, as in the
+#: ATTN_BWD_V2_FIT lines: bwd_config() runs the first that fits where BWD_V2_TILES do not
+#: (99 KiB per block on an L4 / A10 / RTX 30-40: the first, 64 KiB on a T4: the second)
+BWD_V2_FIT = {64: [(128, 64, 2), (64, 64, 2)], 128: [(64, 64, 1), (32, 64, 1)]}
 HEAD_DIMS = (64, 128)           # every CUDA version is compiled for these
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 FWD_DTYPES = {"v1": ("float32",), "v2": ("float32",), "v3": ("float16", "bfloat16"),
@@ -132,7 +142,22 @@ def kernel_names(which: str) -> list[str]:
     return (["attention_bwd_v1_preprocess"]
             + [f"attention_bwd_v1_{k}_d{d}" for d in HEAD_DIMS for k in ("dkdv", "dq")]
             + [f"attention_bwd_v2_{k}_{t}" for t in dts for k in ("preprocess", "convert")]
-            + [f"attention_bwd_v2_{t}_d{d}" for d in HEAD_DIMS for t in dts])
+            + [f"attention_bwd_v2_{t}_d{d}" for d in HEAD_DIMS for t in dts]
+            + [bwd_v2_name(t, d, *f) for d in HEAD_DIMS for f in BWD_V2_FIT[d] for t in dts])
+
+
+def bwd_v2_name(dt: str, D: int, bc: int, br: int, stages: int) -> str:
+    """The kernel of one attention_bwd_v2 instantiation (dt: 'f16' or 'bf16'): the BWD_V2_TILES
+    ones keep the short name, the smaller ones say their tiles (..._d128_64x64s1)."""
+    if (bc, br) == BWD_V2_TILES[D] and stages == 2:
+        return f"attention_bwd_v2_{dt}_d{D}"
+    return f"attention_bwd_v2_{dt}_d{D}_{bc}x{br}s{stages}"
+
+
+def bwd_v2_shared(D: int, bc: int, br: int, stages: int = 2) -> int:
+    """Dynamic shared memory (bytes) of attention_bwd_v2 with these tiles: K and V (BC x D), Q
+    and dO (BR x D per stage), dS^T (BC x BR) in 16 bits, lse and Di (BR per stage) in fp32."""
+    return (2 * bc * D + 2 * stages * br * D + bc * br) * 2 + 2 * stages * br * 4
 
 
 def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None,
@@ -168,8 +193,14 @@ def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
     raise ValueError(f"unknown forward version {version!r} (v1, v2, v3, v4)")
 
 
-def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None) -> dict:
-    """Kernel names, grid, block and dynamic shared memory of a backward version."""
+def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None,
+               optin: int | None = None) -> dict:
+    """Kernel names, grid, block and dynamic shared memory of a backward version.
+
+    ``optin``: the shared memory one block may have (default: this GPU's, unlimited without
+    one). Where v2's own tiles (BWD_V2_TILES) need more, "main" is the first of BWD_V2_FIT that
+    fits, and its entry "fallback" says so; where none fits, the own configuration is returned
+    (backward() then refuses it, naming the shared memory it needs)."""
     cd = cb.ceil_div
     pre = {"kernel": "attention_bwd_v1_preprocess" if version == "v1"
            else f"attention_bwd_v2_preprocess_{dt}", "grid": (cd(BH * Nq, 4),), "block": (128,),
@@ -182,10 +213,28 @@ def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
                        "block": (128,), "shared": 0}}
     if version == "v2":
         bc, br = BWD_V2_TILES[D]
+        st = 2
+        own = bwd_v2_shared(D, bc, br)
+        if optin is None:
+            optin = _optin()
+        note = None
+        if optin is not None and own > optin:
+            for fbc, fbr, fst in BWD_V2_FIT[D]:
+                need = bwd_v2_shared(D, fbc, fbr, fst)
+                if need <= optin:
+                    bc, br, st = fbc, fbr, fst
+                    note = (f"attention_bwd_v2 at D = {D} needs {own // 1024} KiB of shared "
+                            f"memory per block, this GPU allows {optin // 1024} KiB: running "
+                            f"{bwd_v2_name(dt, D, bc, br, st)} ({bc} keys x {br} queries, "
+                            f"{'one stage' if st == 1 else 'two stages'}, {need / 1024:g} KiB) "
+                            "instead")
+                    break
+        main = {"kernel": bwd_v2_name(dt, D, bc, br, st), "grid": (cd(Nk, bc), BH),
+                "block": (2 * bc,), "shared": bwd_v2_shared(D, bc, br, st)}
+        if note:
+            main["fallback"] = note
         return {"preprocess": pre,
-                "main": {"kernel": f"attention_bwd_v2_{dt}_d{D}", "grid": (cd(Nk, bc), BH),
-                         "block": (2 * bc,),
-                         "shared": (2 * bc * D + 4 * br * D + bc * br) * 2 + 4 * br * 4},
+                "main": main,
                 "convert": {"kernel": f"attention_bwd_v2_convert_{dt}",
                             "grid": (cd(BH * Nq * D, 256),), "block": (256,), "shared": 0}}
     raise ValueError(f"unknown backward version {version!r} (v1, v2)")
@@ -216,17 +265,32 @@ def hopper_problem(cc: tuple[int, int]) -> str | None:
             "version='v3'")
 
 
+_OPTIN: dict[int, int] = {}     # device id -> opt-in shared memory per block (bytes)
+_NOTED: set[str] = set()        # fallback kernels announced once
+
+
+def _optin() -> int | None:
+    """The most dynamic shared memory one block may opt into on this GPU (bytes; None without
+    a GPU): 227 KiB on an H100, 163 on an A100, 99 on an L4 / A10 / RTX 30-40, 64 on a T4."""
+    if not cb.HAS_GPU:
+        return None
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _OPTIN:
+        _OPTIN[dev] = int(cupy.cuda.Device(dev).attributes["MaxSharedMemoryPerBlockOptin"])
+    return _OPTIN[dev]
+
+
 def _require(what: str, dt: str, shared: int) -> None:
     """Refuse on a GPU that cannot run the kernel (LaunchError with the reason)."""
     need = {"bfloat16": (8, 0), "float16": (7, 5)}.get(dt, (0, 0))
     cb.need_cc(*need, what=f"{what} in {dt}")
-    if shared:
-        import cupy
-
-        limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
-        if shared > limit:
-            raise cb.LaunchError(f"{what} needs {shared // 1024} KiB of shared memory per block; "
-                                 f"this GPU allows {limit // 1024} KiB")
+    limit = _optin() if shared else None
+    if limit is not None and shared > limit:
+        raise cb.LaunchError(f"{what} needs {shared // 1024} KiB of shared memory per block, "
+                             f"this GPU allows {limit // 1024} KiB (per block: H100 227 KiB, "
+                             "A100 163, L4 / A10 / RTX 30-40 99, T4 64)")
 
 
 def _ptr(a) -> np.uint64:
@@ -338,6 +402,9 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
     cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt])
     if version == "v2":
         _require("attention_bwd_v2", dt, cfg["main"]["shared"])
+        if "fallback" in cfg["main"] and cfg["main"]["kernel"] not in _NOTED:
+            _NOTED.add(cfg["main"]["kernel"])
+            print(f"note: {cfg['main']['fallback']}")
     s = 1 / math.sqrt(D) if scale is None else float(scale)
     mod = module("backward")
     if out is None:

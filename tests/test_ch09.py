@@ -106,8 +106,48 @@ def test_tiles_match_the_cu_files():
     for which in ("forward", "backward"):
         src = cb.kernel_source(f"attention_{which}.cu")
         for name in al.kernel_names(which):
-            stem = re.sub(r"_(f16|bf16)(_d\d+)?$|_d\d+$", "", name)
+            stem = re.sub(r"_(f16|bf16)(_d\d+)?(_\d+x\d+s\d)?$|_d\d+$", "", name)
             assert stem in src, name
+
+
+def test_bwd_v2_smaller_tiles_match_the_cu_file():
+    """BWD_V2_FIT lists the ATTN_BWD_V2_FIT instantiations, both dtypes, largest first: each
+    needs less shared memory than the one before, the own tiles need more than an L4's 99 KiB,
+    the first smaller ones fit 99 KiB and the last a T4's 64 KiB."""
+    bwd = cb.kernel_source("attention_backward.cu")
+    for tn in ("f16", "bf16"):
+        found: dict[int, list] = {}
+        for d, bc, br, st in re.findall(rf"ATTN_BWD_V2_FIT\({tn}, \w+, (\d+), (\d+), (\d+), "
+                                        r"(\d+)\)", bwd):
+            found.setdefault(int(d), []).append((int(bc), int(br), int(st)))
+        assert found == al.BWD_V2_FIT, tn
+    for D, fits in al.BWD_V2_FIT.items():
+        sizes = [al.bwd_v2_shared(D, *al.BWD_V2_TILES[D])] + [al.bwd_v2_shared(D, *f) for f in fits]
+        assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes)
+        assert sizes[0] > 99 * 1024 and sizes[1] <= 99 * 1024 and sizes[-1] <= 64 * 1024
+    assert al.bwd_v2_shared(64, 128, 128) == 130 * 1024      # as the kernel's comment says
+    assert al.bwd_v2_shared(128, 128, 64) == 145 * 1024
+    assert al.bwd_v2_name("bf16", 128, 64, 64, 1) == "attention_bwd_v2_bf16_d128_64x64s1"
+    assert al.bwd_v2_name("f16", 64, 128, 128, 2) == "attention_bwd_v2_f16_d64"
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_bwd_config_runs_the_largest_tiles_that_fit(D):
+    kib = 1024
+    own = al.bwd_config("v2", 2, 300, 300, D, "f16", optin=227 * kib)["main"]
+    assert own["kernel"] == f"attention_bwd_v2_f16_d{D}" and "fallback" not in own
+    assert al.bwd_config("v2", 2, 300, 300, D, "f16", optin=163 * kib)["main"] == own
+    for limit, (bc, br, st) in zip((99, 64), al.BWD_V2_FIT[D]):
+        c = al.bwd_config("v2", 2, 300, 300, D, "bf16", optin=limit * kib)["main"]
+        assert c["kernel"] == al.bwd_v2_name("bf16", D, bc, br, st)
+        assert c["block"] == (2 * bc,) and c["grid"] == (cb.ceil_div(300, bc), 2)
+        assert c["shared"] == al.bwd_v2_shared(D, bc, br, st) <= limit * kib
+        assert c["fallback"].startswith(f"attention_bwd_v2 at D = {D} needs "
+                                        f"{own['shared'] // kib} KiB of shared memory per block, "
+                                        f"this GPU allows {limit} KiB: running {c['kernel']}")
+    # nothing fits 48 KiB: the own configuration, which backward() refuses with its size
+    c = al.bwd_config("v2", 2, 300, 300, D, "f16", optin=48 * kib)["main"]
+    assert c == own
 
 
 def test_configs_and_flops():

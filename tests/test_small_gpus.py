@@ -6,6 +6,9 @@ limit (``hgemm_launch._smem_optin``, ``igemm_launch._optin``); these tests set i
 and check that every version Chapter 8's ladder lists either fits (its own kernel, or a fallback
 that config() names) or is refused with a message naming the shared memory it needs.
 
+Chapter 9's attention kernels: forward v3 fits everywhere, backward v2 runs smaller tiles below
+163 KiB (``attention_launch.bwd_config``, its limit read by ``_optin``) and prints a note.
+
 CPU tests run anywhere. The GPU tests launch the fallbacks on the GPU at hand with the limit
 lowered (an H100 runs the L4's and the T4's configurations: it has more of everything).
 """
@@ -279,3 +282,105 @@ def test_decode_attention_long_cache_opts_in_or_is_refused():
     with pytest.raises(cb.LaunchError, match="at most L = "):
         kl.decode_attention(cp.zeros((1, 1, 8), cp.float16), big, big,
                             cp.zeros((1, 8), cp.float16), 1)
+
+
+# ============================================================================ attention (Ch. 9)
+
+al = cb.load_launch("attention")
+ATTN_REFUSAL = re.compile(r"attention_(bwd_v2|v3) needs (\d+) KiB of shared memory per block, "
+                          r"this GPU allows (\d+) KiB")
+
+
+def _attn_limit(monkeypatch, kib: int) -> None:
+    """Pretend this machine's GPU lets a block opt into ``kib`` KiB (attention_launch)."""
+    monkeypatch.setattr(al, "_optin", lambda: kib * KIB)
+    monkeypatch.setattr(al, "_NOTED", set())
+
+
+@pytest.mark.parametrize("name, cc, kib", GPUS)
+def test_attention_every_config_fits(name, cc, kib):
+    """Forward v3 fits every GPU (64 KiB at D = 128: a T4's limit exactly); backward v2 runs its
+    own tiles from 163 KiB up and smaller ones below; v4 exists on the H100 only."""
+    for D in al.HEAD_DIMS:
+        for dt in ("f16", "bf16"):
+            assert al.fwd_config("v3", 4, 1000, 1000, D, dt)["shared"] <= kib * KIB
+            c = al.bwd_config("v2", 4, 1000, 1000, D, dt, optin=kib * KIB)["main"]
+            assert c["shared"] <= kib * KIB, (name, D, c)
+            assert ("fallback" in c) == (kib < 163), (name, D, c)
+        if cc == (9, 0):
+            assert al.fwd_config("v4", 4, 1000, 1000, D, "bf16")["shared"] <= kib * KIB
+
+
+# ============================================================================ attention (GPU)
+
+def _attn_reference(q, k, v, do, causal):
+    """O, dQ, dK, dV in float64 (PyTorch's SDPA on float64 leaves: its math path)."""
+    import torch
+
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+    return (o.detach(), *torch.autograd.grad(o, leaves, do.double()))
+
+
+def _attn_rel(x, ref) -> float:
+    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-3 * ref.numel() ** 0.5))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("name, kib", [("L4", 99), ("T4", 64)])
+def test_attention_smaller_tiles_under_a_smaller_limit(monkeypatch, capsys, name, kib):
+    """Forward v3 and backward v2 with ``kib`` KiB per block: v3 its own kernel, v2 the smaller
+    tiles bwd_config() picks (with the note printed once per kernel), both against float64."""
+    import torch
+
+    if cb.cc() < (8, 0):
+        pytest.skip("the float16 / bfloat16 kernels are checked on a cc 8.0+ GPU here")
+    _attn_limit(monkeypatch, kib)
+    ran = set()
+    for dt, tol in (("float16", 5e-3), ("bfloat16", 2e-2)):
+        for D in al.HEAD_DIMS:
+            for BH, Nq, Nk in ((3, 17, 17), (1, 130, 77), (2, 200, 333)):
+                for causal in (False, True):
+                    g = torch.Generator(device="cuda").manual_seed(Nq + D + causal)
+                    mk = lambda n: torch.randn(BH, n, D, generator=g, device="cuda",  # noqa: E731
+                                               dtype=getattr(torch, dt))
+                    q, k, v, do = mk(Nq), mk(Nk), mk(Nk), mk(Nq)
+                    O, dQ, dK, dV = _attn_reference(q, k, v, do, causal)
+                    o, lse = al.forward(q, k, v, causal, "v3")
+                    what = f"{name} {dt} D={D} {BH}x{Nq}x{Nk} causal={causal}"
+                    assert _attn_rel(o, O) < tol, what
+                    grads = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+                    al.backward(q, k, v, o, lse, do, causal, "v2", out=grads)
+                    for gr, ref, w in zip(grads, (dQ, dK, dV), ("dQ", "dK", "dV")):
+                        assert _attn_rel(gr, ref) < 2 * tol, f"{what} {w}: {_attn_rel(gr, ref)}"
+                    cfg = al.bwd_config("v2", BH, Nq, Nk, D, al.SHORT[dt])["main"]
+                    assert cfg["shared"] <= kib * KIB and "fallback" in cfg
+                    ran.add(cfg["kernel"])
+    out = capsys.readouterr().out
+    assert len(ran) == 4, ran                      # both head dimensions, both dtypes
+    for kern in ran:
+        assert out.count(f"running {kern} (") == 1, (kern, out)
+    assert f"this GPU allows {kib} KiB" in out
+
+
+@gpu
+@needs_gpu
+def test_attention_refused_when_nothing_fits(monkeypatch):
+    """48 KiB per block: no backward v2 tiles fit (the smallest needs 52.5 KiB at D = 128), nor
+    forward v3 at D = 128 (64 KiB): refused with the shared memory needed, nothing launched."""
+    import torch
+
+    if cb.cc() < (8, 0):
+        pytest.skip("needs a cc 8.0+ GPU for bfloat16")
+    _attn_limit(monkeypatch, 48)
+    q = torch.randn(2, 50, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(cb.LaunchError, match=ATTN_REFUSAL) as e:
+        al.forward(q, q, q, version="v3")
+    assert ATTN_REFUSAL.search(str(e.value)).groups() == ("v3", "64", "48")
+    monkeypatch.setattr(al, "_optin", lambda: 227 * KIB)
+    o, lse = al.forward(q, q, q, version="v3")
+    _attn_limit(monkeypatch, 48)
+    with pytest.raises(cb.LaunchError, match=ATTN_REFUSAL) as e:
+        al.backward(q, q, q, o, lse, o, version="v2")
+    assert ATTN_REFUSAL.search(str(e.value)).groups() == ("bwd_v2", "145", "48")

@@ -282,11 +282,14 @@ def _optin() -> int | None:
     return _OPTIN[dev]
 
 
-def _require(what: str, dt: str, shared: int) -> None:
-    """Refuse on a GPU that cannot run the kernel (LaunchError with the reason)."""
+def _require(what: str, dt: str, shared: int, optin: int | None = None) -> None:
+    """Refuse on a GPU that cannot run the kernel (LaunchError with the reason); ``optin``
+    lowers this GPU's shared-memory limit (to plan for a smaller GPU)."""
     need = {"bfloat16": (8, 0), "float16": (7, 5)}.get(dt, (0, 0))
     cb.need_cc(*need, what=f"{what} in {dt}")
     limit = _optin() if shared else None
+    if shared and optin is not None:
+        limit = optin if limit is None else min(limit, optin)
     if limit is not None and shared > limit:
         raise cb.LaunchError(f"{what} needs {shared // 1024} KiB of shared memory per block, "
                              f"this GPU allows {limit // 1024} KiB (per block: H100 227 KiB, "
@@ -388,9 +391,12 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
 
 
 def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
-             scale: float | None = None, out: tuple | None = None):
+             scale: float | None = None, out: tuple | None = None, optin: int | None = None):
     """(dq, dk, dv) of softmax(scale q k^T) v given the forward's o and lse and the gradient do
-    of o: v1 float32, v2 float16/bfloat16. ``out = (dq, dk, dv)`` gives the outputs."""
+    of o: v1 float32, v2 float16/bfloat16. ``out = (dq, dk, dv)`` gives the outputs.
+
+    ``optin``: plan v2's tiles for a GPU that lets a block have this many bytes of shared memory
+    (default: this GPU's limit; a smaller GPU's runs its tiles here, for the sanitizer)."""
     if version not in BWD_DTYPES:
         raise ValueError(f"unknown backward version {version!r} (v1, v2)")
     BH, Nq, Nk, D = check_qkv(q, k, v, BWD_DTYPES[version])
@@ -399,9 +405,11 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
     _check_like(o, "o", dt, q.shape)
     _check_like(do, "do", dt, q.shape)
     _check_like(lse, "lse", "float32", q.shape[:-1])
-    cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt])
+    if optin is not None:
+        optin = min(optin, _optin() or optin)
+    cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt], optin)
     if version == "v2":
-        _require("attention_bwd_v2", dt, cfg["main"]["shared"])
+        _require("attention_bwd_v2", dt, cfg["main"]["shared"], optin)
         if "fallback" in cfg["main"] and cfg["main"]["kernel"] not in _NOTED:
             _NOTED.add(cfg["main"]["kernel"])
             print(f"note: {cfg['main']['fallback']}")
@@ -504,3 +512,12 @@ def sanitize_targets():
         oh, lh = forward(qh, kh, vh, True, "v3")
         yield "attention_v3 f16", lambda: forward(qh, kh, vh, True, "v3")
         yield "attention_bwd_v2 f16", lambda: backward(qh, kh, vh, oh, lh, oh, True, "v2")
+        # the smaller tiles of 99 and 64 KiB GPUs (one stage, fewer warps than row tiles at D 128)
+        for D in HEAD_DIMS:
+            qs, ks, vs = (g.standard_normal((BH, n, D), dtype=cp.float32).astype(cp.float16)
+                          for n in (N, M, M))
+            os_, ls_ = forward(qs, ks, vs, True, "v3")
+            for kib in (99, 64):
+                yield (f"attention_bwd_v2 f16 D={D} ({kib} KiB tiles)",
+                       lambda qs=qs, ks=ks, vs=vs, os_=os_, ls_=ls_, kib=kib:
+                       backward(qs, ks, vs, os_, ls_, os_, True, "v2", optin=kib * 1024))

@@ -11,6 +11,8 @@
 //   matmul_v8   warp tiling: each warp owns a 64x32 piece of the block tile, BK=16
 //   matmul_v9   double buffering: two shared stages; cp.async on sm_80+, registers before that
 //   matmul_v10  v9 with its tile sizes set by -D macros (MM_BM ...), for the autotuning sweep
+//   matmul_v11  v10 with the pipeline kept full across tiles: fragments double-buffered in
+//               registers, one barrier per tile placed before its last k-step (same macros)
 //
 // Every version is correct for any M, N, K >= 1: tiles that run past an edge are zero-filled
 // on load and guarded on store. float4 paths are taken only when the row length is a multiple
@@ -59,7 +61,7 @@ __device__ __forceinline__ void store4(float* __restrict__ p, int row, int col, 
 // aligned16(p) is in common.cuh
 
 // ------------------------------------------------------------------------------------ v1, v2
-// (-DMM_ONLY_TUNED compiles matmul_v10 alone: the autotuning sweep builds many variants of it)
+// (-DMM_ONLY_TUNED compiles matmul_v10 and v11 alone: the autotuning sweep builds many variants)
 #ifndef MM_ONLY_TUNED
 
 // launch: block (32, 32), grid (ceil(M/32), ceil(N/32)), no shared memory.
@@ -582,4 +584,167 @@ matmul_v10(const float* __restrict__ A, const float* __restrict__ B, float* __re
            int M, int N, int K) {
     gemm_warptile<MM_BM, MM_BN, MM_BK, MM_WM, MM_WN, MM_TM, MM_TN, MM_STAGES, (MM_ASYNC != 0)>(
         A, B, C, M, N, K);
+}
+
+// ------------------------------------------------------------------------------------ v11
+
+// The body of v11: v10's warp tiling and register-staged double buffering, with the pipeline
+// kept full across the tile boundary.
+//   1. The fragments (a lane's TM values of A and TN values of B at one k) are double-buffered
+//      in registers: the float4 shared loads of step k + 1 are issued before the FMAs of step k.
+//   2. One barrier per tile, placed before the LAST k-step: the next tile (loaded into
+//      registers at the start of this one) is stored into the other stage, the block syncs,
+//      and the first fragments of the next tile are loaded; the FMAs of the last k-step then
+//      run while those loads are in flight. In v10 the FMA pipe drains at every tile: the
+//      math ends, the stores and the barrier follow, and the first shared loads of the next
+//      tile must land before any FMA can issue.
+//      Why it is safe: stage s ^ 1 was last read (fragments of its steps 1..BK-1) before the
+//      previous tile's barrier, so it may be overwritten after it; stage s, read during this
+//      tile, is only overwritten after this tile's barrier, by the next tile.
+//   3. A block tile that lies wholly inside A and B (and float4-aligned) loads with
+//      unconditional float4 loads; only edge tiles take load4's guarded path.
+template <int BM, int BN, int BK, int WM, int WN, int TM, int TN>
+__device__ __forceinline__ void gemm_fragpipe(const float* __restrict__ A,
+                                              const float* __restrict__ B, float* __restrict__ C,
+                                              int M, int N, int K) {
+    constexpr int PAD = 4;
+    constexpr int NT = (BM / WM) * (BN / WN) * 32;
+    constexpr int LR = WM / TM, LC = WN / TN;
+    static_assert(LR * LC == 32, "a warp tile must hold 32 lanes: (WM/TM) * (WN/TN) == 32");
+    static_assert(TM % 4 == 0 && TN % 4 == 0 && BK % 4 == 0, "TM, TN, BK: multiples of 4");
+    static_assert(BM % WM == 0 && BN % WN == 0, "the warp tile must divide the block tile");
+    constexpr int A_IT = BM * BK / 4 / NT, B_IT = BK * BN / 4 / NT;   // float4 per thread
+    static_assert(A_IT * NT * 4 == BM * BK && B_IT * NT * 4 == BK * BN,
+                  "each thread must load a whole number of float4 of each tile");
+    constexpr int AS = BK * (BM + PAD), BS = BK * BN, STAGE = AS + BS;   // floats
+    extern __shared__ float4 smem4[];
+    float* smem = reinterpret_cast<float*>(smem4);
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
+    const int lr = lane / LC, lc = lane % LC;
+    const bool vecA = (K % 4 == 0) && aligned16(A);
+    const bool vecB = (N % 4 == 0) && aligned16(B);
+    const bool vecC = (N % 4 == 0) && aligned16(C);
+    // rows of A and columns of B of this block lie wholly inside the matrices
+    const bool inside = vecA && vecB && m0 + BM <= M && n0 + BN <= N;
+    const int ntiles = (K + BK - 1) / BK;
+
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+
+    float4 ra_st[A_IT], rb_st[B_IT];                // the next tile, on its way to shared
+    auto load_regs = [&](int t) {
+        const int k0 = t * BK;
+        if (inside && k0 + BK <= K) {               // uniform per block and tile
+#pragma unroll
+            for (int l = 0; l < A_IT; ++l) {
+                int idx = tid + l * NT, r = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
+                ra_st[l] = *reinterpret_cast<const float4*>(A + (m0 + r) * K + k0 + c);
+            }
+#pragma unroll
+            for (int l = 0; l < B_IT; ++l) {
+                int idx = tid + l * NT, r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
+                rb_st[l] = *reinterpret_cast<const float4*>(B + (k0 + r) * N + n0 + c);
+            }
+        } else {
+#pragma unroll
+            for (int l = 0; l < A_IT; ++l) {
+                int idx = tid + l * NT, r = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
+                ra_st[l] = load4(A, m0 + r, k0 + c, M, K, K, vecA);
+            }
+#pragma unroll
+            for (int l = 0; l < B_IT; ++l) {
+                int idx = tid + l * NT, r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
+                rb_st[l] = load4(B, k0 + r, n0 + c, K, N, N, vecB);
+            }
+        }
+    };
+    auto store_regs = [&](int s) {
+        float* As = smem + s * STAGE;
+        float* Bs = As + AS;
+#pragma unroll
+        for (int l = 0; l < A_IT; ++l) {
+            int idx = tid + l * NT, r = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
+            As[(c + 0) * (BM + PAD) + r] = ra_st[l].x;          // transposed on the way in
+            As[(c + 1) * (BM + PAD) + r] = ra_st[l].y;
+            As[(c + 2) * (BM + PAD) + r] = ra_st[l].z;
+            As[(c + 3) * (BM + PAD) + r] = ra_st[l].w;
+        }
+#pragma unroll
+        for (int l = 0; l < B_IT; ++l) {
+            int idx = tid + l * NT, r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
+            *reinterpret_cast<float4*>(&Bs[r * BN + c]) = rb_st[l];
+        }
+    };
+    // the fragments of step k of stage s, into fa / fb (float4 shared loads, conflict-free)
+    float fa[2][TM], fb[2][TN];
+    auto load_frag = [&](int s, int k, float* a, float* b) {
+        const float* As = smem + s * STAGE;
+        const float* Bs = As + AS;
+#pragma unroll
+        for (int i = 0; i < TM / 4; ++i) {
+            float4 x = *reinterpret_cast<const float4*>(
+                &As[k * (BM + PAD) + wm + i * LR * 4 + lr * 4]);
+            a[4 * i + 0] = x.x; a[4 * i + 1] = x.y; a[4 * i + 2] = x.z; a[4 * i + 3] = x.w;
+        }
+#pragma unroll
+        for (int j = 0; j < TN / 4; ++j) {
+            float4 y = *reinterpret_cast<const float4*>(&Bs[k * BN + wn + j * LC * 4 + lc * 4]);
+            b[4 * j + 0] = y.x; b[4 * j + 1] = y.y; b[4 * j + 2] = y.z; b[4 * j + 3] = y.w;
+        }
+    };
+
+    load_regs(0);
+    store_regs(0);
+    __syncthreads();
+    load_frag(0, 0, fa[0], fb[0]);
+    // No branch in the loop: after the last tile, load_regs reads nothing (a tile past K is
+    // all zero-fill) and the stage written and read at its end is never used again. (A branch
+    // around them would let the compiler sink the FMAs of the last step above the loads.)
+    for (int t = 0; t < ntiles; ++t) {
+        const int s = t & 1;
+        load_regs(t + 1);                           // in flight during this tile's math
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            const int cur = k & 1, nxt = cur ^ 1;   // compile-time after unrolling
+            if (k < BK - 1) {
+                load_frag(s, k + 1, fa[nxt], fb[nxt]);
+            } else {                                // the last step: the tile boundary
+                store_regs(s ^ 1);
+                __syncthreads();
+                load_frag(s ^ 1, 0, fa[nxt], fb[nxt]);
+            }
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(fa[cur][i], fb[cur][j], acc[i][j]);
+        }
+    }
+
+    // --- epilogue: float4 stores of each 4x4 piece
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        int r = m0 + wm + (i / 4) * LR * 4 + lr * 4 + i % 4;
+#pragma unroll
+        for (int j = 0; j < TN / 4; ++j) {
+            int c = n0 + wn + j * LC * 4 + lc * 4;
+            store4(C, r, c, M, N, N, vecC, make_float4(acc[i][4 * j], acc[i][4 * j + 1],
+                                                       acc[i][4 * j + 2], acc[i][4 * j + 3]));
+        }
+    }
+}
+
+// v11: v10's tile sizes (the same MM_* macros; the launcher passes v11's own defaults),
+// fragments double-buffered in registers and one barrier per tile before its last k-step.
+// launch: block (MM_NT), grid (ceil(N/MM_BN), ceil(M/MM_BM)),
+//         dynamic shared 2 x MM_BK x (MM_BM + 4 + MM_BN) x 4 bytes (always two stages).
+extern "C" __global__ void __launch_bounds__(MM_NT, MM_MINB)
+matmul_v11(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+           int M, int N, int K) {
+    gemm_fragpipe<MM_BM, MM_BN, MM_BK, MM_WM, MM_WN, MM_TM, MM_TN>(A, B, C, M, N, K);
 }

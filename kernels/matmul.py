@@ -15,10 +15,14 @@ its own name)
                            inlined device function called with a literal k, so shared addresses
                            fold to constants), the next tiles' global loads issued into registers
                            before this tile's FMAs, branch-free (clamped addresses), BK = 16
-Numba has no float4 loads, no inline PTX (cp.async) and no launch bounds, so it stops here.
+  matmul_reg8x8_unsigned   reg8x8_prefetch with unsigned run-time indices (no negative-index
+                           wraparound, so LLVM merges the shared reads into 128-bit loads) and
+                           plain loads for blocks wholly inside A and B
+Numba has no float4 type to load through, no inline PTX (cp.async) and no launch bounds, so it
+stops here.
 """
 
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 # Shapes are module-level ints: Numba needs compile-time constants for shared.array and
 # local.array shapes, and an expression inside a kernel is not one.
@@ -210,6 +214,98 @@ def matmul_reg8x8_prefetch(A, B, C):
         _outer_product_step(As, Bs, acc, ra, rb, 13, ar, bc)
         _outer_product_step(As, Bs, acc, ra, rb, 14, ar, bc)
         _outer_product_step(As, Bs, acc, ra, rb, 15, ar, bc)
+        cuda.syncthreads()
+    for i in range(REG_TM):
+        r = m0 + (i // 4) * (REG_BM // 2) + tr * 4 + i % 4
+        for j in range(REG_TN):
+            c = n0 + (j // 4) * (REG_BN // 2) + tc * 4 + j % 4
+            if r < M and c < N:
+                C[r, c] = acc[i, j]
+
+
+# ------------------------------------------------------------------------ matmul_reg8x8_unsigned
+# The same tiles as matmul_reg8x8_prefetch, with the instructions around the FMAs cut:
+#   - every run-time index is unsigned (uint64(...)): Numba wraps a negative signed index
+#     around (i < 0 -> i + size, a compare and a select per index) and an unsigned one cannot
+#     be negative, so the shared-memory addresses become base + constant and LLVM merges four
+#     neighbouring 32-bit shared loads into one 128-bit load;
+#   - a block whose tiles lie wholly inside A and B loads them without clamps or tests
+#     (the test is uniform per block and tile); edge blocks keep the clamped path.
+
+
+@cuda.jit(device=True, inline="always")
+def _outer_product_step_u(As, Bs, acc, ra, rb, k, ar, bc):
+    # ar, bc: unsigned; k: a literal. uint64(x + i) keeps each index unsigned
+    for i in range(4):
+        ra[i] = As[k, uint64(ar + i)]
+        ra[4 + i] = As[k, uint64(ar + (REG_BM // 2 + i))]
+        rb[i] = Bs[k, uint64(bc + i)]
+        rb[4 + i] = Bs[k, uint64(bc + (REG_BN // 2 + i))]
+    for i in range(REG_TM):
+        for j in range(REG_TN):
+            acc[i, j] += ra[i] * rb[j]
+
+
+@cuda.jit(device=True, inline="always")
+def _fetch_tiles_u(A, B, va, vb, tid, m0, n0, k0, M, N, K):
+    if m0 + REG_BM <= M and n0 + REG_BN <= N and k0 + PREFETCH_BK <= K:
+        for l in range(PREFETCH_A_LOADS):           # inside: plain loads
+            idx = tid + l * REG_THREADS
+            va[l] = A[uint64(m0 + idx // PREFETCH_BK), uint64(k0 + idx % PREFETCH_BK)]
+        for l in range(PREFETCH_B_LOADS):
+            idx = tid + l * REG_THREADS
+            vb[l] = B[uint64(k0 + idx // REG_BN), uint64(n0 + idx % REG_BN)]
+    else:
+        _fetch_next_tiles(A, B, va, vb, tid, m0, n0, k0, M, N, K)
+
+
+@cuda.jit
+def matmul_reg8x8_unsigned(A, B, C):
+    # launch: as matmul_reg8x8; shared (16 x 132 + 16 x 128) x 4 = 16.3 KiB
+    As = cuda.shared.array((PREFETCH_BK, REG_BM_PADDED), float32)
+    Bs = cuda.shared.array((PREFETCH_BK, REG_BN), float32)
+    acc = cuda.local.array((REG_TM, REG_TN), float32)
+    ra = cuda.local.array(REG_TM, float32)
+    rb = cuda.local.array(REG_TN, float32)
+    va = cuda.local.array(PREFETCH_A_LOADS, float32)
+    vb = cuda.local.array(PREFETCH_B_LOADS, float32)
+    M, K = A.shape
+    N = B.shape[1]
+    tid = cuda.threadIdx.x
+    m0 = cuda.blockIdx.y * REG_BM
+    n0 = cuda.blockIdx.x * REG_BN
+    tr = tid // (REG_BN // REG_TN)
+    tc = tid % (REG_BN // REG_TN)
+    ar, bc = uint64(tr * 4), uint64(tc * 4)
+    for i in range(REG_TM):
+        for j in range(REG_TN):
+            acc[i, j] = float32(0.0)
+    _fetch_tiles_u(A, B, va, vb, tid, m0, n0, 0, M, N, K)
+    for k0 in range(0, K, PREFETCH_BK):
+        for l in range(PREFETCH_A_LOADS):          # registers -> shared memory
+            idx = tid + l * REG_THREADS
+            As[idx % PREFETCH_BK, idx // PREFETCH_BK] = va[l]
+        for l in range(PREFETCH_B_LOADS):
+            idx = tid + l * REG_THREADS
+            Bs[idx // REG_BN, idx % REG_BN] = vb[l]
+        cuda.syncthreads()
+        _fetch_tiles_u(A, B, va, vb, tid, m0, n0, k0 + PREFETCH_BK, M, N, K)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 0, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 1, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 2, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 3, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 4, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 5, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 6, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 7, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 8, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 9, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 10, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 11, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 12, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 13, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 14, ar, bc)
+        _outer_product_step_u(As, Bs, acc, ra, rb, 15, ar, bc)
         cuda.syncthreads()
     for i in range(REG_TM):
         r = m0 + (i // 4) * (REG_BM // 2) + tr * 4 + i % 4

@@ -4,9 +4,9 @@
     config(version, M, N, K, params)  -> {"grid", "block", "shared"}
     check_operands(A, B, C)           -> (M, N, K), or a clear error about what does not fit
     launch_cupy(mod, version, A, B, C)   validates the operands and launches mod.matmul_<version>
-    tuned_params / tuned_options / load_tuned   matmul_v10 compiled for chosen tile sizes
+    tuned_params / tuned_options / load_tuned   matmul_v10 (and v11) compiled for chosen tile sizes
     numba_config / launch_numba       the same for the Numba twins (kernels/matmul.py)
-    sanitize_targets()                v1..v9 on a ragged shape, for tools/sanitize.py
+    sanitize_targets()                v1..v11 on a ragged shape, for tools/sanitize.py
 
 The tile-size sweep is kernels/matmul_tune.py; flops and traffic are cudabook.roofline.
 """
@@ -23,9 +23,9 @@ __all__ = ["VERSIONS", "NUMBA_VERSIONS", "WHAT", "TUNED_DEFAULT", "config", "che
            "launch_cupy", "load_tuned", "tuned_params", "tuned_options", "tuned_threads",
            "tuned_shared", "numba_config", "launch_numba", "tolerance", "sanitize_targets"]
 
-VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11")
 #: the Numba twins, matmul_<name> in kernels/matmul.py
-NUMBA_VERSIONS = ("v1", "v2", "smem16", "reg8x8", "reg8x8_prefetch")
+NUMBA_VERSIONS = ("v1", "v2", "smem16", "reg8x8", "reg8x8_prefetch", "reg8x8_unsigned")
 
 #: what each step changes (one line each, for tables and plots)
 WHAT = {
@@ -39,6 +39,7 @@ WHAT = {
     "v8": "warp tiling, BK=16",
     "v9": "double buffering (cp.async on sm_80+)",
     "v10": "tuned tile sizes (-D macros)",
+    "v11": "fragments double-buffered, barrier before the last k-step",
 }
 
 #: the default tile sizes of matmul_v10 (the same as the #define defaults in matmul.cu)
@@ -54,6 +55,8 @@ _FIXED = {  # version: (block threads, (block tile rows, cols) of C, dynamic sha
 }
 
 MAX_STATIC_SHARED = 48 * 1024
+#: the versions whose tile sizes are the MM_* macros (compiled by load_tuned, launched with its params)
+_TUNED = ("v10", "v11")
 
 
 def tuned_params(params: dict | None = None) -> dict:
@@ -108,10 +111,11 @@ def config(version: str, M: int, N: int, K: int, params: dict | None = None) -> 
         return {"grid": (ceil_div(M, 32), ceil_div(N, 32)), "block": (32, 32), "shared": 0}
     if version in ("v2", "v3"):
         return {"grid": (ceil_div(N, 32), ceil_div(M, 32)), "block": (32, 32), "shared": 0}
-    if version == "v10":
+    if version in _TUNED:
         p = tuned_params(params)
+        shared = tuned_shared(p if version == "v10" else {**p, "STAGES": 2})   # v11: 2 stages
         return {"grid": (ceil_div(N, p["BN"]), ceil_div(M, p["BM"])),
-                "block": (tuned_threads(p),), "shared": tuned_shared(p)}
+                "block": (tuned_threads(p),), "shared": shared}
     nt, (bm, bn), sh = _FIXED[version]
     return {"grid": (ceil_div(N, bn), ceil_div(M, bm)), "block": (nt,), "shared": sh}
 
@@ -146,10 +150,10 @@ def check_operands(A, B, C) -> tuple[int, int, int]:
 def launch_cupy(mod, version: str, A, B, C, params: dict | None = None) -> dict:
     """Launch ``mod.matmul_<version>`` on CuPy arrays; returns the launch configuration used.
 
-    ``params`` (v10 only) defaults to the tile sizes ``mod`` was compiled with (``load_tuned``).
+    ``params`` (v10, v11 only) defaults to the tile sizes ``mod`` was compiled with (``load_tuned``).
     """
     M, N, K = check_operands(A, B, C)
-    if version == "v10" and params is None:
+    if version in _TUNED and params is None:
         params = mod.__dict__.get("params")
     cfg = config(version, M, N, K, params)
     kern = mod.get(f"matmul_{version}")
@@ -175,7 +179,8 @@ def launch_ladder(n: int = 2048, versions: tuple[str, ...] = VERSIONS) -> None:
 
 
 def load_tuned(params: dict | None = None, only_tuned: bool = True):
-    """Compile matmul.cu with matmul_v10's tile sizes set by -D macros (alone, by default)."""
+    """Compile matmul.cu with the tile sizes of matmul_v10 and v11 set by -D macros (those two
+    kernels alone, by default)."""
     p = tuned_params(params)
     mod = cb.load_cuda("matmul", options=tuned_options(p, only_tuned))
     mod.params = p
@@ -200,7 +205,7 @@ def numba_config(version: str, M: int, N: int) -> tuple[tuple, tuple]:
         return grid_2d(M, N, 16), (16, 16)
     if version == "smem16":
         return grid_2d(M, N, nb.SMEM16_TILE), (nb.SMEM16_TILE, nb.SMEM16_TILE)
-    if version in ("reg8x8", "reg8x8_prefetch"):
+    if version in ("reg8x8", "reg8x8_prefetch", "reg8x8_unsigned"):
         return grid_2d(M, N, (nb.REG_BM, nb.REG_BN)), (nb.REG_THREADS,)
     raise ValueError(f"unknown Numba version {version!r}; kernels/matmul.py has "
                      f"{NUMBA_VERSIONS}")
@@ -214,7 +219,7 @@ def launch_numba(version: str, A, B, C) -> None:
 
 
 def sanitize_targets():
-    """(name, launch) pairs of v1..v10 on a ragged shape, for tools/sanitize.py (racecheck finds
+    """(name, launch) pairs of v1..v11 on a ragged shape, for tools/sanitize.py (racecheck finds
     a missing __syncthreads() between tile loads; memcheck a missing bounds guard)."""
     import cupy as cp
 

@@ -1,4 +1,4 @@
-"""The tile-size sweep of matmul_v10 (Chapter 4): compile each configuration, time it against
+"""The tile-size sweep of matmul_v10 and matmul_v11 (Chapter 4): compile each configuration, time it against
 cuBLAS in the same run, and rank them. Launching is kernels/matmul_launch.py.
 """
 
@@ -15,9 +15,10 @@ def _launch():
     return cb.load_launch("matmul")
 
 
-def autotune(configs: list[dict], n: int = 4096, repeat: int = 10, vs_cublas: bool = True
-             ) -> list[dict]:
-    """Compile and time matmul_v10 for each tile configuration on n x n x n (a progress bar).
+def autotune(configs: list[dict], n: int = 4096, repeat: int = 10, vs_cublas: bool = True,
+             version: str = "v10") -> list[dict]:
+    """Compile and time matmul_<version> (v10 or v11: both take their tile sizes from the same
+    -D macros) for each tile configuration on n x n x n (a progress bar).
 
     Each entry of the result: the parameters, threads, shared bytes, registers, spill bytes,
     time (us), TFLOP/s and ratio to cuBLAS (timed in the same call), or "error" for a
@@ -26,6 +27,8 @@ def autotune(configs: list[dict], n: int = 4096, repeat: int = 10, vs_cublas: bo
     import cupy
 
     ml = _launch()
+    if version not in ("v10", "v11"):
+        raise ValueError(f"autotune: version must be 'v10' or 'v11', got {version!r}")
     rng = np.random.default_rng(0)
     A = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
     B = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
@@ -42,14 +45,15 @@ def autotune(configs: list[dict], n: int = 4096, repeat: int = 10, vs_cublas: bo
         try:
             entry["params"] = ml.tuned_params(cfg)
             mod = ml.load_tuned(cfg)
-            res = mod.resources("matmul_v10")
+            res = mod.resources(f"matmul_{version}")
             C.fill(np.nan)
-            t = cb.bench({"v10": lambda: ml.launch_cupy(mod, "v10", A, B, C)}, flops=work,
+            t = cb.bench({version: lambda: ml.launch_cupy(mod, version, A, B, C)}, flops=work,
                          repeat=repeat, quiet=True,
                          check=lambda _: cb.check(C[:128], ref, **ml.tolerance(n)))
             row = t.rows[0]
             entry.update(threads=ml.tuned_threads(entry["params"]),
-                         shared=ml.tuned_shared(entry["params"]), registers=res["registers"],
+                         shared=ml.config(version, n, n, n, entry["params"])["shared"],
+                         registers=res["registers"],
                          spill_bytes=res["local_bytes"], time_us=row.time_us,
                          tflops=row.value, ratio=(row.value / base) if base else None)
         except Exception as e:  # noqa: BLE001 - a configuration that fails is reported

@@ -28,7 +28,8 @@ BARRIER = (r"racecheck found a race|missing __syncthreads\(\)/cuda.syncthreads\(
 # ============================================================================ kernels, launcher
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (33, 17, 9), (17, 130, 20), (130, 5, 3)])
-@pytest.mark.parametrize("version", ["v1", "v2", "smem16", "reg8x8", "reg8x8_prefetch"])
+@pytest.mark.parametrize("version", ["v1", "v2", "smem16", "reg8x8", "reg8x8_prefetch",
+                                     "reg8x8_unsigned"])
 def test_numba_kernels(version, shape):
     M, N, K = shape
     if env.SIM and version == "smem16" and M * N > 1000:
@@ -83,7 +84,7 @@ def test_config_and_params():
     with pytest.raises(ValueError, match="STAGES"):
         mm.tuned_params(dict(STAGES=3, ASYNC=0))
     with pytest.raises(ValueError, match="unknown version"):
-        mm.config("v11", 1, 1, 1)
+        mm.config("v12", 1, 1, 1)
     assert "-DMM_BK=8" in mm.tuned_options() and "-DMM_ONLY_TUNED" in mm.tuned_options(
         only_tuned=True)
 
@@ -155,6 +156,32 @@ def test_cupy_tuned_variant():
     C = cb.empty_nan((300, 77), np.float32, xp=cupy)
     mm.launch_cupy(mod, "v10", A, B, C)
     cb.check(C, A.astype(cupy.float64) @ B.astype(cupy.float64), **mm.tolerance(200))
+
+
+@gpu
+def test_cupy_v11_and_numba_unsigned_ragged():
+    """matmul_v11 (default and 128x128 tiles) and the Numba reg8x8_unsigned twin on shapes that
+    are not multiples of any tile (edge blocks take the guarded loads, inner ones the fast
+    path), with K % 4 != 0 (no float4 loads at all) and at 4096 (every block inside)."""
+    import cupy
+
+    mods = [mm.load_tuned(), mm.load_tuned(dict(BM=128, BN=128, BK=8, WM=64, WN=32, TM=8, TN=8,
+                                                  MINB=2))]
+    rng = np.random.default_rng(11)
+    for M, N, K in [(1000, 1736, 777), (1023, 1025, 516), (257, 129, 1000), (1, 1, 1),
+                    (4096, 4096, 4096)]:
+        A = cupy.asarray(rng.standard_normal((M, K), dtype=np.float32))
+        B = cupy.asarray(rng.standard_normal((K, N), dtype=np.float32))
+        rows = M if M < 4096 else 256                  # at 4096: a band of rows
+        ref = A[:rows].astype(cupy.float64) @ B.astype(cupy.float64)
+        for mod in mods:
+            C = cb.empty_nan((M, N), np.float32, xp=cupy)
+            mm.launch_cupy(mod, "v11", A, B, C)
+            cb.check(C[:rows], ref, name=f"v11 {mod.params['BM']}x{mod.params['BN']} {M}x{N}x{K}",
+                     **mm.tolerance(K))
+        C = cb.empty_nan((M, N), np.float32, xp=cupy)
+        mm.launch_numba("reg8x8_unsigned", *(cuda.as_cuda_array(x) for x in (A, B, C)))
+        cb.check(C[:rows], ref, name=f"numba reg8x8_unsigned {M}x{N}x{K}", **mm.tolerance(K))
 
 
 # ============================================================================ ex04_1 (Numba)

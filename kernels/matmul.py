@@ -16,8 +16,8 @@ its own name)
                            fold to constants), the next tiles' global loads issued into registers
                            before this tile's FMAs, branch-free (clamped addresses), BK = 16
   matmul_reg8x8_unsigned   reg8x8_prefetch with unsigned run-time indices (no negative-index
-                           wraparound, so LLVM merges the shared reads into 128-bit loads) and
-                           plain loads for blocks wholly inside A and B
+                           wraparound, so ptxas merges the shared reads into 128-bit LDS.128)
+                           and plain loads for blocks wholly inside A and B
 Numba has no float4 type to load through, no inline PTX (cp.async) and no launch bounds, so it
 stops here.
 """
@@ -227,8 +227,8 @@ def matmul_reg8x8_prefetch(A, B, C):
 # The same tiles as matmul_reg8x8_prefetch, with the instructions around the FMAs cut:
 #   - every run-time index is unsigned (uint64(...)): Numba wraps a negative signed index
 #     around (i < 0 -> i + size, a compare and a select per index) and an unsigned one cannot
-#     be negative, so the shared-memory addresses become base + constant and LLVM merges four
-#     neighbouring 32-bit shared loads into one 128-bit load;
+#     be negative, so the shared-memory addresses become base + constant, and ptxas (PTX to
+#     SASS) merges the four neighbouring 32-bit shared loads of a 4x4 piece into one LDS.128;
 #   - a block whose tiles lie wholly inside A and B loads them without clamps or tests
 #     (the test is uniform per block and tile); edge blocks keep the clamped path.
 

@@ -230,3 +230,8 @@ def sanitize_targets():
     C = cp.empty((M, N), cp.float32)
     for v in VERSIONS:
         yield f"matmul_{v}", (lambda v=v: launch_cupy(mod, v, A, B, C))
+    # v11 on a shape with one block wholly inside A and B (its unguarded float4 path) and edges
+    A2 = cp.random.rand(300, 45, dtype=cp.float32)
+    B2 = cp.random.rand(45, 140, dtype=cp.float32)
+    C2 = cp.empty((300, 140), cp.float32)
+    yield "matmul_v11 (inner block)", (lambda: launch_cupy(mod, "v11", A2, B2, C2))

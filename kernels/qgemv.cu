@@ -33,6 +33,16 @@
 //             Correct but slower than v3 on the H100 (lesson 10 measures it): each step's
 //             barrier holds all 8 warps until the slowest one's loads arrive, and no fresh
 //             block fills the gap; the next step's rows are not prefetched before the barrier.
+//   qgemv_w4_v6   sm_80+, B <= 8: the tensor cores as the dot-product engine. v3 spends 16 of
+//             its ~20 instructions per 8 weights on HFMA2 products and their conversion to fp32
+//             sums; here one mma.sync m16n8k16 (fp16 in, fp32 sums) takes 16 rows x 16 k of the
+//             dequantized weights against x as its 8 columns (the rows of x, zeros beyond B), so
+//             the products cost 1 instruction per 8 weights per lane and the batch is free up to
+//             8. The k order inside an mma is free, so each lane feeds the (k, k + 4) pairs that
+//             w4_to_half2 gives, with x regrouped to match. S warps per block split K, their
+//             16 x 8 tiles added once in shared memory. qgemv_w4_v6_s{S}_u{U}_g{GQ}: U quads
+//             (128 k, 2 loads of 16 bytes per lane) in flight; GQ = 1 (G % 128 == 0): the scale
+//             multiplies each quad's fp32 sum; GQ = 0: the weights are scaled in fp16 first.
 //
 //   Chunks are 16 bytes of q: 16 weights (W8) or 32 (W4), inside one group: G % 16 == 0 (W8),
 //   G % 32 == 0 (W4), and G divides K. q and x 16-byte aligned (the launcher checks).
@@ -41,7 +51,7 @@
 //
 // Launches (kernels/qgemv_launch.py): v1 grid (ceil(N/4), B) x 128; v2/v3 (ceil(N/R),
 // ceil(B/BT)) x 128; v4 (ceil(N/4), ceil(B/BT)) x 128; v5 (min(ceil(N/R), SMs x resident
-// blocks per SM)) x 256. No dynamic shared memory.
+// blocks per SM)) x 256; v6 (ceil(N/16)) x 32 S. No dynamic shared memory.
 #include <cuda_fp16.h>
 #include "common.cuh"
 
@@ -458,3 +468,148 @@ QGEMV_ALL(qgemv_w4_v2, 4)
 QGEMV_ALL(qgemv_w4_v3, 5)
 #undef QGEMV_ALL
 #undef QGEMV
+
+// ----------------------------------------------------------------------------- v6 (W4, sm_80+)
+// The tensor cores as the dot-product engine. One mma.sync m16n8k16 (fp16 in, fp32 accumulate)
+// multiplies 16 rows of W by 16 values of k for 8 columns of x: at B <= 8 the columns are the
+// rows of x (the others zero), so the batch costs nothing and the products and their fp32 sums
+// take one instruction per 256 weights. Lane (g, t) = (lane / 4, lane % 4) of a warp holds, in
+// the mma's A operand, weights of rows g and g + 8 of its 16-row tile; in B, x of batch row g.
+// The order of k inside one mma is free as long as A and B use the same one: lane t takes
+// 16-byte chunk 4j + t of both rows (quad j = 128 values of k, 64 contiguous bytes per row) and
+// feeds the (k, k + 4) pairs that w4_to_half2 gives, with x regrouped to the same pairs. 8 mma
+// per quad, into a fresh fp32 sum that is then scaled by the group's scale (GQ: G % 128 == 0,
+// one group per quad); else each chunk's weights are scaled in fp16 before the mma (q * s
+// rounded once to fp16: exact to 2^-11). S warps of a block split K (warp w: quads w U + u,
+// += S U; 2 U loads of 16 bytes in flight per lane, issued before the math), then add their
+// partial 16 x 8 tiles in shared memory once, at the end.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void mma_16816(float (&c)[4], __half2 a0, __half2 a1, __half2 a2,
+                                          __half2 a3, __half2 b0, __half2 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(*reinterpret_cast<unsigned*>(&a0)), "r"(*reinterpret_cast<unsigned*>(&a1)),
+          "r"(*reinterpret_cast<unsigned*>(&a2)), "r"(*reinterpret_cast<unsigned*>(&a3)),
+          "r"(*reinterpret_cast<unsigned*>(&b0)), "r"(*reinterpret_cast<unsigned*>(&b1)));
+}
+#endif
+
+template <int S, int U, bool GQ, bool XP>
+__device__ __forceinline__ void qgemv_w4_v6_body(const __half* __restrict__ x,
+                                                 const unsigned char* __restrict__ q,
+                                                 const __half* __restrict__ s,
+                                                 const __half* __restrict__ bias,
+                                                 __half* __restrict__ y, int B, int N, int K,
+                                                 int G) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    __shared__ float part[S][4][32];              // each warp's 16 x 8 tile, lane-major
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, nc = K / 32, nq = (nc + 3) / 4, ng = K / G;
+    const unsigned cpg = (unsigned)(G / 32);      // chunks per group
+    const unsigned mg = cpg == 1 ? 0u : 0xFFFFFFFFu / cpg + 1u;   // ceil(2^32 / cpg)
+    const size_t ra = (size_t)min(n0 + g, N - 1), rb = (size_t)min(n0 + g + 8, N - 1);
+    const uint4* qa = reinterpret_cast<const uint4*>(q) + ra * nc;  // rows past N: never stored
+    const uint4* qb = reinterpret_cast<const uint4*>(q) + rb * nc;
+    const __half* sa = s + ra * ng;
+    const __half* sb = s + rb * ng;
+    const bool hx = g < B;                        // lane g carries batch row g of x
+    const uint4* xg = reinterpret_cast<const uint4*>(x) + (size_t)(hx ? g : 0) * (K / 8);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j0 = warp * U; j0 < nq; j0 += S * U) {
+        uint4 wa[U], wb[U], xr[XP ? U : 1][4];
+        __half2 s2a[U], s2b[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {             // all 2 U loads before any math
+            int c = 4 * (j0 + u) + t;
+            bool ok = c < nc;
+            unsigned cc = ok ? (unsigned)c : 0u;
+            wa[u] = ok ? ld_stream16(qa + cc) : make_uint4(0u, 0u, 0u, 0u);
+            wb[u] = ok ? ld_stream16(qb + cc) : make_uint4(0u, 0u, 0u, 0u);
+            if constexpr (XP) {                   // x too, so that no load waits in the math
+#pragma unroll
+                for (int w = 0; w < 4; ++w)
+                    xr[u][w] = (ok && hx) ? __ldg(xg + (size_t)c * 4 + w)
+                                          : make_uint4(0u, 0u, 0u, 0u);
+            }
+            unsigned cg = GQ ? 4u * (unsigned)min(j0 + u, nq - 1) : cc;  // GQ: the quad's group
+            unsigned gi = cpg == 1 ? cg : __umulhi(cg, mg);
+            s2a[u] = __half2half2(sa[gi]);
+            s2b[u] = __half2half2(sb[gi]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (j0 + u >= nq) break;              // the same for the whole warp
+            int c = 4 * (j0 + u) + t;
+            bool ok = hx && c < nc;               // x = 0 where the chunk is past K
+            float cf[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                __half2 pa[4], pb[4], xp[4];
+                w4_to_half2(reinterpret_cast<const unsigned*>(&wa[u])[w], pa);
+                w4_to_half2(reinterpret_cast<const unsigned*>(&wb[u])[w], pb);
+                if constexpr (!GQ) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        pa[i] = __hmul2(pa[i], s2a[u]);
+                        pb[i] = __hmul2(pb[i], s2b[u]);
+                    }
+                }
+                if constexpr (XP)
+                    x_pairs_k4(xr[u][w], xp);
+                else
+                    x_pairs_k4(ok ? __ldg(xg + (size_t)c * 4 + w) : make_uint4(0u, 0u, 0u, 0u),
+                               xp);
+                mma_16816(cf, pa[0], pb[0], pa[1], pb[1], xp[0], xp[1]);
+                mma_16816(cf, pa[2], pb[2], pa[3], pb[3], xp[2], xp[3]);
+            }
+            if constexpr (GQ) {
+                float fa = __low2float(s2a[u]), fb = __low2float(s2b[u]);
+                acc[0] = fmaf(fa, cf[0], acc[0]);
+                acc[1] = fmaf(fa, cf[1], acc[1]);
+                acc[2] = fmaf(fb, cf[2], acc[2]);
+                acc[3] = fmaf(fb, cf[3], acc[3]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[i] += cf[i];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[warp][i][lane] = acc[i];
+    __syncthreads();                              // every warp's partial tile is written
+    if (warp == 0) {
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v[i] = 0.0f;
+#pragma unroll
+            for (int w = 0; w < S; ++w) v[i] += part[w][i][lane];
+        }
+        // c0: (row g, batch 2t), c1: (g, 2t + 1), c2: (g + 8, 2t), c3: (g + 8, 2t + 1)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int n = n0 + g + (i >> 1) * 8, b = 2 * t + (i & 1);
+            if (n < N && b < B)
+                y[(size_t)b * N + n] = __float2half_rn(v[i] + (bias ? __half2float(bias[n]) : 0.0f));
+        }
+    }
+#else
+    __trap();                                     // the launcher refuses below sm_80
+#endif
+}
+
+#define QGEMV_V6(S, U, GQ, XP, MINB)                                                         \
+extern "C" __global__ void __launch_bounds__(32 * S, MINB)                                   \
+        qgemv_w4_v6_s##S##_u##U##_g##GQ##_x##XP(                                            \
+        const __half* __restrict__ x, const unsigned char* __restrict__ q,                   \
+        const __half* __restrict__ s, const __half* __restrict__ bias,                       \
+        __half* __restrict__ y, int B, int N, int K, int G) {                                \
+    qgemv_w4_v6_body<S, U, GQ, XP>(x, q, s, bias, y, B, N, K, G);                            \
+}
+QGEMV_V6(4, 2, 1, 0, 8) QGEMV_V6(8, 2, 1, 0, 4) QGEMV_V6(16, 2, 1, 0, 2)
+QGEMV_V6(8, 2, 0, 0, 4) QGEMV_V6(16, 2, 0, 0, 2)
+QGEMV_V6(4, 1, 1, 1, 8) QGEMV_V6(8, 1, 1, 1, 4) QGEMV_V6(16, 1, 1, 1, 2)
+QGEMV_V6(8, 1, 0, 1, 4) QGEMV_V6(16, 1, 0, 1, 2)
+#undef QGEMV_V6

@@ -7,6 +7,7 @@
     y = qg.qgemv(x, w4)                      # x (B, K) fp16, B 1..16 -> y (B, N) fp16
     y = qg.qgemv(x, w4, bias, out=y, version="qgemv_w4_v3")
     qg.supports("qgemv_w4_v5", B, K)         # False where a version does not take (B, K)
+    y = qg.qgemv(x, w4, version="qgemv_w4_v6")   # sm_80+, B <= 8: tensor cores as the dot product
 
 ``prepare`` quantizes a float (N, K) weight on the GPU (kernels/quant.cu, symmetric,
 round to nearest; fp8 through PyTorch's float8_e4m3fn with s = max|w| / 448) and keeps what the kernels read: q (int8, or packed uint8 (N, K / 2)), the
@@ -16,7 +17,8 @@ kernel effectively multiplies by (the float64 reference uses it).
 Refused before launching: a group size that does not divide K or is not a multiple of 16 (W8)
 or 32 (W4: 16 bytes of packed weights must fall in one group), odd K for packed int4, dtypes
 other than fp16 activations, B outside 1..16, misaligned or strided arrays; qgemv_w4_v4 beyond
-B = 4, qgemv_w4_v5 beyond B = 1 or K = 32768.
+B = 4, qgemv_w4_v5 beyond B = 1 or K = 32768, qgemv_w4_v6 beyond B = 8 or K = 2^21 or
+below compute capability 8.0 (mma.sync m16n8k16).
 qgemv_w4_v3, v4 and v5 sum 4 products in fp16 before the fp32 sum: activations above about 2000
 in magnitude could overflow those partials; v2 (fp32 products) has no such limit.
 """
@@ -35,7 +37,8 @@ __all__ = ["VERSIONS", "WHAT", "MAX_B", "QWeight", "prepare", "qgemv", "config",
            "supports", "sanitize_targets"]
 
 VERSIONS = {8: ("qgemv_w8_v1", "qgemv_w8_v2"),
-            4: ("qgemv_w4_v1", "qgemv_w4_v2", "qgemv_w4_v3", "qgemv_w4_v4", "qgemv_w4_v5"),
+            4: ("qgemv_w4_v1", "qgemv_w4_v2", "qgemv_w4_v3", "qgemv_w4_v4", "qgemv_w4_v5",
+                "qgemv_w4_v6"),
             "e4m3": ("qgemv_f8_v2",)}
 DEFAULT = {8: "qgemv_w8_v2", 4: "qgemv_w4_v3", "e4m3": "qgemv_f8_v2"}
 WHAT = {
@@ -47,6 +50,7 @@ WHAT = {
     "qgemv_w4_v3": "v2 with fp16 products summed by 4 (HFMA2)",
     "qgemv_w4_v4": "v3's math, a warp per row, 8 loads in flight per lane (B <= 4)",
     "qgemv_w4_v5": "B = 1: x kept in registers, rows walked by one wave of blocks",
+    "qgemv_w4_v6": "tensor cores (mma.sync) as the dot product, x as the 8 columns (B <= 8)",
 }
 MAX_B = 16
 BATCH_TILES = (1, 2, 4, 8, 16)
@@ -55,6 +59,17 @@ V5_ROWS = {1: (4, 8), 2: (2, 4), 4: (2,)}    #: qgemv_w4_v5: rows per step for C
 # rows per step by CPT: 4 loads of 16 bytes in flight per thread (1 x 4, 2 x 2) ran faster on the
 # H100 than 8 (1 x 8, 2 x 4: 29.5 against 23.2 us at 8192 x 8192); CPT = 4 has R = 2 only
 V5_DEFAULT_ROWS = {1: 4, 2: 2, 4: 2}
+V6_MAX_B = 8                                 #: qgemv_w4_v6: the rows of x are the mma's 8 columns
+V6_MAX_K = 1 << 21                           #: its chunk -> group multiply-high is exact below this
+V6_MIN_CC = (8, 0)                           #: mma.sync m16n8k16 with fp16 inputs
+V6_SPLITS = (4, 8, 16)                       #: warps per block (each a slice of K), instantiated
+#: qgemv_w4_v6: (warps per block S, quads of 128 k in flight per lane U, x loaded with the
+#: weights XP) by N
+V6_DEFAULT = {"small_n": (8, 2, 0), "large_n": (8, 2, 0)}
+V6_LARGE_N = 6144
+#: (S, U, GQ, XP) instantiated in qgemv.cu
+V6_KERNELS = {(4, 2, 1, 0), (8, 2, 1, 0), (16, 2, 1, 0), (8, 2, 0, 0), (16, 2, 0, 0),
+              (4, 1, 1, 1), (8, 1, 1, 1), (16, 1, 1, 1), (8, 1, 0, 1), (16, 1, 0, 1)}
 _RESIDENT: dict[str, int] = {}               # kernel name -> blocks per SM (driver's answer)
 
 
@@ -75,6 +90,8 @@ def supports(version: str, B: int, K: int) -> bool:
         return B <= 4
     if version == "qgemv_w4_v5":
         return B == 1 and K <= 32 * V5_THREADS * 4
+    if version == "qgemv_w4_v6":
+        return 1 <= B <= V6_MAX_B and K <= V6_MAX_K and _cc_ok()
     return 1 <= B <= MAX_B
 
 
@@ -170,8 +187,10 @@ def batch_tile(B: int) -> int:
     return BATCH_TILES[-1]
 
 
-def kernel_name(version: str, B: int, rows: int | None = None, K: int | None = None) -> str:
-    """The instantiation of ``version`` for batch B (and, for qgemv_w4_v5, rows of K)."""
+def kernel_name(version: str, B: int, rows: int | None = None, K: int | None = None,
+                G: int | None = None, N: int = 1 << 30) -> str:
+    """The instantiation of ``version`` for batch B (and, for qgemv_w4_v5, rows of K; for
+    qgemv_w4_v6, the (N, K) weight's groups of G)."""
     if version.endswith("_v1"):
         return version
     if version == "qgemv_w4_v5":
@@ -186,6 +205,8 @@ def kernel_name(version: str, B: int, rows: int | None = None, K: int | None = N
             raise ValueError(f"qgemv_w4_v5 with K = {K}: rows per step one of {V5_ROWS[cpt]}, "
                              f"got {rows}")
         return f"qgemv_w4_v5_c{cpt}_r{r}"
+    if version == "qgemv_w4_v6":
+        return v6_name(B, K, G, N)
     rows = 2 if rows is None else rows
     if version == "qgemv_w4_v4":
         if B > 4:
@@ -198,9 +219,10 @@ def kernel_name(version: str, B: int, rows: int | None = None, K: int | None = N
 
 
 def config(version: str, B: int, N: int, rows: int | None = None, K: int | None = None,
-           resident: int | None = None):
+           resident: int | None = None, G: int | None = None):
     """(grid, block) of ``version`` (qgemv.cu's launch comment). qgemv_w4_v5 needs K and the
-    blocks that fit at once on the GPU (``resident``: SMs x blocks per SM): one wave."""
+    blocks that fit at once on the GPU (``resident``: SMs x blocks per SM): one wave.
+    qgemv_w4_v6 needs K and G: a block of S warps per 16 rows."""
     if version.endswith("_v1"):
         return (ceil_div(N, 4), B), (128,)
     if version == "qgemv_w4_v5":
@@ -208,10 +230,51 @@ def config(version: str, B: int, N: int, rows: int | None = None, K: int | None 
         if resident is None or resident < 1:
             raise ValueError("qgemv_w4_v5: config needs resident = SMs x blocks per SM")
         return (min(ceil_div(N, r), resident),), (V5_THREADS,)
+    if version == "qgemv_w4_v6":
+        S = v6_config(N, K, G, B)[0]
+        return (ceil_div(N, 16),), (32 * S,)
     rows = 2 if rows is None else rows
     if version == "qgemv_w4_v4":
         return (ceil_div(N, 4), 1), (128,)
     return (ceil_div(N, rows), ceil_div(B, batch_tile(B))), (128,)
+
+
+def _cc_ok() -> bool:
+    try:
+        return cb.cc() >= V6_MIN_CC
+    except Exception:  # noqa: BLE001  (no GPU: the simulator cannot run CUDA C++ anyway)
+        return False
+
+
+def v6_config(N: int, K: int | None, G: int | None, B: int = 1,
+              split: int | None = None, quads: int | None = None,
+              xp: int | None = None) -> tuple[int, int, int, int]:
+    """(S warps per block, U quads in flight per lane, GQ, XP) of qgemv_w4_v6 for an (N, K) weight
+    with groups of G, after checking B and K. GQ = 1 where G % 128 == 0 (one scale per quad of
+    128 values of k: applied to the fp32 sums); 0 scales the weights in fp16 first."""
+    if not 1 <= B <= V6_MAX_B:
+        raise LaunchError(f"qgemv_w4_v6 takes B <= {V6_MAX_B} (the rows of x are the 8 columns "
+                          f"of one mma), got B = {B}; use qgemv_w4_v3")
+    if K is None or G is None:
+        raise ValueError("qgemv_w4_v6: its instantiation depends on K and the group size G")
+    if K > V6_MAX_K:
+        raise LaunchError(f"qgemv_w4_v6 finds a chunk's scale by a multiply-high that is exact "
+                          f"for K <= {V6_MAX_K}, got K = {K}; use qgemv_w4_v3")
+    S, U, X = V6_DEFAULT["large_n" if N >= V6_LARGE_N else "small_n"]
+    S, U, X = split or S, quads or U, X if xp is None else xp
+    gq = int(G % 128 == 0)
+    if (S, U, gq, X) not in V6_KERNELS:
+        have = sorted((s_, u_, x_) for s_, u_, g_, x_ in V6_KERNELS if g_ == gq)
+        raise ValueError(f"qgemv_w4_v6 (G = {G}) is instantiated for (S, U, XP) in {have}, "
+                         f"got {(S, U, X)}")
+    return S, U, gq, X
+
+
+def v6_name(B: int, K: int | None, G: int | None, N: int = 1 << 30,
+            split: int | None = None, quads: int | None = None, xp: int | None = None) -> str:
+    """The instantiation of qgemv_w4_v6 that qgemv launches for (B, N, K, G)."""
+    S, U, gq, X = v6_config(N, K, G, B, split, quads, xp)
+    return f"qgemv_w4_v6_s{S}_u{U}_g{gq}_x{X}"
 
 
 def _resident(mod, name: str) -> int:
@@ -263,9 +326,13 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
             out = cp.empty((B, w.N), cp.float16)
     oc = gv.as_cupy(out, "out")[0]
     cb.expect(oc, "out", dtype=np.float16, shape=(B, w.N))
-    name = kernel_name(version, B, rows, K)
+    if version == "qgemv_w4_v6" and not _cc_ok():
+        raise LaunchError("qgemv_w4_v6 multiplies with mma.sync m16n8k16 (fp16 in, fp32 sums): it "
+                          "needs compute capability 8.0+; this GPU is "
+                          f"{'.'.join(map(str, cb.cc()))}: use qgemv_w4_v3")
+    name = kernel_name(version, B, rows, K, w.group, w.N)
     resident = _resident(mod, name) if version == "qgemv_w4_v5" else None
-    grid, block = config(version, B, w.N, rows, K, resident)
+    grid, block = config(version, B, w.N, rows, K, resident, w.group)
     args = (xc, w.q, w.scales, bc, oc, np.int32(B), np.int32(w.N), np.int32(K),
             np.int32(w.group))
     with gv._stream_of(lib):

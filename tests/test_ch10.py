@@ -288,3 +288,63 @@ def test_numba_gemv_twins():
     y[:] = np.nan
     nb.gemv_block_per_row[(5, 3), nb.TPB](x, W, y)
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- qgemv_w4_v6
+def test_qgemv_w4_v6_launcher_checks():
+    qg = cb.load_launch("qgemv")
+    S, U, X = qg.V6_DEFAULT["large_n"]
+    assert qg.kernel_name("qgemv_w4_v6", 3, K=8192, G=128, N=8192) == (
+        f"qgemv_w4_v6_s{S}_u{U}_g1_x{X}")
+    assert qg.kernel_name("qgemv_w4_v6", 1, K=8192, G=32, N=8192).endswith(f"_g0_x{X}")
+    assert qg.kernel_name("qgemv_w4_v6", 1, K=1152, G=384, N=8)[:-3].endswith("_g1")
+    with pytest.raises(cb.LaunchError, match="B <= 8"):
+        qg.kernel_name("qgemv_w4_v6", 9, K=256, G=64)
+    with pytest.raises(cb.LaunchError, match="use qgemv_w4_v3"):
+        qg.kernel_name("qgemv_w4_v6", 1, K=1 << 22, G=128)
+    with pytest.raises(ValueError, match="depends on K and the group"):
+        qg.kernel_name("qgemv_w4_v6", 1, K=256)
+    with pytest.raises(ValueError, match="instantiated"):
+        qg.v6_name(1, 256, 64, split=32)
+    # a block of S warps (slices of K) per 16 rows of W
+    S = qg.V6_DEFAULT["small_n"][0]
+    assert qg.config("qgemv_w4_v6", 1, 4096, K=14336, G=128) == ((256,), (32 * S,))
+    assert qg.config("qgemv_w4_v6", 2, 17, K=64, G=64)[0] == (2,)
+    assert not qg.supports("qgemv_w4_v6", 9, 8192)
+    assert "qgemv_w4_v6" in qg.VERSIONS[4] and "qgemv_w4_v6" in qg.WHAT
+
+
+@gpu
+def test_qgemv_w4_v6_irregular_shapes_on_gpu():
+    import cupy as cp
+
+    qg = cb.load_launch("qgemv")
+    if cb.cc() < qg.V6_MIN_CC:
+        with pytest.raises(cb.LaunchError, match="8.0"):
+            qg.qgemv(cp.zeros((1, 64), cp.float16), qg.prepare(cp.ones((8, 64), cp.float32), 4, 32),
+                     version="qgemv_w4_v6")
+        return
+    rng = cp.random.default_rng(5)
+    # N not a multiple of the 16 rows per block, groups 32/64/128/384 and per-channel (the
+    # fp16-scaled and the per-quad-scaled kernels), K / 32 not a multiple of 4 (a ragged quad),
+    # B = 1..8, with and without bias
+    for B, N, K, G in ((1, 7, 256, 64), (2, 37, 1024, 32), (4, 130, 2048, 128),
+                       (3, 5, 512, 512), (1, 1, 32, 32), (1, 259, 14336, 128),
+                       (2, 301, 8192, 64), (4, 1029, 4096, 32), (1, 2053, 1344, 64),
+                       (8, 77, 1344, 64), (5, 33, 1152, 384), (8, 6000, 2048, 128)):
+        x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
+        w = qg.prepare(rng.standard_normal((N, K), dtype=cp.float32) * 0.02, 4, G)
+        bias = rng.standard_normal(N, dtype=cp.float32).astype(cp.float16)
+        ref = Q.qgemv_reference(cp.asnumpy(x), cp.asnumpy(w.dequantized()))
+        for b in (None, bias):
+            want = ref if b is None else ref + cp.asnumpy(b).astype(np.float64)
+            y = cp.full((B, N), cp.nan, cp.float16)
+            qg.qgemv(x, w, b, out=y, version="qgemv_w4_v6")
+            cb.check(y, want, atol=2e-3 * np.abs(want).max(), rtol=1e-2,
+                     name=f"qgemv_w4_v6 B={B} N={N} K={K} G={G}")
+    w = qg.prepare(cp.ones((8, 256), cp.float32), 4, 64)
+    with pytest.raises(cb.LaunchError, match="B <= 8"):
+        qg.qgemv(cp.zeros((9, 256), cp.float16), w, version="qgemv_w4_v6")
+    buf = cp.zeros(2 * 257, cp.float16)
+    with pytest.raises(cb.LaunchError, match="16-byte"):
+        qg.qgemv(buf[1:257].reshape(1, 256), w, version="qgemv_w4_v6")

@@ -13,6 +13,12 @@
 //   igemm_v3   v2 with 128x256 tiles and 64x64 warp tiles: twice the math per byte loaded
 //   fp8gemm_v1 v2's kernel with e4m3 inputs: mma.sync m16n8k32 e4m3, f32 accumulate (sm_89+)
 //   fp8gemm_v2 v3's tiles with e4m3 inputs (sm_89+)
+//   fp8gemm_v3 Hopper: wgmma m64n128k32 e4m3 from shared memory fed by TMA (128-byte swizzle,
+//              k-tiles of 128 bytes), a producer and two consumer warpgroups (setmaxnreg),
+//              5-stage mbarrier ring, persistent grid in groups of 8 tile rows, C staged through
+//              shared memory; each 128-deep partial sum added into fp32 registers (the tensor
+//              cores' fp8 accumulator is shorter than fp32; torch._scaled_mm does the same).
+//              fp8gemm_v3_fast: 128x256 tiles, 3 stages, no promotion (use_fast_accum) (sm_90a)
 //
 //   Shared tiles hold 128 bytes of K per row (eight 16-byte chunks; chunk c of row r stored at
 //   c ^ (r % 8)), the byte layout of hgemm.cu's fp16 tiles: ldmatrix moves 8-bit data as pairs of
@@ -21,6 +27,7 @@
 // Launches (kernels/igemm_launch.py): v1 grid (ceil(N/64), ceil(M/64)) x 256; v2/v3/fp8 a 1D
 // grid of ceil(M/BM) * ceil(N/BN) tiles x 256 threads, dynamic shared memory
 // STAGES * (BM + BN) * 128 bytes (128x128: 96 KiB, 128x256: 144 KiB: the launcher raises the limit).
+// fp8gemm_v3: see its section (384 threads, one block per SM, tensor maps from the launcher).
 #include "mma.cuh"
 #include "common.cuh"
 
@@ -199,4 +206,232 @@ extern "C" __global__ void __launch_bounds__(256)
 fp8gemm_v2(const unsigned char* A, const unsigned char* B, __nv_bfloat16* C, int M, int N, int K,
            const float* scale_a, const float* scale_b) {
     gemm8<128, 256, 64, 64, 3, true>(A, B, C, M, N, K, scale_a, scale_b);
+}
+
+// ----------------------------------------------------------------------------- v3: Hopper
+// wgmma m64nNk32 e4m3 (mma.cuh) fed by TMA, the structure of hgemm_v8/v9 (kernels/hgemm.cu) with
+// 1-byte elements: a k-tile is 128 values of K, one 128-byte swizzled row per row of A or B, so
+// TMA's boxes are 128 bytes wide and wgmma_desc_sw128 describes the tiles as it does hgemm's.
+// 384 threads = 3 warpgroups. Warpgroup 0 produces: it gives registers away (setmaxnreg.dec) and
+// one thread issues the TMA copies of A (128 x 128 bytes) and B (BN x 128) into a ring of STAGES
+// stages; full[s] completes when a stage's bytes (zero-filled ones outside the matrices included)
+// have landed. Warpgroups 1 and 2 consume (setmaxnreg.inc): each waits on full[s], issues 4 wgmma
+// (k32 slices, 32 bytes apart) for its 64 rows, and arrives on empty[s] once the tensor cores
+// are done with the stage (wgmma.wait_group 1: the previous stage's group). PROMOTE: the fp8
+// tensor-core accumulator keeps fewer bits than fp32 (cuBLAS calls it fast accumulation), so
+// each k-tile's 4 wgmma start from zero, the consumer waits for them (wait_group 0), releases the
+// stage and adds the partial sums into fp32 registers: twice the accumulator registers (128 x 256
+// tiles no longer fit: 256 per thread) and a drain of the wgmma pipeline per k-tile. The epilogue
+// multiplies by scale_a * scale_b, rounds to bf16 and stores the rows < M, columns < N: straight
+// from the registers (4-byte stores), or, EPI, through a shared 64 x BN tile per consumer so that
+// each thread stores 16 contiguous bytes of a row.
+// PERSIST: a grid of one block per SM walks the tiles (the producer fetches the next tile while
+// the consumers store this one). Tiles are ordered in groups of GROUP tile rows (L2 reuse).
+// Tensor maps: igemm_launch.py (tensor_map), uint8, boxes of 128 bytes x 128 (A) or BN (B) rows.
+// Dynamic shared memory: STAGES * (128 + BN) * 128 + 1024 bytes (1024: alignment slack), plus
+// 2 * 64 * (2 BN + 16) with EPI.
+
+// The first 1024-byte boundary in dynamic shared memory (the 128-byte swizzle repeats every
+// 1024 bytes, and TMA and wgmma compute it from the address).
+__device__ __forceinline__ unsigned char* ig_smem_1024() {
+    return ig_smem + ((1024u - (smem_u32(ig_smem) & 1023u)) & 1023u);
+}
+
+// Tile t of a tiles_m x tiles_n grid, walking down GROUP tile rows before moving right: blocks
+// that run together share their A rows and B columns in L2.
+template <int GROUP>
+__device__ __forceinline__ void ig_tile_of(int t, int tiles_m, int tiles_n, int& bm, int& bn) {
+    const int per_group = GROUP * tiles_n, first = (t / per_group) * GROUP;
+    const int rows = min(GROUP, tiles_m - first), r = t % per_group;
+    bm = first + r % rows;
+    bn = r / rows;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The EPI epilogue of one consumer warpgroup (tid 0..127, consumer c): its 64 x BN accumulators,
+// scaled and rounded to bf16, into its shared tile (rows 2 BN + 16 bytes apart: the 8 rows g of a
+// store land 4 banks apart, so the 32 lanes hit 32 banks), a barrier of its 128 threads, then
+// rows out in 16-byte chunks (element stores where N % 8 or the alignment does not allow them).
+template <int BN>
+__device__ __forceinline__ void fp8_store_staged(__nv_bfloat16* C, const float* d, float scale,
+                                                 int M, int N, int r0, int c0,
+                                                 unsigned char* stage_c, int c, int tid) {
+    constexpr int LD = 2 * BN + 16, CH = BN / 8;
+    unsigned char* cs = stage_c + c * 64 * LD;
+    const int lane = tid & 31, g = lane >> 2, t = lane & 3, w = tid >> 5;
+    asm volatile("bar.sync %0, 128;\n" :: "r"(1 + c) : "memory");   // last tile's reads done
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            *reinterpret_cast<unsigned*>(cs + (16 * w + g + 8 * h) * LD + 16 * j + 4 * t) =
+                pack_bf162(d[4 * j + 2 * h] * scale, d[4 * j + 2 * h + 1] * scale);
+    asm volatile("bar.sync %0, 128;\n" :: "r"(1 + c) : "memory");
+    const bool vec = (N & 7) == 0 && (reinterpret_cast<size_t>(C) & 15) == 0;
+#pragma unroll 4
+    for (int q = tid; q < 64 * CH; q += 128) {
+        const int r = q / CH, col = (q % CH) * 8, gr = r0 + r, gc = c0 + col;
+        if (gr >= M || gc >= N) continue;
+        const unsigned char* src = cs + r * LD + col * 2;
+        __nv_bfloat16* dst = C + (size_t)gr * N + gc;
+        if (vec) {
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {
+            for (int e = 0; e < 8 && gc + e < N; e++)
+                dst[e] = reinterpret_cast<const __nv_bfloat16*>(src)[e];
+        }
+    }
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_e4m3(float* d, unsigned long long da, unsigned long long db) {
+    static_assert(BN == 128 || BN == 256, "fp8 wgmma wrappers exist for N = 128, 256");
+    if constexpr (BN == 256) wgmma_m64n256k32_e4m3(d, da, db);
+    else wgmma_m64n128k32_e4m3(d, da, db);
+}
+#endif
+
+template <int BN, int STAGES, bool PERSIST, int GROUP, bool EPI, bool PROMOTE>
+__device__ __forceinline__ void fp8_tma_ws(const TmaDesc& ta, const TmaDesc& tb,
+                                           __nv_bfloat16* __restrict__ C, int M, int N, int K,
+                                           const float* sa, const float* sb) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BM = 128, BK = 128;                       // BK: bytes = e4m3 values of K
+    constexpr unsigned A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
+    __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+    unsigned char* As = ig_smem_1024();
+    unsigned char* Bs = As + STAGES * A_BYTES;
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int tiles = tiles_m * tiles_n, KT = (K + BK - 1) / BK;
+    const int step = PERSIST ? gridDim.x : tiles;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);    // the producer's arrive (+ the TMA bytes)
+            mbar_init(&empty[s], 2);   // one arrive per consumer warpgroup
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+    if (wg == 0) {
+        setmaxnreg_dec<40>();
+        if (tid == 0) {
+            int it = 0;                // stage uses so far: stage it % STAGES, use it / STAGES
+            for (int tile = blockIdx.x; tile < tiles; tile += step) {
+                int bm, bn;
+                ig_tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
+                for (int kt = 0; kt < KT; kt++, it++) {
+                    const int s = it % STAGES, use = it / STAGES;
+                    if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
+                    mbar_expect_tx(&full[s], STAGE_BYTES);
+                    tma_load_2d(As + s * A_BYTES, &ta, &full[s], kt * BK, bm * BM);
+                    tma_load_2d(Bs + s * B_BYTES, &tb, &full[s], kt * BK, bn * BN);
+                }
+            }
+        }
+    } else {
+        setmaxnreg_inc<232>();
+        const int c = wg - 1;          // this consumer's 64 rows of the 128-row tile
+        const float scale = sa[0] * sb[0];
+        const bool pairs = (N & 1) == 0 && (reinterpret_cast<size_t>(C) & 3) == 0;
+        const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+        int it = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += step) {
+            int bm, bn;
+            ig_tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
+            float d[BN / 2], acc[PROMOTE ? BN / 2 : 1];
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+            if constexpr (PROMOTE) {
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+            }
+            // the 4 wgmma of k-tile kt (stage it % STAGES) into dd, once its bytes have landed
+            auto issue = [&](float* dd, int s, int use) {
+                mbar_wait(&full[s], use & 1);
+                const unsigned char* a = As + s * A_BYTES + c * 64 * BK;
+                const unsigned char* b = Bs + s * B_BYTES;
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wgmma_e4m3<BN>(dd, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk));
+                wgmma_commit();
+            };
+            // PROMOTE: a k-tile's partial sums into the fp32 registers, d back to zero
+            auto fold = [&](float* dd) {
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) {
+                    acc[i] += dd[i];
+                    dd[i] = 0.0f;
+                }
+            };
+            int prev = -1;
+            for (int kt = 0; kt < KT; kt++, it++) {
+                const int s = it % STAGES;
+                issue(d, s, it / STAGES);
+                if constexpr (PROMOTE) {
+                    wgmma_wait<0>();
+                    if (tid == 0) mbar_arrive(&empty[s]);
+                    fold(d);
+                } else {
+                    wgmma_wait<1>();       // the previous stage's wgmma are done: release it
+                    if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
+                    prev = s;
+                }
+            }
+            if constexpr (!PROMOTE) {
+                wgmma_wait<0>();
+                if (tid == 0 && prev >= 0) mbar_arrive(&empty[prev]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) d[i] = acc[i];
+            }
+            if constexpr (EPI) {
+                fp8_store_staged<BN>(C, d, scale, M, N, bm * BM + c * 64, bn * BN,
+                                     Bs + STAGES * B_BYTES, c, tid);
+                continue;
+            }
+            // accumulator layout (mma.cuh): warp w holds rows 16w..16w+15 of the 64
+            const int r0 = bm * BM + c * 64 + 16 * (tid >> 5) + g, c0 = bn * BN + 2 * t;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = r0 + 8 * h, col = c0 + 8 * j;
+                    if (r >= M || col >= N) continue;
+                    const float lo = d[4 * j + 2 * h] * scale, hi = d[4 * j + 2 * h + 1] * scale;
+                    __nv_bfloat16* p = C + (size_t)r * N + col;
+                    if (pairs) {
+                        *reinterpret_cast<unsigned*>(p) = pack_bf162(lo, hi);
+                    } else {
+                        p[0] = __float2bfloat16_rn(lo);
+                        if (col + 1 < N) p[1] = __float2bfloat16_rn(hi);
+                    }
+                }
+        }
+    }
+#endif
+}
+
+// v3: 128 x 128 tiles, 5 stages, persistent, staged epilogue, fp32 promotion every k-tile (the
+// numerics of torch._scaled_mm). v3_fast: 128 x 256 tiles, 3 stages, the tensor cores' own
+// accumulation (torch._scaled_mm(..., use_fast_accum=True)).
+extern "C" __global__ void __launch_bounds__(384, 1)
+fp8gemm_v3(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
+           __nv_bfloat16* C, int M, int N, int K, const float* scale_a, const float* scale_b) {
+    fp8_tma_ws<128, 5, true, 8, true, true>(ta, tb, C, M, N, K, scale_a, scale_b);
+}
+extern "C" __global__ void __launch_bounds__(384, 1)
+fp8gemm_v3_fast(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
+                __nv_bfloat16* C, int M, int N, int K, const float* scale_a,
+                const float* scale_b) {
+    fp8_tma_ws<256, 3, true, 8, true, false>(ta, tb, C, M, N, K, scale_a, scale_b);
+}
+
+// v3's family, for the probe (instantiated by name from igemm_launch.py).
+template <int BN, int STAGES, bool PERSIST, int GROUP, bool EPI, bool PROMOTE>
+__global__ void __launch_bounds__(384, 1)
+fp8gemm_tma_t(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb,
+              __nv_bfloat16* C, int M, int N, int K, const float* scale_a, const float* scale_b) {
+    fp8_tma_ws<BN, STAGES, PERSIST, GROUP, EPI, PROMOTE>(ta, tb, C, M, N, K, scale_a, scale_b);
 }

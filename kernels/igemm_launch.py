@@ -5,18 +5,22 @@
     C = ig.int8_matmul(A, B, version="igemm_v1")   # dp4a on the CUDA cores
     D = ig.fp8_matmul(A8, B8, sa, sb)         # e4m3 (M, K), (N, K), float32 scalar scales on the
                                               # GPU -> bf16 (M, N) = (A @ B^T) * sa * sb
+                                              # (fp8gemm_v3 on the H100, fp8gemm_v2 on sm_89)
 
 A and B are row-major (B in nn.Linear's layout: torch._int_mm(a, b) with b = B.t() is the
 same product). CuPy arrays or torch CUDA tensors (int8; float8_e4m3fn for fp8, or their bytes
 as uint8). K must be a multiple of 16 (16-byte rows); M and N any.
 Refused with a message: igemm_v2/v3 below compute capability 8.0 (int8 mma.sync m16n8k32),
-fp8 below 8.9 (no fp8 tensor-core instructions: Ada and Hopper have them).
+fp8 below 8.9 (no fp8 tensor-core instructions: Ada and Hopper have them), fp8gemm_v3 anywhere
+but compute capability 9.0 (wgmma, TMA and setmaxnreg: sm_90a; the module is compiled with
+-arch=sm_90a there).
 Shared memory: the 128x256 versions need 144 KiB per block; where the GPU allows less (the L4,
 A10 and RTX 30/40 allow 99 KiB) they run their 128x128 step instead (FALLBACK, a printed note).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -24,23 +28,34 @@ import numpy as np
 import cudabook as cb
 from cudabook.launch import LaunchError, ceil_div
 
-__all__ = ["VERSIONS", "FP8_VERSIONS", "WHAT", "MIN_CC", "FALLBACK", "int8_matmul", "fp8_matmul",
-           "config", "kernel_for", "sanitize_targets"]
+__all__ = ["VERSIONS", "FP8_VERSIONS", "WHAT", "MIN_CC", "FALLBACK", "HOPPER", "int8_matmul",
+           "fp8_matmul", "default_fp8", "module", "tensor_map", "config", "kernel_for",
+           "sanitize_targets"]
 
 VERSIONS = ("igemm_v1", "igemm_v2", "igemm_v3")
-FP8_VERSIONS = ("fp8gemm_v1", "fp8gemm_v2")
+FP8_VERSIONS = ("fp8gemm_v1", "fp8gemm_v2", "fp8gemm_v3")
 WHAT = {
     "igemm_v1": "dp4a, 64x64 tiles, 4x4 per thread",
     "igemm_v2": "mma.sync s8 m16n8k32, 128x128, 3-stage cp.async",
     "igemm_v3": "v2 with 128x256 tiles, 64x64 warp tiles",
     "fp8gemm_v1": "mma.sync e4m3 m16n8k32, 128x128",
     "fp8gemm_v2": "mma.sync e4m3, 128x256",
+    "fp8gemm_v3": "wgmma e4m3 + TMA, warp-specialised, persistent, fp32 promotion, 128x128",
 }
 MIN_CC = {"igemm_v1": (6, 1), "igemm_v2": (8, 0), "igemm_v3": (8, 0), "fp8gemm_v1": (8, 9),
-          "fp8gemm_v2": (8, 9)}
+          "fp8gemm_v2": (8, 9), "fp8gemm_v3": (9, 0)}
 TILES = {"igemm_v2": (128, 128), "igemm_v3": (128, 256), "fp8gemm_v1": (128, 128),
-         "fp8gemm_v2": (128, 256)}
+         "fp8gemm_v2": (128, 256), "fp8gemm_v3": (128, 128)}
 STAGES = 3
+#: Versions that exist only for compute capability 9.0 exactly (sm_90a: wgmma, setmaxnreg; not
+#: on sm_100 and later), with their TMA pipeline: 384 threads (a producer and two consumer
+#: warpgroups), a ring of stages of (128 + BN) x 128 bytes, a 64 x BN bf16 tile per consumer for
+#: the epilogue (rows padded by 16 bytes), one block per SM walking the tiles.
+HOPPER = ("fp8gemm_v3",)
+#: fp8gemm_v3's kernels: (BN, stages) with fp32 promotion of each 128-deep partial product
+#: (torch._scaled_mm's numerics), and without (``use_fast_accum=True``: the tensor cores' own,
+#: shorter accumulator over the whole K).
+TMA_KERNELS = {False: ("fp8gemm_v3", 128, 5), True: ("fp8gemm_v3_fast", 256, 3)}
 #: The kernel a 128x256 version runs where its 144 KiB of shared memory do not fit: the step
 #: below it, the same 3-stage pipeline on 128x128 tiles (96 KiB) with 64x32 warp tiles instead of
 #: 64x64. Cost: a third more bytes from L2 per multiply-add ((BM + BN) / (BM BN): 1/64 against
@@ -51,10 +66,17 @@ FALLBACK = {"igemm_v3": "igemm_v2", "fp8gemm_v2": "fp8gemm_v1"}
 _NOTED: set[str] = set()
 
 
-def config(version: str, M: int, N: int):
-    """(grid, block, dynamic shared bytes) of ``version`` (igemm.cu's launch comment)."""
+def config(version: str, M: int, N: int, sms: int = 132, fast: bool = False):
+    """(grid, block, dynamic shared bytes) of ``version`` (igemm.cu's launch comment); ``sms``:
+    the GPU's multiprocessors (the persistent grid of fp8gemm_v3), ``fast``: v3's fast-accumulation
+    kernel."""
     if version == "igemm_v1":
         return (ceil_div(N, 64), ceil_div(M, 64)), (256,), 0
+    if version in HOPPER:
+        _, bn, stages = TMA_KERNELS[bool(fast)]
+        tiles = ceil_div(M, 128) * ceil_div(N, bn)
+        return ((max(1, min(tiles, sms)),), (384,),
+                stages * (128 + bn) * 128 + 1024 + 2 * 64 * (2 * bn + 16))
     if version in TILES:
         bm, bn = TILES[version]
         return (ceil_div(M, bm) * ceil_div(N, bn),), (256,), STAGES * (bm + bn) * 128
@@ -87,6 +109,76 @@ def kernel_for(version: str, optin: int | None = None) -> str:
 def _need(version: str) -> None:
     major, minor = MIN_CC[version]
     cb.need_cc(major, minor, f"{version} ({WHAT[version]})")
+    if version in HOPPER and cb.cc() != (9, 0):
+        raise LaunchError(f"{version} ({WHAT[version]}) needs compute capability 9.0 exactly "
+                          f"(wgmma and setmaxnreg are sm_90a features); this GPU is "
+                          f"{cb.cc()[0]}.{cb.cc()[1]}: use fp8gemm_v2")
+
+
+def module(name_expressions: tuple[str, ...] = ()):
+    """kernels/igemm.cu compiled once per process, with -arch=sm_90a on compute capability 9.0
+    (fp8gemm_v3's wgmma, TMA and setmaxnreg); ``name_expressions``: template kernels to
+    instantiate too (``fp8gemm_tma_t<BN, STAGES, PERSIST, GROUP>``, for probes)."""
+    opts = ("-arch=sm_90a",) if cb.HAS_GPU and cb.cc() == (9, 0) else ()
+    if name_expressions:
+        key = (opts, tuple(name_expressions))
+        if key not in _MODS:
+            _MODS[key] = cb.load_cuda("igemm", options=opts,
+                                      name_expressions=tuple(name_expressions))
+        return _MODS[key]
+    return cb.cuda_module("igemm", opts)
+
+
+_MODS: dict = {}
+_TMAPS: dict = {}
+
+
+def tensor_map(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int = 128) -> np.void:
+    """A TMA descriptor (CUtensorMap, 128 bytes) of a row-major (rows, cols) 8-bit matrix at
+    ``ptr``: boxes of ``box_rows`` x ``box_cols`` bytes, 128-byte swizzle, zeros outside the
+    matrix (the edge tiles). Encoded by the driver's cuTensorMapEncodeTiled, called through
+    ctypes (one symbol of libcuda, the library CuPy already runs on), and returned as an
+    ``np.void`` that CuPy passes by value to a ``const __grid_constant__ TmaDesc`` parameter."""
+    key = (ptr, rows, cols, box_rows, box_cols)
+    if key in _TMAPS:
+        return _TMAPS[key]
+    import ctypes
+
+    if cols % 16 or ptr % 16:
+        raise LaunchError("TMA needs 16-byte aligned rows and start address")
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    buf = np.zeros(128 + 64, np.uint8)                  # CUtensorMap is 64-byte aligned
+    at = buf.ctypes.data + (-buf.ctypes.data) % 64
+    # enums (cuda.h): UINT8 0, INTERLEAVE_NONE 0, SWIZZLE_128B 3, L2_PROMOTION_L2_256B 3,
+    # FLOAT_OOB_FILL_NONE 0 (out-of-bounds elements read as zeros)
+    err = _libcuda().cuTensorMapEncodeTiled(
+        ctypes.c_void_p(at), 0, u32(2), ctypes.c_void_p(ptr), (u64 * 2)(cols, rows),
+        (u64 * 1)(cols), (u32 * 2)(box_cols, box_rows), (u32 * 2)(1, 1), 0, 3, 3, 0)
+    if err != 0:
+        raise LaunchError(f"cuTensorMapEncodeTiled failed: CUresult {err}")
+    off = at - buf.ctypes.data
+    val = np.frombuffer(buf[off:off + 128].tobytes(), dtype=np.dtype((np.void, 128)))[0]
+    if len(_TMAPS) > 256:
+        _TMAPS.clear()
+    _TMAPS[key] = val
+    return val
+
+
+def _libcuda():
+    import ctypes
+
+    global _CUDA
+    if _CUDA is None:
+        _CUDA = ctypes.CDLL("nvcuda.dll" if sys.platform.startswith("win") else "libcuda.so.1")
+        _CUDA.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    return _CUDA
+
+
+_CUDA = None
+
+
+def _sms() -> int:
+    return cb.env.info().sms or 132
 
 
 def _bytes(a: Any, name: str, want: tuple[str, ...]):
@@ -139,7 +231,7 @@ def int8_matmul(A: Any, B: Any, C: Any = None, version: str = "igemm_v3"):
 
     if version not in VERSIONS:
         raise ValueError(f"unknown version {version!r}; int8 kernels: {VERSIONS}")
-    mod = cb.cuda_module("igemm")
+    mod = module()
     _need(version)
     Ac, Bc = _bytes(A, "A", ("int8",)), _bytes(B, "B", ("int8",))
     M, N, K = _shapes(Ac, Bc)
@@ -150,18 +242,31 @@ def int8_matmul(A: Any, B: Any, C: Any = None, version: str = "igemm_v3"):
     return C
 
 
+def default_fp8() -> str:
+    """The fp8 version fp8_matmul runs by default: v3 on compute capability 9.0, else v2."""
+    return "fp8gemm_v3" if cb.HAS_GPU and cb.cc() == (9, 0) else "fp8gemm_v2"
+
+
 def fp8_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, C: Any = None,
-               version: str = "fp8gemm_v2"):
-    """bf16 C = (A @ B^T) * scale_a * scale_b of e4m3 A (M, K), B (N, K); fp32 accumulation."""
+               version: str | None = None, use_fast_accum: bool = False,
+               kernel: str | None = None):
+    """bf16 C = (A @ B^T) * scale_a * scale_b of e4m3 A (M, K), B (N, K); fp32 accumulation.
+
+    ``version``: default_fp8() when None. ``use_fast_accum`` (fp8gemm_v3 only, as in
+    torch._scaled_mm): keep the whole sum in the tensor cores' accumulator, whose fp8 sums carry
+    fewer bits than fp32, instead of adding each 128-deep partial product into fp32 registers.
+    v1/v2 (mma.sync) accumulate in fp32 either way. ``kernel``: for probes, an
+    fp8gemm_tma_t<...> instantiation to run in v3's place (module(name_expressions))."""
     import cupy as cp
 
+    version = default_fp8() if version is None else version
     if version not in FP8_VERSIONS:
         raise ValueError(f"unknown version {version!r}; fp8 kernels: {FP8_VERSIONS}")
     if cb.HAS_GPU and cb.cc() < (8, 9):
         raise LaunchError(f"fp8 (e4m3) tensor-core GEMM needs compute capability 8.9+ (Ada, "
                           f"Hopper); this GPU is {cb.cc()[0]}.{cb.cc()[1]}")
-    mod = cb.cuda_module("igemm")
     _need(version)
+    mod = module((kernel,) if kernel else ())
     Ac, Bc = _bytes(A, "A", ("uint8",)), _bytes(B, "B", ("uint8",))
     M, N, K = _shapes(Ac, Bc)
     gv = cb.load_launch("gemv")
@@ -178,8 +283,35 @@ def fp8_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, C: Any = None,
     if Cc.shape != (M, N) or Cc.dtype.itemsize != 2:
         raise ValueError(f"C must be a 2-byte (bf16) ({M}, {N}) array, got {Cc.dtype} "
                          f"{tuple(Cc.shape)}")
-    _launch(mod, version, Ac, Bc, Cc, M, N, K, (sa, sb))
+    if version in HOPPER:
+        _launch_tma(mod, kernel or TMA_KERNELS[bool(use_fast_accum)][0], Ac, Bc, Cc, M, N, K,
+                    (sa, sb))
+    else:
+        _launch(mod, version, Ac, Bc, Cc, M, N, K, (sa, sb))
     return C
+
+
+def _launch_tma(mod, name, A, B, C, M, N, K, extra):
+    """fp8gemm_v3, or an instantiation ``name`` of its family,
+    fp8gemm_tma_t<BN, STAGES, PERSIST, GROUP, EPI, PROMOTE> (its parameters read from the name)."""
+    fast = name == TMA_KERNELS[True][0]
+    _, bn, stages = TMA_KERNELS[fast]
+    persist, epi = True, True
+    if "<" in name:
+        p = [x.strip() for x in name.split("<")[1].rstrip(">").split(",")]
+        bn, stages, persist, epi = int(p[0]), int(p[1]), p[2] == "true", p[4] == "true"
+    tiles = ceil_div(M, 128) * ceil_div(N, bn)
+    grid, block = ((max(1, min(tiles, _sms())) if persist else tiles),), (384,)
+    smem = stages * (128 + bn) * 128 + 1024 + (2 * 64 * (2 * bn + 16) if epi else 0)
+    if smem > _optin():
+        raise LaunchError(f"{name} needs {smem // 1024} KiB of shared memory per block, this GPU "
+                          f"allows {_optin() // 1024} KiB")
+    kern = mod.get(name)
+    kern.max_dynamic_shared_size_bytes = smem
+    ta = tensor_map(A.data.ptr, M, K, 128)
+    tb = tensor_map(B.data.ptr, N, K, bn)
+    kern(grid, block, (ta, tb, C, np.int32(M), np.int32(N), np.int32(K)) + extra,
+         shared_mem=smem)
 
 
 def bf16_to_float(c) -> Any:
@@ -205,4 +337,5 @@ def sanitize_targets():
         B8 = rng.integers(0, 0x70, (N, K), dtype=cp.uint8)
         one = cp.ones(1, cp.float32)
         for v in FP8_VERSIONS:
-            yield f"{v} ({M}x{N}x{K})", (lambda v=v: fp8_matmul(A8, B8, one, one, version=v))
+            if v not in HOPPER or cb.cc() == (9, 0):
+                yield f"{v} ({M}x{N}x{K})", (lambda v=v: fp8_matmul(A8, B8, one, one, version=v))

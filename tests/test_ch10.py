@@ -290,6 +290,71 @@ def test_numba_gemv_twins():
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
 
 
+# ----------------------------------------------------------------------------- fp8 GEMM
+def test_fp8gemm_v3_launcher_without_gpu():
+    ig = cb.load_launch("igemm")
+    assert ig.FP8_VERSIONS[-1] == "fp8gemm_v3" and ig.MIN_CC["fp8gemm_v3"] == (9, 0)
+    # persistent: one block per SM (at most one per tile), 3 warpgroups, 5 stages of 128 + 128
+    # rows of 128 bytes, 1 KiB of alignment slack, two 64 x 128 bf16 C tiles (rows + 16 bytes);
+    # use_fast_accum: 128 x 256 tiles, 3 stages
+    smem = 5 * 256 * 128 + 1024 + 2 * 64 * (2 * 128 + 16)
+    assert ig.config("fp8gemm_v3", 4096, 4096, sms=132) == ((132,), (384,), smem)
+    smem = 3 * 384 * 128 + 1024 + 2 * 64 * (2 * 256 + 16)
+    assert ig.config("fp8gemm_v3", 4096, 4096, sms=132, fast=True) == ((132,), (384,), smem)
+    assert ig.config("fp8gemm_v3", 1, 8, sms=132)[0] == (1,)
+    assert ig.config("fp8gemm_v3", 4097, 511, sms=132, fast=True)[0] == (66,)
+    if not cb.HAS_GPU:
+        assert ig.default_fp8() == "fp8gemm_v2"
+        with pytest.raises(cb.LaunchError, match="needs a CUDA GPU"):
+            ig.fp8_matmul(np.zeros((4, 16), np.uint8), np.zeros((4, 16), np.uint8),
+                          np.ones(1, np.float32), np.ones(1, np.float32), version="fp8gemm_v3")
+    with pytest.raises(ValueError, match="unknown version"):
+        ig.fp8_matmul(None, None, None, None, version="fp8gemm_v9")
+
+
+@gpu
+def test_fp8gemm_on_gpu_against_float64():
+    import cupy as cp
+    import torch
+
+    ig = cb.load_launch("igemm")
+    if cb.cc() < (8, 9):
+        pytest.skip("fp8 tensor-core GEMM needs compute capability 8.9+")
+    versions = [v for v in ig.FP8_VERSIONS if v != "fp8gemm_v3" or cb.cc() == (9, 0)]
+    assert ig.default_fp8() == ("fp8gemm_v3" if cb.cc() == (9, 0) else "fp8gemm_v2")
+    sa, sb = cp.full(1, 0.5, cp.float32), cp.full(1, 0.375, cp.float32)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    # ragged M and N (edge tiles zero-filled on load, stores guarded), odd N (no paired
+    # stores), K not a multiple of the 128-byte k-tile, M = 1
+    runs = [(v, False) for v in versions] + [("fp8gemm_v3", True)] * ("fp8gemm_v3" in versions)
+    for M, N, K in ((1000, 1736, 1024), (257, 511, 400), (1, 8, 16), (3, 70, 4112)):
+        A = (2 * torch.randn(M, K, device="cuda", generator=g)).to(torch.float8_e4m3fn)
+        B = (2 * torch.randn(N, K, device="cuda", generator=g)).to(torch.float8_e4m3fn)
+        ref = (A.double() @ B.double().t()) * (0.5 * 0.375)
+        absprod = (A.double().abs() @ B.double().abs().t()) * (0.5 * 0.375)
+        for v, fast in runs:
+            C = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+            ig.fp8_matmul(A, B, sa, sb, C, version=v, use_fast_accum=fast)
+            err = (C.double() - ref).abs()
+            assert not torch.isnan(C).any(), (v, M, N, K)
+            # bf16 rounding (2^-8 relative) plus the accumulation's error in units of sum |a b|:
+            # measured on the H100 at most 5e-5 for mma.sync and for wgmma with fp32 promotion
+            # (torch._scaled_mm's own), 4e-4 for the fast accumulation at K = 4096
+            bound = ref.abs() * 2.0 ** -8 + absprod * 2.0 ** (-10 if fast else -13)
+            assert bool((err <= bound).all()), (v, fast, M, N, K, float((err - bound).max()))
+    A8 = cp.zeros((64, 100), cp.uint8)
+    with pytest.raises(cb.LaunchError, match="multiple of 16"):
+        ig.fp8_matmul(A8[:, :100], A8[:, :100], sa, sb)
+    with pytest.raises(cb.LaunchError, match="16-byte aligned"):
+        ig.fp8_matmul(cp.zeros(64 * 32 + 1, cp.uint8)[1:].reshape(64, 32), A8[:, :32].copy(),
+                      sa, sb)
+    with pytest.raises(TypeError, match="uint8"):
+        ig.fp8_matmul(cp.zeros((8, 32), cp.float16), cp.zeros((8, 32), cp.uint8), sa, sb)
+    if cb.cc() != (9, 0):
+        with pytest.raises(cb.LaunchError, match="9.0 exactly"):
+            ig.fp8_matmul(A8[:, :32].copy(), A8[:, :32].copy(), sa, sb, version="fp8gemm_v3")
+
+
 # ----------------------------------------------------------------------------- qgemv_w4_v6
 def test_qgemv_w4_v6_launcher_checks():
     qg = cb.load_launch("qgemv")

@@ -41,8 +41,11 @@
 //             8. The k order inside an mma is free, so each lane feeds the (k, k + 4) pairs that
 //             w4_to_half2 gives, with x regrouped to match. S warps per block split K, their
 //             16 x 8 tiles added once in shared memory. qgemv_w4_v6_s{S}_u{U}_g{GQ}: U quads
-//             (128 k, 2 loads of 16 bytes per lane) in flight; GQ = 1 (G % 128 == 0): the scale
-//             multiplies each quad's fp32 sum; GQ = 0: the weights are scaled in fp16 first.
+//             (128 k, 2 loads of 16 bytes per lane, x loaded with them) per step; GQ = 1
+//             (G % 128 == 0): the scale multiplies each quad's fp32 sum; GQ = 0: the weights
+//             are scaled in fp16 first. On the H100 about as fast as v3 at B = 1 (both wait on
+//             their loads: v3's loads without its math take 17.1 us of its 20.4 at 8192^2) and
+//             4.4x faster at B = 8.
 //
 //   Chunks are 16 bytes of q: 16 weights (W8) or 32 (W4), inside one group: G % 16 == 0 (W8),
 //   G % 32 == 0 (W4), and G divides K. q and x 16-byte aligned (the launcher checks).
@@ -481,8 +484,10 @@ QGEMV_ALL(qgemv_w4_v3, 5)
 // per quad, into a fresh fp32 sum that is then scaled by the group's scale (GQ: G % 128 == 0,
 // one group per quad); else each chunk's weights are scaled in fp16 before the mma (q * s
 // rounded once to fp16: exact to 2^-11). S warps of a block split K (warp w: quads w U + u,
-// += S U; 2 U loads of 16 bytes in flight per lane, issued before the math), then add their
-// partial 16 x 8 tiles in shared memory once, at the end.
+// += S U); each step issues its 2 U weight loads and its x loads (lanes g < B) before any math,
+// then the S partial 16 x 8 tiles are added in shared memory once, at the end. Instantiated
+// with U = 1 and S = 8 (N >= 6144) or 16 (smaller N: more warps per row of blocks): on the
+// H100 U = 2 with x read inside the math took 20.7 us at 8192 x 8192 against U = 1's 19.6.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void mma_16816(float (&c)[4], __half2 a0, __half2 a1, __half2 a2,
                                           __half2 a3, __half2 b0, __half2 b1) {
@@ -496,7 +501,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], __half2 a0, __half2 a1,
 }
 #endif
 
-template <int S, int U, bool GQ, bool XP>
+template <int S, int U, bool GQ>
 __device__ __forceinline__ void qgemv_w4_v6_body(const __half* __restrict__ x,
                                                  const unsigned char* __restrict__ q,
                                                  const __half* __restrict__ s,
@@ -518,7 +523,7 @@ __device__ __forceinline__ void qgemv_w4_v6_body(const __half* __restrict__ x,
     const uint4* xg = reinterpret_cast<const uint4*>(x) + (size_t)(hx ? g : 0) * (K / 8);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int j0 = warp * U; j0 < nq; j0 += S * U) {
-        uint4 wa[U], wb[U], xr[XP ? U : 1][4];
+        uint4 wa[U], wb[U], xr[U][4];
         __half2 s2a[U], s2b[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {             // all 2 U loads before any math
@@ -527,22 +532,19 @@ __device__ __forceinline__ void qgemv_w4_v6_body(const __half* __restrict__ x,
             unsigned cc = ok ? (unsigned)c : 0u;
             wa[u] = ok ? ld_stream16(qa + cc) : make_uint4(0u, 0u, 0u, 0u);
             wb[u] = ok ? ld_stream16(qb + cc) : make_uint4(0u, 0u, 0u, 0u);
-            if constexpr (XP) {                   // x too, so that no load waits in the math
 #pragma unroll
-                for (int w = 0; w < 4; ++w)
-                    xr[u][w] = (ok && hx) ? __ldg(xg + (size_t)c * 4 + w)
-                                          : make_uint4(0u, 0u, 0u, 0u);
-            }
+            for (int w = 0; w < 4; ++w)           // x too (lanes g < B): no load in the math
+                xr[u][w] = (ok && hx) ? __ldg(xg + (size_t)c * 4 + w)
+                                      : make_uint4(0u, 0u, 0u, 0u);
             unsigned cg = GQ ? 4u * (unsigned)min(j0 + u, nq - 1) : cc;  // GQ: the quad's group
             unsigned gi = cpg == 1 ? cg : __umulhi(cg, mg);
-            s2a[u] = __half2half2(sa[gi]);
-            s2b[u] = __half2half2(sb[gi]);
+            // past K (GQ = 0 only): scale 0, so the zero bytes (q = -8) give 0, never inf
+            s2a[u] = __half2half2(ok || GQ ? sa[gi] : __float2half(0.0f));
+            s2b[u] = __half2half2(ok || GQ ? sb[gi] : __float2half(0.0f));
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (j0 + u >= nq) break;              // the same for the whole warp
-            int c = 4 * (j0 + u) + t;
-            bool ok = hx && c < nc;               // x = 0 where the chunk is past K
             float cf[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
@@ -556,11 +558,7 @@ __device__ __forceinline__ void qgemv_w4_v6_body(const __half* __restrict__ x,
                         pb[i] = __hmul2(pb[i], s2b[u]);
                     }
                 }
-                if constexpr (XP)
-                    x_pairs_k4(xr[u][w], xp);
-                else
-                    x_pairs_k4(ok ? __ldg(xg + (size_t)c * 4 + w) : make_uint4(0u, 0u, 0u, 0u),
-                               xp);
+                x_pairs_k4(xr[u][w], xp);              // zero past K and for lanes g >= B
                 mma_16816(cf, pa[0], pb[0], pa[1], pb[1], xp[0], xp[1]);
                 mma_16816(cf, pa[2], pb[2], pa[3], pb[3], xp[2], xp[3]);
             }
@@ -591,8 +589,10 @@ __device__ __forceinline__ void qgemv_w4_v6_body(const __half* __restrict__ x,
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             int n = n0 + g + (i >> 1) * 8, b = 2 * t + (i & 1);
-            if (n < N && b < B)
-                y[(size_t)b * N + n] = __float2half_rn(v[i] + (bias ? __half2float(bias[n]) : 0.0f));
+            if (n < N && b < B) {
+                float bn = bias ? __half2float(bias[n]) : 0.0f;
+                y[(size_t)b * N + n] = __float2half_rn(v[i] + bn);
+            }
         }
     }
 #else
@@ -600,16 +600,12 @@ __device__ __forceinline__ void qgemv_w4_v6_body(const __half* __restrict__ x,
 #endif
 }
 
-#define QGEMV_V6(S, U, GQ, XP, MINB)                                                         \
-extern "C" __global__ void __launch_bounds__(32 * S, MINB)                                   \
-        qgemv_w4_v6_s##S##_u##U##_g##GQ##_x##XP(                                            \
+#define QGEMV_V6(S, U, GQ, MINB)                                                             \
+extern "C" __global__ void __launch_bounds__(32 * S, MINB) qgemv_w4_v6_s##S##_u##U##_g##GQ(   \
         const __half* __restrict__ x, const unsigned char* __restrict__ q,                   \
         const __half* __restrict__ s, const __half* __restrict__ bias,                       \
         __half* __restrict__ y, int B, int N, int K, int G) {                                \
-    qgemv_w4_v6_body<S, U, GQ, XP>(x, q, s, bias, y, B, N, K, G);                            \
+    qgemv_w4_v6_body<S, U, GQ>(x, q, s, bias, y, B, N, K, G);                                \
 }
-QGEMV_V6(4, 2, 1, 0, 8) QGEMV_V6(8, 2, 1, 0, 4) QGEMV_V6(16, 2, 1, 0, 2)
-QGEMV_V6(8, 2, 0, 0, 4) QGEMV_V6(16, 2, 0, 0, 2)
-QGEMV_V6(4, 1, 1, 1, 8) QGEMV_V6(8, 1, 1, 1, 4) QGEMV_V6(16, 1, 1, 1, 2)
-QGEMV_V6(8, 1, 0, 1, 4) QGEMV_V6(16, 1, 0, 1, 2)
+QGEMV_V6(8, 1, 1, 4) QGEMV_V6(8, 1, 0, 4) QGEMV_V6(16, 1, 1, 2) QGEMV_V6(16, 1, 0, 2)
 #undef QGEMV_V6

@@ -19,6 +19,7 @@ or 32 (W4: 16 bytes of packed weights must fall in one group), odd K for packed 
 other than fp16 activations, B outside 1..16, misaligned or strided arrays; qgemv_w4_v4 beyond
 B = 4, qgemv_w4_v5 beyond B = 1 or K = 32768, qgemv_w4_v6 beyond B = 8 or K = 2^21 or
 below compute capability 8.0 (mma.sync m16n8k16).
+qgemv_w4_v6 with G % 128 != 0 scales the weights in fp16 (|q s| below 65504: |w| up to ~57000).
 qgemv_w4_v3, v4 and v5 sum 4 products in fp16 before the fp32 sum: activations above about 2000
 in magnitude could overflow those partials; v2 (fp32 products) has no such limit.
 """
@@ -63,13 +64,13 @@ V6_MAX_B = 8                                 #: qgemv_w4_v6: the rows of x are t
 V6_MAX_K = 1 << 21                           #: its chunk -> group multiply-high is exact below this
 V6_MIN_CC = (8, 0)                           #: mma.sync m16n8k16 with fp16 inputs
 V6_SPLITS = (4, 8, 16)                       #: warps per block (each a slice of K), instantiated
-#: qgemv_w4_v6: (warps per block S, quads of 128 k in flight per lane U, x loaded with the
-#: weights XP) by N
-V6_DEFAULT = {"small_n": (8, 2, 0), "large_n": (8, 2, 0)}
+#: qgemv_w4_v6: (warps per block S, quads of 128 k in flight per lane U) by N. Measured on the
+#: H100 (B = 1, g128): S = 8 19.6 us at 8192 x 8192 (S = 16: 20.6); S = 16 18.4 us at
+#: 4096 x 14336 (S = 8: 20.3), where 16 rows per block leave only 256 blocks
+V6_DEFAULT = {"small_n": (16, 1), "large_n": (8, 1)}
 V6_LARGE_N = 6144
-#: (S, U, GQ, XP) instantiated in qgemv.cu
-V6_KERNELS = {(4, 2, 1, 0), (8, 2, 1, 0), (16, 2, 1, 0), (8, 2, 0, 0), (16, 2, 0, 0),
-              (4, 1, 1, 1), (8, 1, 1, 1), (16, 1, 1, 1), (8, 1, 0, 1), (16, 1, 0, 1)}
+#: (S, U, GQ) instantiated in qgemv.cu
+V6_KERNELS = {(8, 1, 1), (8, 1, 0), (16, 1, 1), (16, 1, 0)}
 _RESIDENT: dict[str, int] = {}               # kernel name -> blocks per SM (driver's answer)
 
 
@@ -206,6 +207,9 @@ def kernel_name(version: str, B: int, rows: int | None = None, K: int | None = N
                              f"got {rows}")
         return f"qgemv_w4_v5_c{cpt}_r{r}"
     if version == "qgemv_w4_v6":
+        if rows is not None:
+            raise ValueError("qgemv_w4_v6 always takes 16 rows per block (one mma tile): "
+                             f"rows must be None, got {rows}")
         return v6_name(B, K, G, N)
     rows = 2 if rows is None else rows
     if version == "qgemv_w4_v4":
@@ -247,9 +251,8 @@ def _cc_ok() -> bool:
 
 
 def v6_config(N: int, K: int | None, G: int | None, B: int = 1,
-              split: int | None = None, quads: int | None = None,
-              xp: int | None = None) -> tuple[int, int, int, int]:
-    """(S warps per block, U quads in flight per lane, GQ, XP) of qgemv_w4_v6 for an (N, K) weight
+              split: int | None = None, quads: int | None = None) -> tuple[int, int, int]:
+    """(S warps per block, U quads in flight per lane, GQ) of qgemv_w4_v6 for an (N, K) weight
     with groups of G, after checking B and K. GQ = 1 where G % 128 == 0 (one scale per quad of
     128 values of k: applied to the fp32 sums); 0 scales the weights in fp16 first."""
     if not 1 <= B <= V6_MAX_B:
@@ -260,21 +263,21 @@ def v6_config(N: int, K: int | None, G: int | None, B: int = 1,
     if K > V6_MAX_K:
         raise LaunchError(f"qgemv_w4_v6 finds a chunk's scale by a multiply-high that is exact "
                           f"for K <= {V6_MAX_K}, got K = {K}; use qgemv_w4_v3")
-    S, U, X = V6_DEFAULT["large_n" if N >= V6_LARGE_N else "small_n"]
-    S, U, X = split or S, quads or U, X if xp is None else xp
+    S, U = V6_DEFAULT["large_n" if N >= V6_LARGE_N else "small_n"]
+    S, U = split or S, quads or U
     gq = int(G % 128 == 0)
-    if (S, U, gq, X) not in V6_KERNELS:
-        have = sorted((s_, u_, x_) for s_, u_, g_, x_ in V6_KERNELS if g_ == gq)
-        raise ValueError(f"qgemv_w4_v6 (G = {G}) is instantiated for (S, U, XP) in {have}, "
-                         f"got {(S, U, X)}")
-    return S, U, gq, X
+    if (S, U, gq) not in V6_KERNELS:
+        have = sorted((s_, u_) for s_, u_, g_ in V6_KERNELS if g_ == gq)
+        raise ValueError(f"qgemv_w4_v6 (G = {G}) is instantiated for (S, U) in {have}, "
+                         f"got {(S, U)}")
+    return S, U, gq
 
 
 def v6_name(B: int, K: int | None, G: int | None, N: int = 1 << 30,
-            split: int | None = None, quads: int | None = None, xp: int | None = None) -> str:
+            split: int | None = None, quads: int | None = None) -> str:
     """The instantiation of qgemv_w4_v6 that qgemv launches for (B, N, K, G)."""
-    S, U, gq, X = v6_config(N, K, G, B, split, quads, xp)
-    return f"qgemv_w4_v6_s{S}_u{U}_g{gq}_x{X}"
+    S, U, gq = v6_config(N, K, G, B, split, quads)
+    return f"qgemv_w4_v6_s{S}_u{U}_g{gq}"
 
 
 def _resident(mod, name: str) -> int:

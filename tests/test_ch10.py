@@ -358,11 +358,11 @@ def test_fp8gemm_on_gpu_against_float64():
 # ----------------------------------------------------------------------------- qgemv_w4_v6
 def test_qgemv_w4_v6_launcher_checks():
     qg = cb.load_launch("qgemv")
-    S, U, X = qg.V6_DEFAULT["large_n"]
+    S, U = qg.V6_DEFAULT["large_n"]
     assert qg.kernel_name("qgemv_w4_v6", 3, K=8192, G=128, N=8192) == (
-        f"qgemv_w4_v6_s{S}_u{U}_g1_x{X}")
-    assert qg.kernel_name("qgemv_w4_v6", 1, K=8192, G=32, N=8192).endswith(f"_g0_x{X}")
-    assert qg.kernel_name("qgemv_w4_v6", 1, K=1152, G=384, N=8)[:-3].endswith("_g1")
+        f"qgemv_w4_v6_s{S}_u{U}_g1")
+    assert qg.kernel_name("qgemv_w4_v6", 1, K=8192, G=32, N=8192).endswith("_g0")
+    assert qg.kernel_name("qgemv_w4_v6", 1, K=1152, G=384, N=8).endswith("_g1")
     with pytest.raises(cb.LaunchError, match="B <= 8"):
         qg.kernel_name("qgemv_w4_v6", 9, K=256, G=64)
     with pytest.raises(cb.LaunchError, match="use qgemv_w4_v3"):
@@ -370,12 +370,14 @@ def test_qgemv_w4_v6_launcher_checks():
     with pytest.raises(ValueError, match="depends on K and the group"):
         qg.kernel_name("qgemv_w4_v6", 1, K=256)
     with pytest.raises(ValueError, match="instantiated"):
-        qg.v6_name(1, 256, 64, split=32)
+        qg.v6_name(1, 256, 64, split=4)
     # a block of S warps (slices of K) per 16 rows of W
     S = qg.V6_DEFAULT["small_n"][0]
     assert qg.config("qgemv_w4_v6", 1, 4096, K=14336, G=128) == ((256,), (32 * S,))
     assert qg.config("qgemv_w4_v6", 2, 17, K=64, G=64)[0] == (2,)
     assert not qg.supports("qgemv_w4_v6", 9, 8192)
+    with pytest.raises(ValueError, match="16 rows per block"):
+        qg.kernel_name("qgemv_w4_v6", 1, rows=2, K=256, G=64)
     assert "qgemv_w4_v6" in qg.VERSIONS[4] and "qgemv_w4_v6" in qg.WHAT
 
 

@@ -212,22 +212,6 @@ __device__ __forceinline__ void load_tile(T* tile, const T* X, int R, int K, int
     }
 }
 
-// Tile (bm, bn) of C computed by block b of a 1D grid. GROUP = 1: row by row. GROUP > 1: blocks
-// walk down GROUP tile rows before moving right, so blocks running together share their A rows
-// and B columns in L2.
-template <int GROUP>
-__device__ __forceinline__ void tile_of(int b, int tiles_m, int tiles_n, int& bm, int& bn) {
-    if (GROUP == 1) {
-        bm = b / tiles_n;
-        bn = b % tiles_n;
-        return;
-    }
-    const int per_group = GROUP * tiles_n, first = (b / per_group) * GROUP;
-    const int rows = min(tiles_m - first, GROUP), i = b % per_group;
-    bm = first + i % rows;
-    bn = i / rows;
-}
-
 // The fragments of k16 slice kk (0..3) of a warp's (16 FM) x (8 FN) tile: FM ldmatrix.x4 of A
 // (lane l points at row l%16, k-chunk l/16: a[0..3] in order), FN/2 of B (two n8 tiles each:
 // n row l%8 (+8 for lanes 16..31), k-chunk (l/8)%2 gives b[0..1] of both).
@@ -669,9 +653,7 @@ mma_peak(float* out, int iters) {
 
 // The first 1024-byte boundary in dynamic shared memory (the 128-byte swizzle repeats every
 // 1024 bytes, and wgmma and TMA compute it from the address): launches add 1024 bytes of slack.
-__device__ __forceinline__ unsigned char* smem_1024() {
-    return hg_smem + ((1024u - (smem_u32(hg_smem) & 1023u)) & 1023u);
-}
+__device__ __forceinline__ unsigned char* smem_1024() { return align_1024(hg_smem); }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // d += A (64 x 16) @ B (16 x BN) for one warpgroup, both from shared memory.

@@ -233,19 +233,7 @@ fp8gemm_v2(const unsigned char* A, const unsigned char* B, __nv_bfloat16* C, int
 
 // The first 1024-byte boundary in dynamic shared memory (the 128-byte swizzle repeats every
 // 1024 bytes, and TMA and wgmma compute it from the address).
-__device__ __forceinline__ unsigned char* ig_smem_1024() {
-    return ig_smem + ((1024u - (smem_u32(ig_smem) & 1023u)) & 1023u);
-}
-
-// Tile t of a tiles_m x tiles_n grid, walking down GROUP tile rows before moving right: blocks
-// that run together share their A rows and B columns in L2.
-template <int GROUP>
-__device__ __forceinline__ void ig_tile_of(int t, int tiles_m, int tiles_n, int& bm, int& bn) {
-    const int per_group = GROUP * tiles_n, first = (t / per_group) * GROUP;
-    const int rows = min(GROUP, tiles_m - first), r = t % per_group;
-    bm = first + r % rows;
-    bn = r / rows;
-}
+__device__ __forceinline__ unsigned char* ig_smem_1024() { return align_1024(ig_smem); }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The EPI epilogue of one consumer warpgroup (tid 0..127, consumer c): its 64 x BN accumulators,
@@ -319,7 +307,7 @@ __device__ __forceinline__ void fp8_tma_ws(const TmaDesc& ta, const TmaDesc& tb,
             int it = 0;                // stage uses so far: stage it % STAGES, use it / STAGES
             for (int tile = blockIdx.x; tile < tiles; tile += step) {
                 int bm, bn;
-                ig_tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
+                tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
                 for (int kt = 0; kt < KT; kt++, it++) {
                     const int s = it % STAGES, use = it / STAGES;
                     if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
@@ -338,7 +326,7 @@ __device__ __forceinline__ void fp8_tma_ws(const TmaDesc& ta, const TmaDesc& tb,
         int it = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += step) {
             int bm, bn;
-            ig_tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
+            tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
             float d[BN / 2], acc[PROMOTE ? BN / 2 : 1];
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;

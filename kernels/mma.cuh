@@ -2,6 +2,8 @@
 // Inlined by cudabook.load_cuda (and found by nvcc through -I kernels/).
 //
 //   smem_u32(p)                         shared-space address of a __shared__ pointer
+//   align_1024(base)                    the first 1024-byte boundary at or after base (shared)
+//   tile_of<GROUP>(b, tm, tn, bm, bn)   tile (bm, bn) of C for block b, GROUP tile rows at a time
 //   ldmatrix_x1/x2/x4(r, addr)          load 1/2/4 8x8 b16 matrices from shared memory (sm_75+)
 //   ldmatrix_x1/x2/x4_trans(r, addr)    the same, each 8x8 matrix transposed on the way (sm_75+)
 //   mma_m16n8k8_f16(c, a, b)            c += a @ b, 16x8x8, f16 in, f32 accumulate (sm_75+)
@@ -61,6 +63,29 @@
 // The 32-bit shared-memory address (the .shared state space) of a pointer into __shared__ data.
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// The first 1024-byte boundary at or after base, a pointer into dynamic shared memory: the
+// 128-byte swizzle repeats every 1024 bytes and TMA and wgmma compute it from the address, so
+// the launches add 1024 bytes of slack (hgemm v7-v9, igemm's fp8gemm_v3).
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* base) {
+    return base + ((1024u - (smem_u32(base) & 1023u)) & 1023u);
+}
+
+// Tile (bm, bn) of C computed by block b of a 1D grid. GROUP = 1: row by row. GROUP > 1: blocks
+// walk down GROUP tile rows before moving right, so blocks running together share their A rows
+// and B columns in L2.
+template <int GROUP>
+__device__ __forceinline__ void tile_of(int b, int tiles_m, int tiles_n, int& bm, int& bn) {
+    if (GROUP == 1) {
+        bm = b / tiles_n;
+        bn = b % tiles_n;
+        return;
+    }
+    const int per_group = GROUP * tiles_n, first = (b / per_group) * GROUP;
+    const int rows = min(tiles_m - first, GROUP), i = b % per_group;
+    bm = first + i % rows;
+    bn = i / rows;
 }
 
 // ----- ldmatrix (sm_75+) ----------------------------------------------------------------------

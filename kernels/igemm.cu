@@ -235,6 +235,12 @@ fp8gemm_v2(const unsigned char* A, const unsigned char* B, __nv_bfloat16* C, int
 // 1024 bytes, and TMA and wgmma compute it from the address).
 __device__ __forceinline__ unsigned char* ig_smem_1024() { return align_1024(ig_smem); }
 
+// Tile (bm, bn) of C for tile t, GROUP tile rows at a time: mma.cuh's tile_of (L2 reuse).
+template <int GROUP>
+__device__ __forceinline__ void ig_tile_of(int t, int tiles_m, int tiles_n, int& bm, int& bn) {
+    tile_of<GROUP>(t, tiles_m, tiles_n, bm, bn);
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The EPI epilogue of one consumer warpgroup (tid 0..127, consumer c): its 64 x BN accumulators,
 // scaled and rounded to bf16, into its shared tile (rows 2 BN + 16 bytes apart: the 8 rows g of a
@@ -307,7 +313,7 @@ __device__ __forceinline__ void fp8_tma_ws(const TmaDesc& ta, const TmaDesc& tb,
             int it = 0;                // stage uses so far: stage it % STAGES, use it / STAGES
             for (int tile = blockIdx.x; tile < tiles; tile += step) {
                 int bm, bn;
-                tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
+                ig_tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
                 for (int kt = 0; kt < KT; kt++, it++) {
                     const int s = it % STAGES, use = it / STAGES;
                     if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
@@ -326,7 +332,7 @@ __device__ __forceinline__ void fp8_tma_ws(const TmaDesc& ta, const TmaDesc& tb,
         int it = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += step) {
             int bm, bn;
-            tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
+            ig_tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
             float d[BN / 2], acc[PROMOTE ? BN / 2 : 1];
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;

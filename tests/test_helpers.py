@@ -398,6 +398,21 @@ def test_policy_rejects_outputs_in_exercises(tmp_path):
     assert any("no grader cell" in e for e in errs)
 
 
+def test_policy_rejects_a_stale_kernel_source():
+    import nbformat
+
+    nb = nbtools.from_py('# %%\ncb.show_source("vector_add.cu", "vector_add_v2")\n')
+    src = cb.kernel_source("vector_add.cu", "vector_add_v2")
+    md = f"`kernels/vector_add.cu`\n```cuda\n{src}```"
+    nb.cells[0].outputs = [nbformat.v4.new_output("display_data", data={"text/markdown": md})]
+    assert nbtools.stale_source_errors(nb, "lessons/09_x.ipynb") == []
+    nb.cells[0].outputs[0].data["text/markdown"] = md.replace("i < n", "i <= n")
+    errs = nbtools.stale_source_errors(nb, "lessons/09_x.ipynb")
+    assert len(errs) == 1 and "as it was when executed" in errs[0]
+    nb.cells[0].source = 'cb.show_source("vector_add.cu", "no_such_kernel")'
+    assert "which is gone" in nbtools.stale_source_errors(nb, "lessons/09_x.ipynb")[0]
+
+
 def test_exercises_in_sync():
     assert nbtools.cmd_exercises(check=True) == 0
 

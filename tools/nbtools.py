@@ -42,6 +42,9 @@ POLICY
     metadata (kernel python3, Colab asks for a GPU), and starts with the setup cell;
   * lessons/ and solutions/ have every code cell executed, on a GPU (``metadata.cudabook``
     names it), with outputs; a lesson stores at least one figure;
+  * a lesson or solution cell that shows kernels/ source (``cb.show_source("f.cu", "k")``)
+    stores that source as it is now: the book shows the code under test, so a kernel edited
+    after the run needs a new run;
   * exercises/ have no outputs and no execution counts (grader cells included: a stored
     ``PASS`` would be a pass the reader has not earned); every grader cell of a solution
     (``# NBVAL_CHECK_OUTPUT``) stores ``PASS exNN.k``.
@@ -388,6 +391,7 @@ def policy_errors(path: Path) -> list[str]:
             errs.append(f"{rel}: code cells {unrun[:5]} were not executed")
         if not any(c.outputs for c in code):
             errs.append(f"{rel}: has no outputs")
+        errs += stale_source_errors(nb, rel)
         if kind == "lessons" and not any("image/png" in o.get("data", {}) for c in code
                                          for o in c.outputs):
             errs.append(f"{rel}: has no figure (a lesson plots its results; was it executed with "
@@ -415,6 +419,31 @@ def policy_errors(path: Path) -> list[str]:
             if not want or lines.strip() != want:
                 errs.append(f"{rel}: grader cell {c.get('id')} must store exactly '{want}', "
                             f"has {lines.strip()!r}")
+    return errs
+
+
+SHOW_SOURCE = re.compile(r'show_source\(\s*"([^"]+)"\s*(?:,\s*"([^"]+)"\s*)?\)')
+
+
+def stale_source_errors(nb, rel) -> list[str]:
+    """Cells whose stored ``cb.show_source`` output is not the source in kernels/ now."""
+    from cudabook.source import kernel_source
+
+    errs = []
+    for c in nb.cells:
+        calls = SHOW_SOURCE.findall(c.source) if c.cell_type == "code" else []
+        shown = "".join(o.get("data", {}).get("text/markdown", "") + o.get("text", "")
+                        for o in c.get("outputs", []))
+        for f, k in calls:
+            what = f"kernels/{f}" + (f" ({k})" if k else "")
+            try:
+                src = kernel_source(f, k or None)
+            except (OSError, ValueError, KeyError) as e:
+                errs.append(f"{rel}: cell {c.get('id')} shows {what}, which is gone: {e}")
+                continue
+            if src not in shown:
+                errs.append(f"{rel}: cell {c.get('id')} shows {what} as it was when executed, "
+                            "not as it is now: re-execute the notebook on a GPU")
     return errs
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numbers
 
-__all__ = ["LaunchError", "ceil_div", "round_up", "grid_1d", "grid_2d", "row_block", "need_cc"]
+__all__ = ["LaunchError", "ceil_div", "round_up", "grid_1d", "grid_2d", "row_block", "need_cc",
+           "smem_optin"]
 
 
 class LaunchError(ValueError):
@@ -69,3 +70,24 @@ def need_cc(major: int, minor: int = 0, what: str = "this kernel") -> None:
     if env.cc() < (major, minor):
         raise LaunchError(f"{what} needs compute capability {major}.{minor}+; this "
                           f"{env.info().name} is {env.cc()[0]}.{env.cc()[1]}")
+
+
+_OPTIN: dict[int, int] = {}      # device id -> opt-in shared memory per block (bytes)
+
+
+def smem_optin() -> int | None:
+    """The most dynamic shared memory one block may opt into on the current GPU, in bytes
+    (``sharedMemPerBlockOptin``: 227 KiB on an H100, 163 on an A100, 99 on an L4 / A10 /
+    RTX 30-40, 64 on a T4); None without a GPU. Read once per device. Launch helpers compare a
+    kernel's dynamic shared memory with it before launching (and fall back or refuse)."""
+    from . import env
+
+    if not env.HAS_GPU:
+        return None
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _OPTIN:
+        _OPTIN[dev] = int(cupy.cuda.runtime.getDeviceProperties(dev)
+                          .get("sharedMemPerBlockOptin", 48 * 1024))
+    return _OPTIN[dev]

@@ -29,6 +29,7 @@ import math
 import numpy as np
 
 import cudabook as cb
+from cudabook.launch import smem_optin
 
 LOG2E = 1.4426950408889634
 #: attention_v3 tiles (queries per block BR, keys per tile BC) per head dimension; the same
@@ -265,21 +266,13 @@ def hopper_problem(cc: tuple[int, int]) -> str | None:
             "version='v3'")
 
 
-_OPTIN: dict[int, int] = {}     # device id -> opt-in shared memory per block (bytes)
 _NOTED: set[str] = set()        # fallback kernels announced once
 
 
 def _optin() -> int | None:
     """The most dynamic shared memory one block may opt into on this GPU (bytes; None without
     a GPU): 227 KiB on an H100, 163 on an A100, 99 on an L4 / A10 / RTX 30-40, 64 on a T4."""
-    if not cb.HAS_GPU:
-        return None
-    import cupy
-
-    dev = cupy.cuda.Device().id
-    if dev not in _OPTIN:
-        _OPTIN[dev] = int(cupy.cuda.Device(dev).attributes["MaxSharedMemoryPerBlockOptin"])
-    return _OPTIN[dev]
+    return smem_optin()
 
 
 def _require(what: str, dt: str, shared: int, optin: int | None = None) -> None:

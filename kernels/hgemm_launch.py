@@ -582,7 +582,6 @@ def _cc() -> tuple[int, int]:
     return cb.cc()
 
 
-_OPTIN: dict[int, tuple[tuple[int, int], int]] = {}   # device id -> (cc, opt-in bytes)
 _NOTED: set[str] = set()                              # fallback kernels announced once
 
 
@@ -590,18 +589,10 @@ def _smem_optin(cc: tuple[int, int] | None = None) -> int | None:
     """The most dynamic shared memory one block may opt into on this GPU (bytes:
     ``sharedMemPerBlockOptin``); None without a GPU, or when ``cc`` is not this GPU's."""
     from cudabook import env
+    from cudabook.launch import smem_optin
 
-    if not env.HAS_GPU:
-        return None
-    import cupy
-
-    dev = cupy.cuda.Device().id
-    if dev not in _OPTIN:
-        props = cupy.cuda.runtime.getDeviceProperties(dev)
-        _OPTIN[dev] = ((int(props["major"]), int(props["minor"])),
-                       int(props.get("sharedMemPerBlockOptin", MAX_STATIC_SHARED)))
-    dev_cc, optin = _OPTIN[dev]
-    if cc is not None and tuple(cc) != dev_cc:
+    optin = smem_optin()
+    if optin is None or (cc is not None and tuple(cc) != env.cc()):
         return None
     return optin
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import LaunchError, ceil_div, smem_optin
 
 __all__ = ["VERSIONS", "FP8_VERSIONS", "WHAT", "MIN_CC", "FALLBACK", "HOPPER", "int8_matmul",
            "fp8_matmul", "default_fp8", "module", "tensor_map", "config", "kernel_for",
@@ -85,10 +85,7 @@ def config(version: str, M: int, N: int, sms: int = 132, fast: bool = False):
 
 def _optin() -> int:
     """The most dynamic shared memory one block may opt into on this GPU (bytes)."""
-    import cupy as cp
-
-    return int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-               .get("sharedMemPerBlockOptin", 48 * 1024))
+    return smem_optin() or 48 * 1024
 
 
 def kernel_for(version: str, optin: int | None = None) -> str:

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import LaunchError, ceil_div, smem_optin
 
 __all__ = ["DECODE_ATTENTION", "kv_append", "decode_attention", "merge_heads", "advance", "sanitize_targets"]
 
@@ -106,10 +106,7 @@ def _fit_scores(kern, version: str, L: int) -> None:
     static = int(kern.attributes["shared_size_bytes"])
     if 4 * L + static <= 48 * 1024:
         return
-    import cupy as cp
-
-    optin = int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-                .get("sharedMemPerBlockOptin", 48 * 1024))
+    optin = smem_optin() or 48 * 1024
     if 4 * L + static > optin:
         raise LaunchError(f"{version}: a cache of L = {L} positions needs {(4 * L + static) // 1024}"
                           f" KiB of shared memory per block (4 L bytes of scores + {static} static),"

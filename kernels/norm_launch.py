@@ -17,7 +17,7 @@ import numbers
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div, row_block
+from cudabook.launch import LaunchError, ceil_div, row_block, smem_optin
 
 __all__ = ["LAYERNORM_VERSIONS", "RMSNORM_VERSIONS", "layernorm", "rmsnorm", "config",
            "sanitize_targets"]
@@ -108,10 +108,7 @@ def _module():
 def _optin() -> int:
     """The most shared memory one block may opt into on this GPU (227 KiB on an H100, 64 KiB on
     a T4)."""
-    import cupy as cp
-
-    return int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-               .get("sharedMemPerBlockOptin", 48 * 1024))
+    return smem_optin() or 48 * 1024
 
 
 def sanitize_targets():

@@ -398,6 +398,16 @@ def test_policy_rejects_outputs_in_exercises(tmp_path):
     assert any("no grader cell" in e for e in errs)
 
 
+def test_smem_optin_is_none_without_a_gpu_and_the_limit_with_one():
+    from cudabook.launch import smem_optin
+
+    got = smem_optin()
+    if cb.HAS_GPU:
+        assert isinstance(got, int) and got >= 48 * 1024 and smem_optin() == got
+    else:
+        assert got is None
+
+
 def test_policy_rejects_a_stale_kernel_source():
     import nbformat
 

@@ -8,6 +8,7 @@
     y = qg.qgemv(x, w4, bias, out=y, version="qgemv_w4_v3")
     qg.supports("qgemv_w4_v5", B, K)         # False where a version does not take (B, K)
     y = qg.qgemv(x, w4, version="qgemv_w4_v6")   # sm_80+, B <= 8: tensor cores as the dot product
+    y = qg.qgemv(x, w4, version="qgemv_w4_v7")   # v6's math over w4.tiles(), its own layout
 
 ``prepare`` quantizes a float (N, K) weight on the GPU (kernels/quant.cu, symmetric,
 round to nearest; fp8 through PyTorch's float8_e4m3fn with s = max|w| / 448) and keeps what the kernels read: q (int8, or packed uint8 (N, K / 2)), the
@@ -18,7 +19,8 @@ Refused before launching: a group size that does not divide K or is not a multip
 or 32 (W4: 16 bytes of packed weights must fall in one group), odd K for packed int4, dtypes
 other than fp16 activations, B outside 1..16, misaligned or strided arrays; qgemv_w4_v4 beyond
 B = 4, qgemv_w4_v5 beyond B = 1 or K = 32768, qgemv_w4_v6 beyond B = 8 or K = 2^21 or
-below compute capability 8.0 (mma.sync m16n8k16).
+below compute capability 8.0 (mma.sync m16n8k16); qgemv_w4_v7 as v6, and also where K or the
+group size is not a multiple of 128 (one scale per tile of 128 values of k).
 qgemv_w4_v6 with G % 128 != 0 scales the weights in fp16 (|q s| below 65504: |w| up to ~57000).
 qgemv_w4_v3, v4 and v5 sum 4 products in fp16 before the fp32 sum: activations above about 2000
 in magnitude could overflow those partials; v2 (fp32 products) has no such limit.
@@ -26,7 +28,7 @@ in magnitude could overflow those partials; v2 (fp32 products) has no such limit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,7 +41,7 @@ __all__ = ["VERSIONS", "WHAT", "MAX_B", "QWeight", "prepare", "qgemv", "config",
 
 VERSIONS = {8: ("qgemv_w8_v1", "qgemv_w8_v2"),
             4: ("qgemv_w4_v1", "qgemv_w4_v2", "qgemv_w4_v3", "qgemv_w4_v4", "qgemv_w4_v5",
-                "qgemv_w4_v6"),
+                "qgemv_w4_v6", "qgemv_w4_v7"),
             "e4m3": ("qgemv_f8_v2",)}
 DEFAULT = {8: "qgemv_w8_v2", 4: "qgemv_w4_v3", "e4m3": "qgemv_f8_v2"}
 WHAT = {
@@ -52,6 +54,7 @@ WHAT = {
     "qgemv_w4_v4": "v3's math, a warp per row, 8 loads in flight per lane (B <= 4)",
     "qgemv_w4_v5": "B = 1: x kept in registers, rows walked by one wave of blocks",
     "qgemv_w4_v6": "tensor cores (mma.sync) as the dot product, x as the 8 columns (B <= 8)",
+    "qgemv_w4_v7": "v6's math over a weight stored in the order a warp loads it (512 B per load)",
 }
 MAX_B = 16
 BATCH_TILES = (1, 2, 4, 8, 16)
@@ -71,6 +74,11 @@ V6_DEFAULT = {"small_n": (16, 1), "large_n": (8, 1)}
 V6_LARGE_N = 6144
 #: (S, U, GQ) instantiated in qgemv.cu
 V6_KERNELS = {(8, 1, 1), (8, 1, 0), (16, 1, 1), (16, 1, 0)}
+V7_SPLITS = (16, 8, 4)                       #: qgemv_w4_v7: warps per block, instantiated
+#: qgemv_w4_v7 is launched with __launch_bounds__(32 S, 32 / S): 32 warps per SM fit at any S,
+#: so S is the largest split whose ceil(N / 16) blocks fit in one wave. Measured on the H100
+#: (B = 1, g128): 8192 x 8192 S = 8 16.5 us (S = 16, two waves: 16.9); 4096 x 14336 S = 16 14.9
+#: us (S = 8: 17.0); 14336 x 4096 S = 4 15.0 us (S = 8: 15.6)
 _RESIDENT: dict[str, int] = {}               # kernel name -> blocks per SM (driver's answer)
 
 
@@ -84,15 +92,19 @@ def v5_cpt(K: int) -> int:
                       f"{32 * V5_THREADS * 4} columns; use qgemv_w4_v3")
 
 
-def supports(version: str, B: int, K: int) -> bool:
+def supports(version: str, B: int, K: int, G: int | None = None) -> bool:
     """Whether ``version`` takes B rows of x and rows of K weights (v4: B <= 4; v5: B = 1,
-    K <= 32768; the others: any B up to MAX_B)."""
+    K <= 32768; v6: B <= 8, sm_80+; v7: as v6 with K and the group size G multiples of 128;
+    the others: any B up to MAX_B)."""
     if version == "qgemv_w4_v4":
         return B <= 4
     if version == "qgemv_w4_v5":
         return B == 1 and K <= 32 * V5_THREADS * 4
     if version == "qgemv_w4_v6":
         return 1 <= B <= V6_MAX_B and K <= V6_MAX_K and _cc_ok()
+    if version == "qgemv_w4_v7":
+        return (1 <= B <= V6_MAX_B and K % 128 == 0 and (G is None or G % 128 == 0)
+                and _cc_ok())
     return 1 <= B <= MAX_B
 
 
@@ -107,6 +119,7 @@ class QWeight:
     N: int
     K: int
     fmt: str = "int"
+    _tiled: Any = field(default=None, repr=False, compare=False)
 
     @property
     def kind(self):
@@ -133,6 +146,35 @@ class QWeight:
         s = self.scales.astype(cp.float32)
         return (q.astype(cp.float32).reshape(self.N, -1, self.group) * s[:, :, None]).reshape(
             self.N, self.K)
+
+
+    def tiles(self):
+        """(tiles, scales) of qgemv_w4_v7 (qgemv.cu's v7 comment), built on the GPU once and
+        kept: uint8 tiles of 16 rows x 128 k (1024 bytes each, in the order a warp loads them,
+        nibbles offset by 8 in the order k0 k2 k4 k6 k1 k3 k5 k7 per 32-bit word; rows past N
+        are zero) and fp16 scales, one (row g, row g + 8) pair per tile and g."""
+        if self._tiled is None:
+            import cupy as cp
+
+            if self.bits != 4 or self.fmt != "int":
+                raise LaunchError("qgemv_w4_v7 reads int4 weights (prepare(W, bits=4, group))")
+            N, K, G = self.N, self.K, self.group
+            if K % 128 or G % 128:
+                raise LaunchError(f"qgemv_w4_v7 takes tiles of 128 values of k with one scale "
+                                  f"each: K = {K} and the group size {G} must be multiples of "
+                                  "128; use qgemv_w4_v6")
+            Np, nq = ceil_div(N, 16) * 16, K // 128
+            q = cb.load_launch("quant").unpack_int4(self.q, N * K)
+            n = cp.full((Np, K), 8, cp.uint8)                        # q + 8; padded rows: q = 0
+            n[:N] = (q.astype(cp.int16) + 8).astype(cp.uint8).reshape(N, K)
+            n = n.reshape(Np, K // 8, 8)[:, :, [0, 2, 4, 6, 1, 3, 5, 7]]
+            b = (n[:, :, 0::2] | (n[:, :, 1::2] << 4)).reshape(Np // 16, 2, 8, nq, 4, 16)
+            s = cp.zeros((Np, nq), cp.float16)
+            s[:N] = cp.repeat(self.scales, G // 128, axis=1)
+            s = s.reshape(Np // 16, 2, 8, nq)
+            self._tiled = (cp.ascontiguousarray(b.transpose(0, 3, 1, 2, 4, 5)).reshape(-1),
+                           cp.ascontiguousarray(s.transpose(0, 3, 2, 1)).reshape(-1))
+        return self._tiled
 
 
 def _check_group(bits: int, K: int, group: int) -> None:
@@ -211,6 +253,11 @@ def kernel_name(version: str, B: int, rows: int | None = None, K: int | None = N
             raise ValueError("qgemv_w4_v6 always takes 16 rows per block (one mma tile): "
                              f"rows must be None, got {rows}")
         return v6_name(B, K, G, N)
+    if version == "qgemv_w4_v7":
+        if rows is not None:
+            raise ValueError("qgemv_w4_v7 always takes 16 rows per block (one mma tile): "
+                             f"rows must be None, got {rows}")
+        return f"qgemv_w4_v7_s{v7_split(N, B)}"
     rows = 2 if rows is None else rows
     if version == "qgemv_w4_v4":
         if B > 4:
@@ -237,6 +284,8 @@ def config(version: str, B: int, N: int, rows: int | None = None, K: int | None 
     if version == "qgemv_w4_v6":
         S = v6_config(N, K, G, B)[0]
         return (ceil_div(N, 16),), (32 * S,)
+    if version == "qgemv_w4_v7":
+        return (ceil_div(N, 16),), (32 * v7_split(N, B),)
     rows = 2 if rows is None else rows
     if version == "qgemv_w4_v4":
         return (ceil_div(N, 4), 1), (128,)
@@ -271,6 +320,19 @@ def v6_config(N: int, K: int | None, G: int | None, B: int = 1,
         raise ValueError(f"qgemv_w4_v6 (G = {G}) is instantiated for (S, U) in {have}, "
                          f"got {(S, U)}")
     return S, U, gq
+
+
+def v7_split(N: int, B: int = 1, sms: int | None = None) -> int:
+    """qgemv_w4_v7's warps per block S for N rows: the largest of V7_SPLITS whose ceil(N / 16)
+    blocks fit in one wave (32 / S per SM), else the smallest; after checking B."""
+    if not 1 <= B <= V6_MAX_B:
+        raise LaunchError(f"qgemv_w4_v7 takes B <= {V6_MAX_B} (the rows of x are the 8 columns "
+                          f"of one mma), got B = {B}; use qgemv_w4_v3")
+    sms = cb.env.info().sms if sms is None else sms
+    for S in V7_SPLITS:
+        if ceil_div(N, 16) <= sms * (32 // S):
+            return S
+    return V7_SPLITS[-1]
 
 
 def v6_name(B: int, K: int | None, G: int | None, N: int = 1 << 30,
@@ -329,15 +391,15 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
             out = cp.empty((B, w.N), cp.float16)
     oc = gv.as_cupy(out, "out")[0]
     cb.expect(oc, "out", dtype=np.float16, shape=(B, w.N))
-    if version == "qgemv_w4_v6" and not _cc_ok():
-        raise LaunchError("qgemv_w4_v6 multiplies with mma.sync m16n8k16 (fp16 in, fp32 sums): it "
+    if version in ("qgemv_w4_v6", "qgemv_w4_v7") and not _cc_ok():
+        raise LaunchError(f"{version} multiplies with mma.sync m16n8k16 (fp16 in, fp32 sums): it "
                           "needs compute capability 8.0+; this GPU is "
                           f"{'.'.join(map(str, cb.cc()))}: use qgemv_w4_v3")
     name = kernel_name(version, B, rows, K, w.group, w.N)
     resident = _resident(mod, name) if version == "qgemv_w4_v5" else None
     grid, block = config(version, B, w.N, rows, K, resident, w.group)
-    args = (xc, w.q, w.scales, bc, oc, np.int32(B), np.int32(w.N), np.int32(K),
-            np.int32(w.group))
+    q, s = w.tiles() if version == "qgemv_w4_v7" else (w.q, w.scales)
+    args = (xc, q, s, bc, oc, np.int32(B), np.int32(w.N), np.int32(K), np.int32(w.group))
     with gv._stream_of(lib):
         mod.get(name)(grid, block, args)
     return out
@@ -348,13 +410,13 @@ def sanitize_targets():
     import cupy as cp
 
     rng = cp.random.default_rng(0)
-    for B, N, K, G in ((1, 7, 256, 64), (11, 3, 128, 32)):
+    for B, N, K, G in ((1, 7, 256, 64), (11, 3, 128, 32), (3, 21, 384, 128)):
         x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
         W = rng.standard_normal((N, K), dtype=cp.float32)
         for bits, fmt in ((8, "int"), (4, "int"), (8, "e4m3")):
             w = prepare(W, bits, G, fmt)
             for v in VERSIONS[w.kind]:
-                if not supports(v, B, K):
+                if not supports(v, B, K, G):
                     continue
                 yield (f"{v} ({B}x{N}x{K}, g{G})",
                        (lambda v=v, w=w, x=x: qgemv(x, w, version=v)))

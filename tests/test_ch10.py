@@ -147,7 +147,7 @@ def test_gemv_qgemv_igemm_on_gpu():
             ref = (cp.asnumpy(xb).astype(np.float64)
                    @ cp.asnumpy(w.dequantized()).astype(np.float64).T)
             for v in qg.VERSIONS[bits]:
-                if qg.supports(v, xb.shape[0], 256):
+                if qg.supports(v, xb.shape[0], 256, 64):
                     cb.check(qg.qgemv(xb, w, version=v), ref, atol=2e-3 * np.abs(ref).max(),
                              rtol=1e-2)
     with pytest.raises(cb.LaunchError, match="B must be 1"):
@@ -415,3 +415,61 @@ def test_qgemv_w4_v6_irregular_shapes_on_gpu():
     buf = cp.zeros(2 * 257, cp.float16)
     with pytest.raises(cb.LaunchError, match="16-byte"):
         qg.qgemv(buf[1:257].reshape(1, 256), w, version="qgemv_w4_v6")
+
+
+# ----------------------------------------------------------------------------- qgemv_w4_v7
+def test_qgemv_w4_v7_launcher_checks():
+    qg = cb.load_launch("qgemv")
+    # the largest split whose blocks (one per 16 rows) fit in one wave at 32 / S per SM
+    assert qg.v7_split(8192, 1, sms=132) == 8          # 512 blocks: 16 -> 264 slots, 8 -> 528
+    assert qg.v7_split(4096, 1, sms=132) == 16         # 256 blocks
+    assert qg.v7_split(14336, 1, sms=132) == 4         # 896 blocks
+    assert qg.v7_split(10 ** 6, 1, sms=132) == 4       # more than one wave at any split
+    with pytest.raises(cb.LaunchError, match="B <= 8"):
+        qg.v7_split(4096, 9, sms=132)
+    assert qg.supports("qgemv_w4_v7", 1, 256, 128) == qg.supports("qgemv_w4_v6", 1, 256)
+    assert not qg.supports("qgemv_w4_v7", 1, 256, 64)  # one scale per tile of 128 k
+    assert not qg.supports("qgemv_w4_v7", 1, 320)
+    assert not qg.supports("qgemv_w4_v7", 9, 256)
+    with pytest.raises(ValueError, match="16 rows per block"):
+        qg.kernel_name("qgemv_w4_v7", 1, rows=2, K=256, G=128, N=64)
+    assert "qgemv_w4_v7" in qg.VERSIONS[4] and "qgemv_w4_v7" in qg.WHAT
+
+
+@gpu
+def test_qgemv_w4_v7_irregular_shapes_on_gpu():
+    import cupy as cp
+
+    qg = cb.load_launch("qgemv")
+    if cb.cc() < qg.V6_MIN_CC:
+        with pytest.raises(cb.LaunchError, match="8.0"):
+            qg.qgemv(cp.zeros((1, 128), cp.float16),
+                     qg.prepare(cp.ones((8, 128), cp.float32), 4, 128), version="qgemv_w4_v7")
+        return
+    rng = cp.random.default_rng(7)
+    # N not a multiple of 16 (padded tiles), groups of 128/256/384 and per-channel, B = 1..8,
+    # one tile of k, K with an odd number of tiles, with and without bias
+    for B, N, K, G in ((1, 7, 128, 128), (2, 37, 1024, 256), (4, 130, 2048, 128),
+                       (3, 5, 1152, 384), (1, 259, 14336, 128), (8, 77, 1280, 1280),
+                       (5, 33, 896, 128), (8, 6000, 2048, 128), (1, 4099, 4096, 4096)):
+        x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
+        w = qg.prepare(rng.standard_normal((N, K), dtype=cp.float32) * 0.02, 4, G)
+        bias = rng.standard_normal(N, dtype=cp.float32).astype(cp.float16)
+        ref = Q.qgemv_reference(cp.asnumpy(x), cp.asnumpy(w.dequantized()))
+        for b in (None, bias):
+            want = ref if b is None else ref + cp.asnumpy(b).astype(np.float64)
+            y = cp.full((B, N), cp.nan, cp.float16)
+            qg.qgemv(x, w, b, out=y, version="qgemv_w4_v7")
+            cb.check(y, want, atol=2e-3 * np.abs(want).max(), rtol=1e-2,
+                     name=f"qgemv_w4_v7 B={B} N={N} K={K} G={G}")
+        t, s = w.tiles()
+        assert t.nbytes == -(-N // 16) * 16 * K // 2 and w.tiles()[0] is t   # built once
+    w = qg.prepare(cp.ones((8, 256), cp.float32), 4, 64)
+    with pytest.raises(cb.LaunchError, match="multiples of 128"):
+        qg.qgemv(cp.zeros((1, 256), cp.float16), w, version="qgemv_w4_v7")
+    w = qg.prepare(cp.ones((8, 256), cp.float32), 4, 128)
+    with pytest.raises(cb.LaunchError, match="B <= 8"):
+        qg.qgemv(cp.zeros((9, 256), cp.float16), w, version="qgemv_w4_v7")
+    with pytest.raises(ValueError, match="not a kernel for 8"):
+        qg.qgemv(cp.zeros((1, 256), cp.float16), qg.prepare(cp.ones((8, 256), cp.float32), 8, 128),
+                 version="qgemv_w4_v7")

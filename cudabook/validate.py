@@ -19,7 +19,25 @@ __all__ = ["expect", "expect_aligned", "data_ptr"]
 
 
 def _on_device(a: Any) -> bool:
+    t = type(a)
+    if t.__name__ == "ndarray" and t.__module__.startswith("cupy"):
+        return True                  # without building CuPy's interface dict on every launch
     return hasattr(a, "__cuda_array_interface__")
+
+
+_DTYPES: dict = {}                   # dtype-like (numpy, torch, type) -> numpy dtype
+
+
+def _np_dtype(dt: Any) -> np.dtype:
+    """``dt`` (a numpy dtype, a numpy scalar type, a torch dtype or a name) as a numpy dtype;
+    looked up once per distinct value (launchers check several arrays on every launch)."""
+    if isinstance(dt, np.dtype):
+        return dt
+    r = _DTYPES.get(dt)
+    if r is None:
+        r = _DTYPES[dt] = np.dtype(str(dt).replace("torch.", "") if not isinstance(dt, type)
+                                   else dt)
+    return r
 
 
 def data_ptr(a: Any) -> int | None:
@@ -57,10 +75,10 @@ def expect(a: Any, name: str, *, dtype=None, ndim: int | None = None,
         raise TypeError(f"{name}: expected a GPU array (cupy, torch on 'cuda', numba device "
                         f"array), got {type(a).__module__}.{type(a).__name__} on the host; "
                         "move it with cupy.asarray(...) or .to('cuda')")
-    dt = np.dtype(str(a.dtype).replace("torch.", ""))
-    if dtype is not None and dt != np.dtype(dtype):
+    dt = _np_dtype(a.dtype)
+    if dtype is not None and dt != _np_dtype(dtype):
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {dt}")
-    shp = tuple(int(s) for s in a.shape)
+    shp = a.shape if type(a.shape) is tuple else tuple(int(s) for s in a.shape)
     if ndim is not None and len(shp) != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {shp}")
     if shape is not None:

@@ -533,7 +533,12 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
         raise UnsupportedError(f"hgemm_{version} was not compiled for sm_90a: load the module "
                                "with hgemm.load() (it passes -arch=sm_90a on Hopper)")
     optin = _smem_optin()
-    cfg = config(version, M, N, K, cc, params, sms=_sms(), dtype=dtype, optin=optin)
+    key = (version, M, N, K, cc, dtype, _sms(), optin) if params is None else None
+    cfg = _CONFIGS.get(key) if key else None
+    if cfg is None:                     # config() is pure: planned once per shape (prefill
+        cfg = config(version, M, N, K, cc, params, sms=_sms(), dtype=dtype, optin=optin)
+        if key:                         # launches ~50 GEMMs of a handful of shapes)
+            _CONFIGS[key] = cfg
     if optin is not None and cfg["shared"] > optin:
         raise UnsupportedError(_smem_message(version, cfg["shared"], optin))
     if "fallback" in cfg and cfg["kernel"] not in _NOTED:
@@ -583,6 +588,7 @@ def _cc() -> tuple[int, int]:
 
 
 _NOTED: set[str] = set()                              # fallback kernels announced once
+_CONFIGS: dict = {}                                   # launch(): config() per shape
 
 
 def _smem_optin(cc: tuple[int, int] | None = None) -> int | None:

@@ -23,7 +23,7 @@ from .compile import (KERNELS_DIR, compile_source, cuda_include_dir, cuda_module
 from .source import kernel_source, show_source
 from .ptx import cuda_ptx, ptx_mix
 from .results import record
-from .bench import BenchError, bench, progress, sweep
+from .bench import BenchError, bench, flush_l2, progress, sweep
 from .validate import expect, expect_aligned
 from .launch import LaunchError, ceil_div, grid_1d, grid_2d, need_cc, round_up, row_block
 from . import reference
@@ -40,7 +40,8 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
            "check", "empty_nan", "to_numpy", "CheckError", "KERNELS_DIR", "load_cuda",
            "compile_source", "cuda_module", "load_numba", "load_launch", "load_module",
            "show_source", "kernel_source", "cuda_include_dir", "cuda_ptx", "ptx_mix",
-           "bench", "sweep", "progress", "record", "BenchError", "plot", "ceil_div", "round_up",
+           "bench", "sweep", "progress", "flush_l2", "record", "BenchError", "plot", "ceil_div",
+           "round_up",
            "grid_1d", "grid_2d", "row_block", "need_cc", "LaunchError", "expect",
            "expect_aligned", "reference", "quant", "roofline"]
 

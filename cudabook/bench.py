@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping
 from . import env
 from . import results as _results
 
-__all__ = ["BenchError", "Row", "BenchTable", "Sweep", "bench", "sweep", "progress"]
+__all__ = ["BenchError", "Row", "BenchTable", "Sweep", "bench", "sweep", "progress", "flush_l2"]
 
 
 class BenchError(RuntimeError):
@@ -73,6 +73,11 @@ def _flush_l2() -> None:
     kern, buf, sink, grid = _FLUSH
     kern(grid, (256,), (buf, numpy.int64(buf.size // 4), sink))
 
+
+def flush_l2() -> None:
+    """Evict L2 the way ``bench`` does before each repeat (by reading a buffer twice its size,
+    so no dirty lines are left to be written back inside the next timed call)."""
+    _flush_l2()
 
 def _spin(us: float) -> None:
     """Keep the GPU busy for about ``us`` microseconds (one thread reading clock64)."""

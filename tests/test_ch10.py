@@ -354,6 +354,41 @@ def test_fp8gemm_on_gpu_against_float64():
         with pytest.raises(cb.LaunchError, match="9.0 exactly"):
             ig.fp8_matmul(A8[:, :32].copy(), A8[:, :32].copy(), sa, sb, version="fp8gemm_v3")
 
+def _w4_against_float64(version: str, seed: int, shapes) -> list:
+    """W4A16 ``version`` on each (B, N, K, G), with and without bias, against the float64
+    reference of the dequantized weight; the weights it built."""
+    import cupy as cp
+
+    qg = cb.load_launch("qgemv")
+    rng = cp.random.default_rng(seed)
+    weights = []
+    for B, N, K, G in shapes:
+        x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
+        w = qg.prepare(rng.standard_normal((N, K), dtype=cp.float32) * 0.02, 4, G)
+        bias = rng.standard_normal(N, dtype=cp.float32).astype(cp.float16)
+        ref = Q.qgemv_reference(cp.asnumpy(x), cp.asnumpy(w.dequantized()))
+        for b in (None, bias):
+            want = ref if b is None else ref + cp.asnumpy(b).astype(np.float64)
+            y = cp.full((B, N), cp.nan, cp.float16)
+            qg.qgemv(x, w, b, out=y, version=version)
+            cb.check(y, want, atol=2e-3 * np.abs(want).max(), rtol=1e-2,
+                     name=f"{version} B={B} N={N} K={K} G={G}")
+        weights.append(w)
+    return weights
+
+
+def _refused_below_sm80(version: str) -> bool:
+    """On a GPU below sm_80, check that ``version`` (mma.sync) is refused and return True."""
+    import cupy as cp
+
+    qg = cb.load_launch("qgemv")
+    if cb.cc() >= qg.V6_MIN_CC:
+        return False
+    with pytest.raises(cb.LaunchError, match="8.0"):
+        qg.qgemv(cp.zeros((1, 128), cp.float16), qg.prepare(cp.ones((8, 128), cp.float32), 4, 128),
+                 version=version)
+    return True
+
 
 # ----------------------------------------------------------------------------- qgemv_w4_v6
 def test_qgemv_w4_v6_launcher_checks():
@@ -386,29 +421,15 @@ def test_qgemv_w4_v6_irregular_shapes_on_gpu():
     import cupy as cp
 
     qg = cb.load_launch("qgemv")
-    if cb.cc() < qg.V6_MIN_CC:
-        with pytest.raises(cb.LaunchError, match="8.0"):
-            qg.qgemv(cp.zeros((1, 64), cp.float16), qg.prepare(cp.ones((8, 64), cp.float32), 4, 32),
-                     version="qgemv_w4_v6")
+    if _refused_below_sm80("qgemv_w4_v6"):
         return
-    rng = cp.random.default_rng(5)
     # N not a multiple of the 16 rows per block, groups 32/64/128/384 and per-channel (the
     # fp16-scaled and the per-quad-scaled kernels), K / 32 not a multiple of 4 (a ragged quad),
     # B = 1..8, with and without bias
-    for B, N, K, G in ((1, 7, 256, 64), (2, 37, 1024, 32), (4, 130, 2048, 128),
-                       (3, 5, 512, 512), (1, 1, 32, 32), (1, 259, 14336, 128),
-                       (2, 301, 8192, 64), (4, 1029, 4096, 32), (1, 2053, 1344, 64),
-                       (8, 77, 1344, 64), (5, 33, 1152, 384), (8, 6000, 2048, 128)):
-        x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
-        w = qg.prepare(rng.standard_normal((N, K), dtype=cp.float32) * 0.02, 4, G)
-        bias = rng.standard_normal(N, dtype=cp.float32).astype(cp.float16)
-        ref = Q.qgemv_reference(cp.asnumpy(x), cp.asnumpy(w.dequantized()))
-        for b in (None, bias):
-            want = ref if b is None else ref + cp.asnumpy(b).astype(np.float64)
-            y = cp.full((B, N), cp.nan, cp.float16)
-            qg.qgemv(x, w, b, out=y, version="qgemv_w4_v6")
-            cb.check(y, want, atol=2e-3 * np.abs(want).max(), rtol=1e-2,
-                     name=f"qgemv_w4_v6 B={B} N={N} K={K} G={G}")
+    _w4_against_float64("qgemv_w4_v6", 5, (
+        (1, 7, 256, 64), (2, 37, 1024, 32), (4, 130, 2048, 128), (3, 5, 512, 512), (1, 1, 32, 32),
+        (1, 259, 14336, 128), (2, 301, 8192, 64), (4, 1029, 4096, 32), (1, 2053, 1344, 64),
+        (8, 77, 1344, 64), (5, 33, 1152, 384), (8, 6000, 2048, 128)))
     w = qg.prepare(cp.ones((8, 256), cp.float32), 4, 64)
     with pytest.raises(cb.LaunchError, match="B <= 8"):
         qg.qgemv(cp.zeros((9, 256), cp.float16), w, version="qgemv_w4_v6")
@@ -441,29 +462,16 @@ def test_qgemv_w4_v7_irregular_shapes_on_gpu():
     import cupy as cp
 
     qg = cb.load_launch("qgemv")
-    if cb.cc() < qg.V6_MIN_CC:
-        with pytest.raises(cb.LaunchError, match="8.0"):
-            qg.qgemv(cp.zeros((1, 128), cp.float16),
-                     qg.prepare(cp.ones((8, 128), cp.float32), 4, 128), version="qgemv_w4_v7")
+    if _refused_below_sm80("qgemv_w4_v7"):
         return
-    rng = cp.random.default_rng(7)
     # N not a multiple of 16 (padded tiles), groups of 128/256/384 and per-channel, B = 1..8,
     # one tile of k, K with an odd number of tiles, with and without bias
-    for B, N, K, G in ((1, 7, 128, 128), (2, 37, 1024, 256), (4, 130, 2048, 128),
-                       (3, 5, 1152, 384), (1, 259, 14336, 128), (8, 77, 1280, 1280),
-                       (5, 33, 896, 128), (8, 6000, 2048, 128), (1, 4099, 4096, 4096)):
-        x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
-        w = qg.prepare(rng.standard_normal((N, K), dtype=cp.float32) * 0.02, 4, G)
-        bias = rng.standard_normal(N, dtype=cp.float32).astype(cp.float16)
-        ref = Q.qgemv_reference(cp.asnumpy(x), cp.asnumpy(w.dequantized()))
-        for b in (None, bias):
-            want = ref if b is None else ref + cp.asnumpy(b).astype(np.float64)
-            y = cp.full((B, N), cp.nan, cp.float16)
-            qg.qgemv(x, w, b, out=y, version="qgemv_w4_v7")
-            cb.check(y, want, atol=2e-3 * np.abs(want).max(), rtol=1e-2,
-                     name=f"qgemv_w4_v7 B={B} N={N} K={K} G={G}")
-        t, s = w.tiles()
-        assert t.nbytes == -(-N // 16) * 16 * K // 2 and w.tiles()[0] is t   # built once
+    for w in _w4_against_float64("qgemv_w4_v7", 7, (
+            (1, 7, 128, 128), (2, 37, 1024, 256), (4, 130, 2048, 128), (3, 5, 1152, 384),
+            (1, 259, 14336, 128), (8, 77, 1280, 1280), (5, 33, 896, 128), (8, 6000, 2048, 128),
+            (1, 4099, 4096, 4096))):
+        t, _ = w.tiles()
+        assert t.nbytes == -(-w.N // 16) * 16 * w.K // 2 and w.tiles()[0] is t   # built once
     w = qg.prepare(cp.ones((8, 256), cp.float32), 4, 64)
     with pytest.raises(cb.LaunchError, match="multiples of 128"):
         qg.qgemv(cp.zeros((1, 256), cp.float16), w, version="qgemv_w4_v7")

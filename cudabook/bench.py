@@ -79,6 +79,7 @@ def flush_l2() -> None:
     so no dirty lines are left to be written back inside the next timed call)."""
     _flush_l2()
 
+
 def _spin(us: float) -> None:
     """Keep the GPU busy for about ``us`` microseconds (one thread reading clock64)."""
     global _SPIN

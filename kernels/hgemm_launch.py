@@ -533,10 +533,11 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
         raise UnsupportedError(f"hgemm_{version} was not compiled for sm_90a: load the module "
                                "with hgemm.load() (it passes -arch=sm_90a on Hopper)")
     optin = _smem_optin()
-    key = (version, M, N, K, cc, dtype, _sms(), optin) if params is None else None
+    sms = _sms()
+    key = (version, M, N, K, cc, dtype, sms, optin) if params is None else None
     cfg = _CONFIGS.get(key) if key else None
     if cfg is None:                     # config() is pure: planned once per shape (prefill
-        cfg = config(version, M, N, K, cc, params, sms=_sms(), dtype=dtype, optin=optin)
+        cfg = config(version, M, N, K, cc, params, sms=sms, dtype=dtype, optin=optin)
         if key:                         # launches ~50 GEMMs of a handful of shapes)
             _CONFIGS[key] = cfg
     if optin is not None and cfg["shared"] > optin:

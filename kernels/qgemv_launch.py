@@ -147,7 +147,6 @@ class QWeight:
         return (q.astype(cp.float32).reshape(self.N, -1, self.group) * s[:, :, None]).reshape(
             self.N, self.K)
 
-
     def tiles(self):
         """(tiles, scales) of qgemv_w4_v7 (qgemv.cu's v7 comment), built on the GPU once and
         kept: uint8 tiles of 16 rows x 128 k (1024 bytes each, in the order a warp loads them,
@@ -248,16 +247,12 @@ def kernel_name(version: str, B: int, rows: int | None = None, K: int | None = N
             raise ValueError(f"qgemv_w4_v5 with K = {K}: rows per step one of {V5_ROWS[cpt]}, "
                              f"got {rows}")
         return f"qgemv_w4_v5_c{cpt}_r{r}"
-    if version == "qgemv_w4_v6":
+    if version in ("qgemv_w4_v6", "qgemv_w4_v7"):
         if rows is not None:
-            raise ValueError("qgemv_w4_v6 always takes 16 rows per block (one mma tile): "
+            raise ValueError(f"{version} always takes 16 rows per block (one mma tile): "
                              f"rows must be None, got {rows}")
-        return v6_name(B, K, G, N)
-    if version == "qgemv_w4_v7":
-        if rows is not None:
-            raise ValueError("qgemv_w4_v7 always takes 16 rows per block (one mma tile): "
-                             f"rows must be None, got {rows}")
-        return f"qgemv_w4_v7_s{v7_split(N, B)}"
+        return v6_name(B, K, G, N) if version == "qgemv_w4_v6" else (
+            f"qgemv_w4_v7_s{v7_split(N, B)}")
     rows = 2 if rows is None else rows
     if version == "qgemv_w4_v4":
         if B > 4:

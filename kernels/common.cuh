@@ -14,6 +14,7 @@
 //                             the next block_sum) as soon as the call returns.
 //   safe_max(m)             a row maximum usable in exp(x - m): 0 for a row of only -inf
 //   ld_stream16(p)          16 bytes read once (streamed weights): bypass L1 allocation
+//   ld_keep16(p)            16 bytes that every row reads again (gamma, beta): kept in L1 longest
 //   INFINITY                for NVRTC, which has no math.h
 //
 // Ladder steps that teach a reduction (reduce_v1..v4 in reduce.cu) keep their own code on
@@ -91,5 +92,15 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     uint4 r;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+// 16 bytes (p 16-byte aligned) that the same block reads again and again, such as the gamma and
+// beta of a norm applied row after row: read-only path, allocated in L1 with eviction priority
+// evict_last, so streamed data is evicted before them
+__device__ __forceinline__ float4 ld_keep16(const void* p) {
+    float4 r;
+    asm("ld.global.nc.L1::evict_last.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+        : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p));
     return r;
 }

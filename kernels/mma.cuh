@@ -18,6 +18,8 @@
 //   cp_async_16_zfill(dst, src, ok)     the same, writing 16 zero bytes when !ok (ragged edges)
 //   cp_async_commit(), cp_async_wait<N>()   close a group; wait until <= N groups are in flight
 //   pack_half2(lo, hi), pack_bf162(lo, hi)  two floats -> one 32-bit register of two 16-bit values
+//   sm_90 only: mbar_* (mbarriers), tma_load_2d, and the thread-block cluster primitives
+//   cluster_rank(), cluster_sync(), cluster_map(p, rank), st_async16(raddr, v, rbar)
 //
 // cp.async exists from sm_80. Below that the cp_async_* functions are plain synchronous 16-byte
 // copies (and wait/commit do nothing), so code that uses them still compiles and stays correct
@@ -280,6 +282,37 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaDesc* desc, unsi
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(smem_u32(dst)), "l"(desc), "r"(x), "r"(y), "r"(smem_u32(bar)) : "memory");
+}
+
+// Thread-block clusters (launched with __cluster_dims__): the blocks of a cluster run at the same
+// time on one GPC and can read and write each other's shared memory (distributed shared memory).
+// This block's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// Every thread of every block of the cluster arrives, then waits for all (release / acquire:
+// memory written before it is seen by every block after it). The release also waits for this
+// thread's own loads still in flight, so a loop that prefetches must not call it per iteration.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The address, in block `rank`'s shared memory, of the variable that p points at in this block's.
+__device__ __forceinline__ unsigned cluster_map(const void* p, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_u32(p)), "r"(rank));
+    return r;
+}
+// 16 bytes stored into another block's shared memory at raddr (from cluster_map) that also
+// complete 16 bytes of transactions on that block's mbarrier at rbar (from cluster_map). The
+// receiver waits on its own barrier (mbar_expect_tx(bar, 16), then mbar_wait); the sender waits
+// for nothing, so its loads in flight stay in flight.
+__device__ __forceinline__ void st_async16(unsigned raddr, float4 v, unsigned rbar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], "
+                 "{%1, %2, %3, %4}, [%5];\n"
+                 :: "r"(raddr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rbar) : "memory");
 }
 #endif  // sm_90
 

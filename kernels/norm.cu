@@ -21,6 +21,15 @@
 //                 past 32k); x is read around L1, which then keeps gamma and beta for the next
 //                 row (at N = 32k they are 256 KiB, as much as L1 holds). float4 rows; others
 //                 take v3's paths
+//   layernorm_v5  (sm_90) a row split over a cluster of two blocks on two SMs: each block owns
+//                 one half of the columns of every row, so an SM reads only half of gamma and
+//                 beta (128 KiB at N = 32k), which then stays in L1 from row to row (ld_keep16).
+//                 Each block computes its half's mean and M2 from registers and sends them to
+//                 its partner's shared memory with st.async, which signals the partner's
+//                 mbarrier; both merge the halves (Chan) in the same order, so both write with
+//                 the same mean and rstd. Persistent (one pair of blocks per two SMs): the next
+//                 row's half is loaded into registers before this row's reductions. float4 rows
+//                 up to 32 T columns; other rows are right but streamed (v2's body per block)
 //   rmsnorm_v1    RMSNorm, one block per row, any N (one statistic: no mean to subtract)
 //   rmsnorm_v2    RMSNorm with the row in registers, as layernorm_v3 (longer rows: v1's body)
 //
@@ -31,6 +40,8 @@
 // Accuracy: var = E[x^2] - E[x]^2 in one pass cancels catastrophically when |mean| >> std;
 // Welford and the two-pass form do not.
 #include "common.cuh"
+// mma.cuh: the mbarriers and cluster primitives of layernorm_v5 (sm_90)
+#include "mma.cuh"
 
 // launch: grid = ceil_div(M, 128), block = 128, no shared memory
 extern "C" __global__ void layernorm_v1(const float* x, const float* gamma, const float* beta,
@@ -295,6 +306,113 @@ extern "C" __global__ void __launch_bounds__(1024) layernorm_v4(
             y4[j] = v;
         }
     }
+}
+
+#define NORM_V5_REGS 4             // float4 of the block's half row per thread (and 4 of the next row's)
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CLUSTER_OF_TWO __cluster_dims__(2, 1, 1)
+#else
+#define CLUSTER_OF_TWO                  // no clusters before sm_90: the kernel is empty there
+#endif
+
+// launch (sm_90): grid = 2 P blocks, P = min(M, SMs / 2) pairs (clusters of 2), block T (a
+// multiple of 32 <= 1024) with ceil(N / 8) <= 4 T float4 per half row (T = 1024 at N = 32768),
+// no dynamic shared memory. Rows that are not float4 rows, or longer than 32 T, are right but
+// streamed: each block then does whole rows with v2's body.
+extern "C" __global__ void CLUSTER_OF_TWO __launch_bounds__(1024, 1) layernorm_v5(
+        const float* x, const float* gamma, const float* beta, float* y, int M, int N,
+        float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ float sbuf[3 * 33];
+    __shared__ float4 inbox[2];            // the partner's (mean, M2, count) of its half, by row parity
+    __shared__ __align__(8) unsigned long long arrived[2];  // their mbarriers
+    const int T = blockDim.x, t = threadIdx.x, N4 = N / 4;
+    const int H = (N4 + 1) / 2;            // float4 columns of rank 0; rank 1 has N4 - H
+    bool vec = (N & 3) == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) &&
+               aligned16(beta);                                    // uniform over the grid
+    if (!vec || H > NORM_V5_REGS * T) {
+        for (int row = blockIdx.x; row < M; row += gridDim.x)
+            layernorm_row_welford(x + (size_t)row * N, gamma, beta, y + (size_t)row * N, N, eps,
+                                  sbuf);
+        return;
+    }
+    const unsigned rank = cluster_rank(), other = rank ^ 1u;
+    const int lo = rank ? H : 0, hi = rank ? N4 : H;
+    const float cnt = 4.0f * (hi - lo);    // 0 only for rank 1 when N = 4
+    const int pairs = gridDim.x / 2;
+    const float4* g4 = reinterpret_cast<const float4*>(gamma);
+    const float4* b4 = reinterpret_cast<const float4*>(beta);
+    if (t == 0) {
+        mbar_init(&arrived[0], 1);
+        mbar_init(&arrived[1], 1);
+        fence_barrier_init();
+    }
+    cluster_sync();                        // both blocks' barriers exist before either sends
+    float4 cur[NORM_V5_REGS], nxt[NORM_V5_REGS];
+    int row = blockIdx.x / 2;
+    if (row < M) {
+        const float4* x4 = reinterpret_cast<const float4*>(x + (size_t)row * N);
+#pragma unroll
+        for (int k = 0; k < NORM_V5_REGS; k++) {
+            int j = lo + t + k * T;
+            cur[k] = j < hi ? __ldg(x4 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+    for (int it = 0; row < M; row += pairs, it++) {
+        const int p = it & 1;              // the inbox and barrier of this row; the n-th use of
+        const unsigned phase = (it >> 1) & 1;   // a barrier waits for parity n % 2
+        const int next = row + pairs;
+        if (next < M) {                    // in flight during this row's reductions and writes
+            const float4* x4 = reinterpret_cast<const float4*>(x + (size_t)next * N);
+#pragma unroll
+            for (int k = 0; k < NORM_V5_REGS; k++) {
+                int j = lo + t + k * T;
+                nxt[k] = j < hi ? __ldg(x4 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_V5_REGS; k++) s += (cur[k].x + cur[k].y) + (cur[k].z + cur[k].w);
+        s = block_sum(s, sbuf);
+        const float mh = cnt > 0.0f ? s / cnt : 0.0f;          // this half's mean
+        float q = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_V5_REGS; k++) {
+            if (lo + t + k * T < hi) {
+                float a = cur[k].x - mh, b = cur[k].y - mh, c = cur[k].z - mh, d = cur[k].w - mh;
+                q += (a * a + b * b) + (c * c + d * d);
+            }
+        }
+        q = block_sum(q, sbuf);                                 // this half's M2
+        const float4 mine = make_float4(mh, q, cnt, 0.0f);
+        if (t == 0) {                      // every thread passed block_sum: inbox[p] of two
+            mbar_expect_tx(&arrived[p], 16);   // rows ago has been read by all of them
+            st_async16(cluster_map(&inbox[p], other), mine, cluster_map(&arrived[p], other));
+        }
+        mbar_wait(&arrived[p], phase);
+        const float4 theirs = inbox[p];
+        const float4 a = rank ? theirs : mine, b = rank ? mine : theirs;   // rank 0's half first
+        const float n = a.z + b.z, fb = b.z / n, d = b.x - a.x;
+        const float mean = a.x + d * fb;
+        const float rstd = rsqrtf((a.y + b.y + d * d * a.z * fb) / N + eps);
+        float4* y4 = reinterpret_cast<float4*>(y + (size_t)row * N);
+#pragma unroll
+        for (int k = 0; k < NORM_V5_REGS; k++) {
+            int j = lo + t + k * T;
+            if (j < hi) {
+                float4 g = ld_keep16(g4 + j), bb = ld_keep16(b4 + j), v = cur[k];
+                v.x = (v.x - mean) * rstd * g.x + bb.x;
+                v.y = (v.y - mean) * rstd * g.y + bb.y;
+                v.z = (v.z - mean) * rstd * g.z + bb.z;
+                v.w = (v.w - mean) * rstd * g.w + bb.w;
+                y4[j] = v;
+            }
+            cur[k] = nxt[k];
+        }
+    }
+    cluster_sync();                        // no block leaves while its partner may still write
+#endif
 }
 
 // One row of RMSNorm by the whole block, streamed: sum of squares, then the scaled write.

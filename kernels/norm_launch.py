@@ -5,9 +5,11 @@
     y = nl.rmsnorm(x, gamma, 1e-6)                  # rmsnorm_v2, any N
     nl.layernorm(x, gamma, beta, 1e-5, y, version="layernorm_v2")
     nl.layernorm(x, gamma, beta, 1e-5, y, version="layernorm_v4")   # rows past 32k columns (lesson 3: below v3 up to 16k)
+    nl.layernorm(x, gamma, beta, 1e-5, y, version="layernorm_v5")   # sm_90: float4 rows of 16k-32k columns
 
 The helpers check x (float32, 2D, C-contiguous, on the GPU), gamma and beta (float32, (N,)),
-y (x's shape) and eps (a number > 0) before anything is launched.
+y (x's shape) and eps (a number > 0) before anything is launched. layernorm_v5 needs compute
+capability 9.0 (thread-block clusters) and says so below that.
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ from cudabook.launch import LaunchError, ceil_div, row_block, smem_optin
 __all__ = ["LAYERNORM_VERSIONS", "RMSNORM_VERSIONS", "layernorm", "rmsnorm", "config",
            "sanitize_targets"]
 
-LAYERNORM_VERSIONS = ("layernorm_v1", "layernorm_v2", "layernorm_v3", "layernorm_v4")
+LAYERNORM_VERSIONS = ("layernorm_v1", "layernorm_v2", "layernorm_v3", "layernorm_v4",
+                      "layernorm_v5")
 RMSNORM_VERSIONS = ("rmsnorm_v1", "rmsnorm_v2")
 #: layernorm_v4 (norm.cu): float4 per thread in registers, and in shared memory at most
 V4_REGS, V4_SMEM_MAX = 8, 14
+#: layernorm_v5 (norm.cu): float4 of a half row per thread
+V5_REGS = 4
 
 
-def config(version: str, M: int, N: int) -> tuple[tuple[int], tuple[int]]:
-    """(grid, block) of ``version`` for an (M, N) input (see the launch comments in norm.cu)."""
+def config(version: str, M: int, N: int, sms: int | None = None) -> tuple[tuple[int], tuple[int]]:
+    """(grid, block) of ``version`` for an (M, N) input (see the launch comments in norm.cu).
+    ``sms``: the GPU's SM count, which layernorm_v5's persistent grid needs (default: this GPU's)."""
     if version == "layernorm_v1":
         return (ceil_div(M, 128),), (128,)
     if version in ("layernorm_v3", "rmsnorm_v2"):
@@ -40,6 +46,13 @@ def config(version: str, M: int, N: int) -> tuple[tuple[int], tuple[int]]:
         return (M,), (row_block(N),)
     if version == "rmsnorm_v1":
         return (M,), (512,)
+    if version == "layernorm_v5":                  # pairs of blocks, each half of every row
+        if sms is None:
+            sms = cb.env.info().sms
+        half = ceil_div(ceil_div(N, 4), 2)         # float4 of a half row
+        t = ceil_div(ceil_div(half, V5_REGS), 32) * 32
+        t = 512 if N % 4 or t > 1024 else max(128, t)   # 512: the streamed fallback
+        return (2 * min(M, max(1, sms // 2)),), (t,)
     raise ValueError(f"unknown version {version!r}; norm.cu has "
                      f"{LAYERNORM_VERSIONS + RMSNORM_VERSIONS}")
 
@@ -80,6 +93,8 @@ def layernorm(x, gamma, beta, eps: float, y=None, version: str = "layernorm_v3")
     if version not in LAYERNORM_VERSIONS:
         raise ValueError(f"unknown version {version!r}; LayerNorm has {LAYERNORM_VERSIONS}")
     M, N, y = _check(x, y, (("gamma", gamma), ("beta", beta)), eps)
+    if version == "layernorm_v5":
+        cb.need_cc(9, 0, "layernorm_v5 (clusters of two blocks)")
     grid, block = config(version, M, N)
     kern = _module().get(version)
     shared = v4_shared(N, _optin()) if version == "layernorm_v4" else 0
@@ -113,7 +128,8 @@ def _optin() -> int:
 
 def sanitize_targets():
     """Every version on shapes that take each path of v3 / rmsnorm_v2: float4, scalar
-    (N = 1001), and a row too long for the registers (streamed)."""
+    (N = 1001), and a row too long for the registers (streamed); on sm_90 also layernorm_v5's
+    split rows with about three rows per pair of blocks, so each inbox is used twice."""
     import cupy as cp
 
     for M, N in ((5, 256), (3, 1001), (2, 40_000), (2, 100_000)):
@@ -124,7 +140,16 @@ def sanitize_targets():
         for v in LAYERNORM_VERSIONS:
             if v == "layernorm_v1" and N > 1001:
                 continue
+            if v == "layernorm_v5" and cb.env.cc() < (9, 0):
+                continue
             yield f"{v} ({M}x{N})", (lambda v=v, x=x, g=g, b=b, y=y:
                                      layernorm(x, g, b, 1e-5, y, version=v))
         for v in RMSNORM_VERSIONS:
             yield f"{v} ({M}x{N})", (lambda v=v, x=x, g=g, y=y: rmsnorm(x, g, 1e-5, y, version=v))
+    if cb.env.cc() >= (9, 0):
+        M, N = 3 * (cb.env.info().sms // 2) + 1, 1028
+        x = cp.random.standard_normal((M, N), dtype=cp.float32)
+        g = cp.random.uniform(0.5, 1.5, N, dtype=cp.float32)
+        b = cp.random.standard_normal(N, dtype=cp.float32)
+        y = cp.empty_like(x)
+        yield f"layernorm_v5 ({M}x{N})", lambda: layernorm(x, g, b, 1e-5, y, version="layernorm_v5")

@@ -173,10 +173,47 @@ def test_row_kernels_any_n(M, N):
         nl.rmsnorm(x, gv, 1e-5, y)
         cb.check(y, rmsnorm_reference(xh, cb.to_numpy(gv), 1e-5), atol=1e-4, rtol=1e-3,
                  name=f"rmsnorm_v2 off={off}")
-        y.fill(np.nan)
-        nl.layernorm(x, gv, bv, 1e-5, y, version="layernorm_v4")
-        cb.check(y, layernorm_reference(xh, cb.to_numpy(gv), cb.to_numpy(bv), 1e-5), atol=1e-4,
-                 rtol=1e-3, name=f"layernorm_v4 off={off}")
+        for v in ("layernorm_v4", "layernorm_v5")[:1 + (cb.env.cc() >= (9, 0))]:
+            y.fill(np.nan)
+            nl.layernorm(x, gv, bv, 1e-5, y, version=v)
+            cb.check(y, layernorm_reference(xh, cb.to_numpy(gv), cb.to_numpy(bv), 1e-5),
+                     atol=1e-4, rtol=1e-3, name=f"{v} off={off}")
+
+
+@gpu
+@pytest.mark.parametrize("M, N", [(1, 32_768), (3, 32_768), (200, 24_576), (1000, 4096),
+                                  (133, 32_764), (7, 4), (140, 8), (67, 16_388)])
+def test_layernorm_v5_split_rows(M, N):
+    """layernorm_v5's split rows (sm_90): fewer rows than pairs of blocks, many rows per pair
+    (each inbox and barrier reused), an odd number of float4 per row (the halves differ), a row
+    of one float4 (rank 1 owns nothing), and a large mean (the halves' means differ from the
+    row's, so a wrong merge shows)."""
+    import cupy as cp
+
+    if cb.env.cc() < (9, 0):
+        pytest.skip("layernorm_v5 needs compute capability 9.0")
+    nl = cb.load_launch("norm")
+    rng = np.random.default_rng(M + N)
+    ramp = np.linspace(-3, 3, N, dtype=np.float32)          # rank 0's half is lower than rank 1's
+    xh = (rng.standard_normal((M, N)) * 2 + 50 + ramp).astype(np.float32)
+    gh = rng.uniform(0.5, 1.5, N).astype(np.float32)
+    bh = rng.standard_normal(N).astype(np.float32)
+    y = cb.empty_nan((M, N), xp=cp)
+    nl.layernorm(cp.asarray(xh), cp.asarray(gh), cp.asarray(bh), 1e-5, y, version="layernorm_v5")
+    cb.check(y, layernorm_reference(xh, gh, bh, 1e-5), atol=2e-4, rtol=1e-3,
+             name=f"layernorm_v5 {M}x{N}")
+
+
+@gpu
+def test_layernorm_v5_refused_before_sm90(monkeypatch):
+    import cupy as cp
+
+    nl = cb.load_launch("norm")
+    monkeypatch.setattr(cb.env, "cc", lambda: (8, 0))
+    x = cp.ones((2, 8), cp.float32)
+    with pytest.raises(cb.LaunchError, match=r"layernorm_v5 .*compute capability 9\.0"):
+        nl.layernorm(x, cp.ones(8, cp.float32), cp.ones(8, cp.float32), 1e-5,
+                     version="layernorm_v5")
 
 
 @gpu
@@ -191,6 +228,8 @@ def test_every_version_through_the_helpers():
     for v in sm.VERSIONS:
         cb.check(sm.softmax(x, version=v), softmax_reference(xh), atol=1e-6, name=v)
     for v in nl.LAYERNORM_VERSIONS:
+        if v == "layernorm_v5" and cb.env.cc() < (9, 0):
+            continue
         cb.check(nl.layernorm(x, g, b, 1e-5, version=v),
                  layernorm_reference(xh, cb.to_numpy(g), cb.to_numpy(b), 1e-5), atol=1e-4,
                  rtol=1e-3, name=v)

@@ -29,7 +29,9 @@
 //                 mbarrier; both merge the halves (Chan) in the same order, so both write with
 //                 the same mean and rstd. Persistent (one pair of blocks per two SMs): the next
 //                 row's half is loaded into registers before this row's reductions. float4 rows
-//                 up to 32 T columns; other rows are right but streamed (v2's body per block)
+//                 up to 32 T columns; other rows are right but streamed (v2's body per block).
+//                 Below sm_90 it compiles to an empty body that writes nothing: launch it through
+//                 norm_launch.layernorm, which refuses below compute capability 9.0
 //   rmsnorm_v1    RMSNorm, one block per row, any N (one statistic: no mean to subtract)
 //   rmsnorm_v2    RMSNorm with the row in registers, as layernorm_v3 (longer rows: v1's body)
 //

@@ -23,20 +23,21 @@
 //                 take v3's paths
 //   layernorm_v5  (sm_90) a row split over a cluster of two blocks on two SMs: each block owns
 //                 one half of the columns of every row, so an SM reads only half of gamma and
-//                 beta (128 KiB at N = 32k), which then stays in L1 from row to row (ld_keep16).
+//                 beta (128 KiB at N = 32k), which ld_keep16 asks L1 to keep from row to row.
 //                 Each block computes its half's mean and M2 from registers and sends them to
 //                 its partner's shared memory with st.async, which signals the partner's
-//                 mbarrier; both merge the halves (Chan) in the same order, so both write with
-//                 the same mean and rstd. Persistent (one pair of blocks per two SMs): the next
-//                 row's half is loaded into registers before this row's reductions. float4 rows
-//                 up to 32 T columns; other rows are right but streamed (v2's body per block).
-//                 Below sm_90 it compiles to an empty body that writes nothing: launch it through
-//                 norm_launch.layernorm, which refuses below compute capability 9.0
+//                 mbarrier; both merge the halves (welford_merge) in the same order, so both
+//                 write with the same mean and rstd. Persistent (one pair of blocks per two
+//                 SMs): the next row's half is loaded into registers before this row's
+//                 reductions. float4 rows up to 32 T columns; other rows are right but streamed
+//                 (v2's body per block). Below sm_90 it compiles to an empty body that writes
+//                 nothing: launch it through norm_launch.layernorm, which refuses below compute
+//                 capability 9.0
 //   rmsnorm_v1    RMSNorm, one block per row, any N (one statistic: no mean to subtract)
 //   rmsnorm_v2    RMSNorm with the row in registers, as layernorm_v3 (longer rows: v1's body)
 //
 // Sums over the block are common.cuh's block_sum; layernorm_v2 merges Welford triples
-// (count, mean, M2) instead, which only it needs.
+// (count, mean, M2) instead (welford_merge), and layernorm_v5 merges its two halves with it.
 //
 // traffic: 4 MN read + 4 MN written (+ 8 N for gamma, beta) at best (v3, rmsnorm_v2).
 // Accuracy: var = E[x^2] - E[x]^2 in one pass cancels catastrophically when |mean| >> std;
@@ -327,7 +328,7 @@ extern "C" __global__ void CLUSTER_OF_TWO __launch_bounds__(1024, 1) layernorm_v
         float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float sbuf[3 * 33];
-    __shared__ float4 inbox[2];            // the partner's (mean, M2, count) of its half, by row parity
+    __shared__ float4 inbox[2];            // the partner's (count, mean, M2) of its half, by row parity
     __shared__ __align__(8) unsigned long long arrived[2];  // their mbarriers
     const int T = blockDim.x, t = threadIdx.x, N4 = N / 4;
     const int H = (N4 + 1) / 2;            // float4 columns of rank 0; rank 1 has N4 - H
@@ -387,17 +388,19 @@ extern "C" __global__ void CLUSTER_OF_TWO __launch_bounds__(1024, 1) layernorm_v
             }
         }
         q = block_sum(q, sbuf);                                 // this half's M2
-        const float4 mine = make_float4(mh, q, cnt, 0.0f);
-        if (t == 0) {                      // every thread passed block_sum: inbox[p] of two
-            mbar_expect_tx(&arrived[p], 16);   // rows ago has been read by all of them
-            st_async16(cluster_map(&inbox[p], other), mine, cluster_map(&arrived[p], other));
+        const Welford mine = {cnt, mh, q};
+        if (t == 0) {   // the partner writes inbox[p] again two rows on, after our next message,
+                        // which waits for block_sum's barriers: every thread has read it by then
+            mbar_expect_tx(&arrived[p], 16);
+            st_async16(cluster_map(&inbox[p], other), make_float4(mine.n, mine.mean, mine.m2, 0.f),
+                       cluster_map(&arrived[p], other));
         }
         mbar_wait(&arrived[p], phase);
-        const float4 theirs = inbox[p];
-        const float4 a = rank ? theirs : mine, b = rank ? mine : theirs;   // rank 0's half first
-        const float n = a.z + b.z, fb = b.z / n, d = b.x - a.x;
-        const float mean = a.x + d * fb;
-        const float rstd = rsqrtf((a.y + b.y + d * d * a.z * fb) / N + eps);
+        const float4 o = inbox[p];
+        const Welford theirs = {o.x, o.y, o.z};
+        const Welford w = rank ? welford_merge(theirs, mine)        // rank 0's half first in both
+                               : welford_merge(mine, theirs);       // blocks: the same mean, rstd
+        const float mean = w.mean, rstd = rsqrtf(w.m2 / N + eps);
         float4* y4 = reinterpret_cast<float4*>(y + (size_t)row * N);
 #pragma unroll
         for (int k = 0; k < NORM_V5_REGS; k++) {

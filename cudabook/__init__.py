@@ -27,6 +27,7 @@ from .bench import BenchError, bench, flush_l2, progress, sweep
 from .validate import expect, expect_aligned
 from .launch import LaunchError, ceil_div, grid_1d, grid_2d, need_cc, round_up, row_block
 from . import reference
+from . import baselines  # noqa: F401  (torch graphs, torch.compile, the bound: cheap to import)
 from . import quant
 from . import roofline
 from . import plot
@@ -43,7 +44,7 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
            "bench", "sweep", "progress", "flush_l2", "record", "BenchError", "plot", "ceil_div",
            "round_up",
            "grid_1d", "grid_2d", "row_block", "need_cc", "LaunchError", "expect",
-           "expect_aligned", "reference", "quant", "roofline"]
+           "expect_aligned", "reference", "quant", "roofline", "baselines"]
 
 
 def _ends_with_semicolon(cell: str) -> bool:

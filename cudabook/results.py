@@ -5,10 +5,15 @@ A bench table records its rows with ``BenchTable.record("chNN")``; rows go to th
 moves one run's rows into the book's file, chapter by chapter: a chapter's stored rows are
 replaced only by rows of a run of that chapter, and no other chapter's rows are touched.
 
-    {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-22",
+    {"gpu": "NVIDIA H200", "date": "2026-11-26",
      "results": [{"chapter": "ch04", "kernel": "v10", "metric": "TFLOP/s", "value": 43.1,
                   "baseline": "cuBLAS", "baseline_value": 50.2, "ratio": 0.859,
-                  "size": 4096, "time_us": 3190.2}, ...]}
+                  "size": 4096, "time_us": 3190.2,
+                  "gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-23"}, ...]}
+
+Each row names the GPU and the day it was measured on (chapters are re-run one at a time, so one
+file can hold rows of several machines); the top-level "gpu" and "date" are those of the newest
+merge.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ RESULTS_ENV = "CUDABOOK_RESULTS"
 
 #: The keys of one row.
 FIELDS = ("chapter", "kernel", "metric", "value", "baseline", "baseline_value", "ratio", "size",
-          "time_us")
+          "time_us", "gpu", "date")
 
 
 def _key(e: dict) -> tuple:
@@ -87,10 +92,11 @@ def record(entries: list[dict], path: str | os.PathLike | None = None) -> Path |
     from . import env
 
     data = read(path)
+    gpu, day = env.info().name, _dt.date.today().isoformat()
+    rows = [{**e, "gpu": e.get("gpu") or gpu, "date": e.get("date") or day} for e in rows]
     new = {_key(e) for e in rows}
     data["results"] = [e for e in data["results"] if _key(e) not in new] + rows
-    data["gpu"] = env.info().name
-    data["date"] = _dt.date.today().isoformat()
+    data["gpu"], data["date"] = gpu, day
     return write(data, path)
 
 
@@ -119,8 +125,10 @@ def merge(run: str | os.PathLike, into: str | os.PathLike, chapters: Iterable[st
                          f"{sorted({e['chapter'] for e in src['results']})}); nothing merged")
     summary = {c: (sum(e["chapter"] == c for e in dst["results"]),
                    sum(e["chapter"] == c for e in src["results"])) for c in chs}
+    stamp = {"gpu": src.get("gpu"), "date": src.get("date")}
     dst["results"] = [e for e in dst["results"] if e["chapter"] not in chs] + \
-        [e for e in src["results"] if e["chapter"] in chs]
+        [{**stamp, **{k: v for k, v in e.items() if v is not None or k not in stamp}}
+         for e in src["results"] if e["chapter"] in chs]
     dst["gpu"] = src.get("gpu") or dst.get("gpu")
     dst["date"] = max(filter(None, [dst.get("date"), src.get("date")]), default=None)
     write(dst, into)

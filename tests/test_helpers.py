@@ -259,6 +259,30 @@ def test_record_merges_and_replaces(tmp_path):
     assert data["results"][0]["value"] == 1.5
 
 
+def test_every_stored_row_names_its_gpu_and_day():
+    rows = json.loads((ROOT / "reports" / "benchmarks.json").read_text())["results"]
+    unnamed = [(e["chapter"], e["kernel"]) for e in rows if not (e.get("gpu") and e.get("date"))]
+    assert not unnamed, f"rows without the GPU and day they were measured on: {unnamed[:5]}"
+
+
+def test_bound_is_the_fraction_of_the_physical_limit():
+    from cudabook.baselines import Bound
+
+    b = Bound("decode", own_us=500.0, nbytes=250e6, gbs=4000.0)     # 250 MB at 4 TB/s = 62.5 us
+    assert b.kind == "memory bound" and b.bound_us == pytest.approx(62.5)
+    assert b.fraction == pytest.approx(0.125) and "12% of the bound" in str(b)
+    e = b.entry("ch07", size=1)
+    assert (e["baseline"], e["ratio"], e["time_us"]) == ("memory bound", 0.125, 500.0)
+    c = Bound("gemm", own_us=100.0, flops=70e9, tflops=700.0)       # 70 GFLOP at 700 TFLOP/s
+    assert c.kind == "compute bound" and c.fraction == pytest.approx(1.0)
+    for bad in (dict(nbytes=1.0), dict(nbytes=1.0, gbs=1.0, flops=1.0, tflops=1.0),
+                dict(nbytes=-1.0, gbs=1.0), dict(nbytes=1.0, gbs=float("nan"))):
+        with pytest.raises(ValueError, match="Bound"):
+            Bound("x", own_us=1.0, **bad)
+    with pytest.raises(ValueError, match="positive"):
+        Bound("x", own_us=0.0, nbytes=1.0, gbs=1.0)
+
+
 def test_results_merge_replaces_only_the_chapters_named(tmp_path):
     from cudabook import results
 
@@ -273,6 +297,11 @@ def test_results_merge_replaces_only_the_chapters_named(tmp_path):
     data = results.read(book)
     assert sorted((e["chapter"], e["kernel"], e["value"]) for e in data["results"]) == \
         [("ch03", "k", 9.0), ("ch04", "k", 1.0)]
+    # each row keeps the machine and day it was measured on: the merged row is run B's, the
+    # chapter left alone keeps no stamp it never had
+    by_ch = {e["chapter"]: e for e in data["results"]}
+    assert (by_ch["ch03"]["gpu"], by_ch["ch03"]["date"]) == ("B", "2026-02-02")
+    assert "gpu" not in by_ch["ch04"]
     with pytest.raises(ValueError, match="has no rows of \\['ch08'\\]"):
         results.merge(run, book, ["08"])            # a chapter the run did not measure
     assert len(results.read(book)["results"]) == 2  # nothing dropped

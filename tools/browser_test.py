@@ -173,11 +173,53 @@ const done = arguments[arguments.length - 1];
   await Promise.all(imgs.map(i => i.complete ? null : new Promise(r => {
     i.addEventListener("load", r); i.addEventListener("error", r); setTimeout(r, 10000); })));
   const math = [...document.querySelectorAll(".math")];
+  const where = el => { const s = el && el.closest("section[id]"); return s ? "#" + s.id : ""; };
+  const clip = t => t.replace(/\\s+/g, " ").trim().slice(0, 90);
+  // MathJax's own error nodes: a TeX error (mjx-merror, data-mjx-error) and a macro it does not
+  // know, which the noundefined extension draws in red instead of failing
+  const tex = new Map();  // typeset box -> its TeX source
+  try {
+    for (const item of MathJax.startup.document.math) tex.set(item.typesetRoot, item.math);
+  } catch (e) {}
+  const boxes = new Map();
+  for (const m of document.querySelectorAll(
+      "mjx-merror, [data-mjx-error], .MathJax_Error, mjx-container [style*='color: red']")) {
+    const box = m.closest("mjx-container") || m;
+    if (!boxes.has(box)) boxes.set(box, m);
+  }
+  const texErrors = [...boxes].map(([box, m]) => ({at: where(box),
+    text: m.getAttribute("data-mjx-error") ||
+          (m.closest("mjx-merror") ? "TeX error" : "unknown macro, drawn in red"),
+    tex: clip(tex.get(box) || "")}));
+  // TeX left as text: outside typeset math, code and scripts, a "$$", a TeX control word
+  // (\\frac, \\mathrm), a "Math input error", or a lone "$" right beside typeset math (what
+  // dollarmath makes of display math that starts on the line after prose)
+  const SKIP = "script, style, noscript, template, pre, code, kbd, samp, textarea, " +
+               "mjx-container, .math, .MathJax";
+  const TEX = /\\$\\$|\\\\[A-Za-z]{2,}|Math (input|processing) error/i;
+  const isMath = n => n && n.nodeType === 1 && (n.matches(".math") || n.matches("mjx-container"));
+  const rawTex = [], seen = new Set();
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    const el = n.parentElement, t = n.textContent;
+    if (!el || !t.trim() || el.closest(SKIP)) continue;
+    const m = TEX.exec(t);
+    const lone = (/\\$\\s*$/.test(t) && isMath(n.nextSibling)) ||
+                 (/^\\s*\\$/.test(t) && isMath(n.previousSibling));
+    const block = el.closest("p, li, dd, td, th, h1, h2, h3, h4, h5, h6") || el;
+    if ((m || lone) && !seen.has(block)) {  // the first place in each paragraph
+      seen.add(block);
+      const i = m ? m.index : t.indexOf("$");
+      rawTex.push({at: where(el), text: clip(t.slice(Math.max(0, i - 40), i + 50)),
+                   context: clip(block.textContent)});
+    }
+  }
   done({
     math: math.length,
     untypeset: math.filter(m => !m.querySelector("mjx-container"))
                    .map(m => m.textContent.slice(0, 60)),
-    texErrors: [...document.querySelectorAll("mjx-merror")].map(m => m.textContent.slice(0, 60)),
+    texErrors: texErrors,
+    rawTex: rawTex,
     mathjax: !!(window.MathJax && MathJax.version),
     badImages: imgs.filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src.slice(0, 100)),
   });
@@ -185,7 +227,26 @@ const done = arguments[arguments.length - 1];
 """
 
 
-def browser_errors(site: Path, shots: Path) -> tuple[list[str], int]:
+def math_errors(rel: str, st: dict) -> list[str]:
+    """Broken math on one page, from what PAGE_STATE read: untypeset math, MathJax's errors, and
+    TeX left as text (each names the page, its section and a snippet)."""
+    errs = []
+    if st["math"] and not st["mathjax"]:
+        errs.append(f"{rel}: {st['math']} math elements but MathJax did not load")
+    errs += [f"{rel}: math not typeset: {t!r}" for t in st["untypeset"][:5]]
+    errs += [f"{rel}{e['at']}: MathJax error «{e['text']}» in «{e['tex']}»"
+             for e in st["texErrors"][:5]]
+    errs += [f"{rel}{e['at']}: raw TeX in the text (math not parsed: display math on the line "
+             f"right after prose?): «{e['text']}» in «{e['context']}»" for e in st["rawTex"][:5]]
+    more = len(st["texErrors"][5:]) + len(st["rawTex"][5:])
+    if more:
+        errs.append(f"{rel}: and {more} more places with broken math")
+    return errs
+
+
+def browser_errors(site: Path, shots: Path, only: list[Path] | None = None
+                   ) -> tuple[list[str], int]:
+    """The browser half over every page of ``site`` (or the pages ``only``)."""
     found = find_browser()
     if not found:
         raise FileNotFoundError
@@ -197,7 +258,7 @@ def browser_errors(site: Path, shots: Path) -> tuple[list[str], int]:
     shots.mkdir(parents=True, exist_ok=True)
     n = 0
     try:
-        for page in pages(site):
+        for page in (only or pages(site)):
             if parse(page).redirect:
                 continue
             rel = page.relative_to(site).as_posix()
@@ -213,10 +274,7 @@ def browser_errors(site: Path, shots: Path) -> tuple[list[str], int]:
                     url = msg["params"]["request"]["url"]
                     if not url.startswith((base, "data:", "blob:", "about:")):
                         errs.append(f"{rel}: fetches {url[:120]} from the network")
-            if st["math"] and not st["mathjax"]:
-                errs.append(f"{rel}: {st['math']} math elements but MathJax did not load")
-            errs += [f"{rel}: math not typeset: {t!r}" for t in st["untypeset"][:5]]
-            errs += [f"{rel}: TeX error: {t!r}" for t in st["texErrors"][:5]]
+            errs += math_errors(rel, st)
             errs += [f"{rel}: image does not load: {s}" for s in st["badImages"]]
             d.save_screenshot(str(shots / (rel[:-5].replace("/", "__") + ".png")))
     finally:

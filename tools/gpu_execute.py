@@ -4,9 +4,11 @@
     python tools/gpu_execute.py lessons/01_first_kernel.ipynb solutions/01_first_kernel.ipynb
 
 Each notebook runs top to bottom in a fresh kernel with the repository root as working
-directory. On success it is written back in canonical form, stamped with
-``metadata.cudabook = {gpu, date, seconds}`` (the format policy requires the stamp on lessons
-and solutions). A notebook that fails is left untouched and the script exits non-zero.
+directory. On success its adjacent outputs of one stream are joined (``nbtools.coalesce_streams``:
+a cell that prints several times stores one stdout output, which the book draws as one box) and
+it is written back in canonical form, stamped with ``metadata.cudabook = {gpu, date, seconds}``
+(the format policy requires both on lessons and solutions). A notebook that fails is left
+untouched and the script exits non-zero.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def main(paths: list[str]) -> int:
         secs = time.perf_counter() - t0
         results.append({"notebook": p, "ok": ok, "seconds": round(secs, 1), "error": err})
         if ok:
+            nbtools.coalesce_streams(nb)
             nb.metadata["cudabook"] = {"gpu": gpu, "date": dt.date.today().isoformat(),
                                        "seconds": round(secs, 1)}
             nbtools.write(nb, path)

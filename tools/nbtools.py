@@ -7,6 +7,9 @@
   python tools/nbtools.py from-py SRC.py OUT.ipynb   percent-format script -> notebook
   python tools/nbtools.py to-py NB.ipynb OUT.py      notebook -> percent-format script
   python tools/nbtools.py canon NB.ipynb ...         rewrite notebooks in canonical form
+  python tools/nbtools.py coalesce [NB ...]  join adjacent outputs of one stream (stdout after
+                                             stdout) into one, as Jupyter shows them; default:
+                                             every notebook of lessons/, solutions/, exercises/
   python tools/nbtools.py urls               fail where a file carries another project address
   python tools/nbtools.py set-url URL [OLD]  a fork's address: _config.yml, then every copy
   python tools/nbtools.py stamp REF [LAUNCH] publish time: setup cells install cudabook at REF,
@@ -45,6 +48,10 @@ POLICY
   * a lesson or solution cell that shows kernels/ source (``cb.show_source("f.cu", "k")``)
     stores that source as it is now: the book shows the code under test, so a kernel edited
     after the run needs a new run;
+  * a markdown cell never starts display math (a ``$$`` line) on the line right after a line of
+    prose: MyST then reads it as inline ``$`` pairs and the page shows raw TeX;
+  * a code cell stores one output per run of one stream: adjacent stdout outputs are joined
+    (``coalesce``; the GPU lane's gpu_execute.py does it), or the page draws one box per print;
   * exercises/ have no outputs and no execution counts (grader cells included: a stored
     ``PASS`` would be a pass the reader has not earned); every grader cell of a solution
     (``# NBVAL_CHECK_OUTPUT``) stores ``PASS exNN.k``.
@@ -360,6 +367,86 @@ def cmd_exercises(check: bool) -> int:
     return 1 if bad else 0
 
 
+# ----------------------------------------------------------------------------- page form
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
+
+
+def display_math_errors(src: str) -> list[tuple[int, str]]:
+    """(line number, line) of each ``$$`` line that starts display math right after a line of
+    prose (the rule of shared/hooks/before-stop): MyST's dollarmath then pairs the dollars as
+    inline math, and the page shows raw TeX. A blank line before it, or a previous line that ends
+    in ``$$``, is fine; lines inside display math and code fences are not prose."""
+    out, fence, in_math, prev = [], None, False, ""
+    for n, line in enumerate(src.splitlines(), 1):
+        f = _FENCE.match(line)
+        if fence:
+            if f and f.group(1)[0] == fence[0] and len(f.group(1)) >= len(fence):
+                fence = None
+            prev = ""
+            continue
+        if f and not in_math:
+            fence, prev = f.group(1), ""
+            continue
+        if not in_math and line.lstrip().startswith("$$") and prev.strip() \
+                and not prev.rstrip().endswith("$$"):
+            out.append((n, line))
+        if line.count("$$") % 2:
+            in_math = not in_math
+        prev = line
+    return out
+
+
+def split_streams(nb) -> list[tuple[int, str, str, int]]:
+    """(cell index, cell id, stream name, outputs that could be joined to the one before) for
+    each code cell that stores adjacent outputs of one stream."""
+    out = []
+    for i, c in enumerate(nb.cells):
+        if c.cell_type != "code":
+            continue
+        runs: dict[str, int] = {}
+        for a, b in zip(c.outputs, c.outputs[1:]):
+            if a.output_type == b.output_type == "stream" and a.name == b.name:
+                runs[a.name] = runs.get(a.name, 0) + 1
+        out += [(i, c.get("id"), name, k) for name, k in runs.items()]
+    return out
+
+
+def coalesce_streams(nb) -> int:
+    """Join adjacent stream outputs of one stream in every code cell, text unchanged (what
+    nbconvert's coalesce_streams does, without its carriage-return editing); returns how many
+    outputs were joined into the one before them."""
+    joined = 0
+    for c in nb.cells:
+        if c.cell_type != "code":
+            continue
+        outs = []
+        for o in c.outputs:
+            last = outs[-1] if outs else None
+            if (last is not None and o.output_type == last.output_type == "stream"
+                    and o.name == last.name):
+                last.text += o.text
+                joined += 1
+            else:
+                outs.append(o)
+        c.outputs = outs
+    return joined
+
+
+def cmd_coalesce(paths: list[str]) -> int:
+    files = [Path(p) for p in paths] or sorted(
+        p for d in ("lessons", "solutions", "exercises") for p in (ROOT / d).glob("*.ipynb"))
+    total = 0
+    for p in files:
+        nb = read(p)
+        k = coalesce_streams(nb)
+        if k:
+            write(nb, p)
+            total += k
+            print(f"coalesce: {p}: {k} outputs joined to the one before")
+    print(f"coalesce: {len(files)} notebooks, {total} outputs joined")
+    return 0
+
+
 # ----------------------------------------------------------------------------- policy
 def policy_errors(path: Path) -> list[str]:
     rel = path.relative_to(ROOT)
@@ -378,6 +465,16 @@ def policy_errors(path: Path) -> list[str]:
     code = [c for c in nb.cells if c.cell_type == "code"]
     if not code or code[0].source != SETUP_CELL or nb.cells.index(code[0]) > 1:
         errs.append(f"{rel}: must start with the setup cell (the one that reads {SETUP_MARK})")
+    for i, c in enumerate(nb.cells):
+        if c.cell_type == "markdown":
+            for n, line in display_math_errors(c.source):
+                errs.append(f"{rel}: cell {i} ({c.get('id')}) line {n}: display math starts "
+                            f"right after a prose line and renders as raw TeX; put a blank line "
+                            f"before it: {line.strip()[:60]!r}")
+    for i, cid, name, k in split_streams(nb):
+        errs.append(f"{rel}: cell {i} ({cid}): {k} {name} output{'s' if k > 1 else ''} right after "
+                    f"another {name} output, not merged: the page draws a box for each "
+                    f"(run: python tools/nbtools.py coalesce {rel})")
     kind = rel.parts[0]
     graders = [c for c in code if is_grader(c)]
     if kind in ("lessons", "solutions"):
@@ -615,6 +712,8 @@ def main(argv: list[str]) -> int:
             print("STAMP:", e)
         print(f"stamp {rest[1]}: {len(errs)} problems")
         return 1 if errs else 0
+    if cmd == "coalesce":
+        return cmd_coalesce(rest)
     if cmd == "canon":
         for p in rest:
             write(read(Path(p)), Path(p))

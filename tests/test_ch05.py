@@ -5,6 +5,11 @@ the stub fails, wrong answers generated from the reference fail with the hint of
 
 from __future__ import annotations
 
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
 from solution_cells import Solution
@@ -52,6 +57,20 @@ def test_occupancy_refuses_bad_input():
         oc.occupancy(0, 32, dev="sm_90")
     with pytest.raises(ValueError, match="threads must be a non-negative int"):
         oc.occupancy(128.0, 32, dev="sm_90")
+
+
+def test_shared_memory_allocation_unit():
+    """256 B on compute capability 7.x, 128 B from 8.x on: cudaOccSMemAllocationGranularity in the
+    toolkit's cuda_occupancy.h (the CUDA Occupancy Calculator). 4900 bytes is a size where the unit
+    decides the answer on sm_75."""
+    assert oc.ARCHS["sm_75"].smem_alloc_unit == 256
+    assert {oc.ARCHS[a].smem_alloc_unit for a in ("sm_80", "sm_86", "sm_89", "sm_90")} == {128}
+    o = oc.occupancy(32, 16, 0, 4900, "sm_75")
+    assert (o.smem_per_block, o.per_limit["shared memory"]) == (5120, 12)
+    in_128 = oc.occupancy(32, 16, 0, 4900, replace(oc.ARCHS["sm_75"], smem_alloc_unit=128))
+    assert (in_128.smem_per_block, in_128.per_limit["shared memory"]) == (4992, 13)
+    o = oc.occupancy(32, 16, 0, 4900, "sm_90")          # + the 1 KiB reserve, in units of 128
+    assert o.smem_per_block == 6016
 
 
 def test_occupancy_kernel_limits():
@@ -175,6 +194,26 @@ def test_profile_without_gpu_or_ncu(monkeypatch):
     assert not rep and "not installed" in rep.message
     with pytest.raises(ValueError, match="clock_control"):
         ncu.profile(target, clock_control="max")
+
+
+def test_profile_command_line(monkeypatch, tmp_path):
+    """What cb.ncu.profile asks of ncu: the clocks left free (so durations compare with cb.bench)
+    unless clock_control="base", and no --cache-control, so ncu's default (all: caches flushed
+    before every replay pass) applies. The command is kept on the report."""
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(env, "HAS_GPU", True)
+    monkeypatch.setattr(ncu, "find_ncu", lambda: str(fake))
+    rep = ncu.profile("x = 1", kernel="regex:matmul_v", launch_count=3)
+    cmd = rep.command
+    assert not rep and cmd[0] == str(fake)
+    assert cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--launch-count") + 1] == "3"
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:matmul_v"
+    assert not any(a.startswith("--cache-control") for a in cmd)
+    cmd = ncu.profile("x = 1", clock_control="base").command
+    assert cmd[cmd.index("--clock-control") + 1] == "base"
 
 
 def _standalone():
@@ -443,3 +482,15 @@ _EVENTS = ("        start, end = cp.cuda.Event(), cp.cuda.Event()\n        start
 def test_ex05_4_wrong(new, match):
     with pytest.raises(GradeError, match=match):
         ex05_4(SOL.get("ex05.4", "time_gpu", edits=[(_EVENTS, new)]))
+
+
+def test_lesson_headings_carry_no_numbers():
+    """Jupyter Book numbers the sections itself ("5.1 Timing done right"): a heading that carries
+    its own number reads "5.1 1. ...", and prose that says "section 3" goes stale when one moves."""
+    nb = json.loads((Path(__file__).resolve().parent.parent / "lessons" / "05_profiling.ipynb")
+                    .read_text())
+    md = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+    numbered = [ln for text in md for ln in text.splitlines() if re.match(r"#+\s*\d", ln)]
+    by_number = [m.group(0) for text in md for m in re.finditer(r"\bsections? \d+", text)]
+    assert not numbered, numbered
+    assert not by_number, by_number

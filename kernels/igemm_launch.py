@@ -5,7 +5,7 @@
     C = ig.int8_matmul(A, B, version="igemm_v1")   # dp4a on the CUDA cores
     D = ig.fp8_matmul(A8, B8, sa, sb)         # e4m3 (M, K), (N, K), float32 scalar scales on the
                                               # GPU -> bf16 (M, N) = (A @ B^T) * sa * sb
-                                              # (fp8gemm_v3 on the H100, fp8gemm_v2 on sm_89)
+                                              # (fp8gemm_v3 on sm_90, fp8gemm_v2 on sm_89)
 
 A and B are row-major (B in nn.Linear's layout: torch._int_mm(a, b) with b = B.t() is the
 same product). CuPy arrays or torch CUDA tensors (int8; float8_e4m3fn for fp8, or their bytes
@@ -59,9 +59,8 @@ TMA_KERNELS = {False: ("fp8gemm_v3", 128, 5), True: ("fp8gemm_v3_fast", 256, 3)}
 #: The kernel a 128x256 version runs where its 144 KiB of shared memory do not fit: the step
 #: below it, the same 3-stage pipeline on 128x128 tiles (96 KiB) with 64x32 warp tiles instead of
 #: 64x64. Cost: a third more bytes from L2 per multiply-add ((BM + BN) / (BM BN): 1/64 against
-#: 3/256) and more ldmatrix per mma in a warp; on the H100 at 4096^3, v2 ran at 0.78x
-#: torch._int_mm against v3's 0.81x, fp8gemm_v1 0.215x torch._scaled_mm against v2's 0.219x
-#: (reports/benchmarks.json, ch10).
+#: 3/256) and more ldmatrix per mma in a warp (lesson 10 times both tile sizes; the numbers are
+#: in reports/benchmarks.json, ch10).
 FALLBACK = {"igemm_v3": "igemm_v2", "fp8gemm_v2": "fp8gemm_v1"}
 _NOTED: set[str] = set()
 

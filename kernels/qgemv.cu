@@ -30,9 +30,9 @@
 //             regrouped once, and walks R rows at a time over a grid of one wave (a multiple of
 //             the SMs); the 8 warps' sums meet in a double-buffered shared array, one barrier
 //             per step. qgemv_w4_v5_c{CPT}_r{R}: CPT chunks per thread (K <= 8192 CPT).
-//             Correct but slower than v3 on the H100 (lesson 10 measures it): each step's
-//             barrier holds all 8 warps until the slowest one's loads arrive, and no fresh
-//             block fills the gap; the next step's rows are not prefetched before the barrier.
+//             Correct, but lesson 10 times it behind v3: each step's barrier holds all 8 warps
+//             until the slowest one's loads arrive, and no fresh block fills the gap; the next
+//             step's rows are not prefetched before the barrier.
 //   qgemv_w4_v6   sm_80+, B <= 8: the tensor cores as the dot-product engine. v3 spends 16 of
 //             its ~20 instructions per 8 weights on HFMA2 products and their conversion to fp32
 //             sums; here one mma.sync m16n8k16 (fp16 in, fp32 sums) takes 16 rows x 16 k of the
@@ -43,9 +43,8 @@
 //             16 x 8 tiles added once in shared memory. qgemv_w4_v6_s{S}_u{U}_g{GQ}: U quads
 //             (128 k, 2 loads of 16 bytes per lane, x loaded with them) per step; GQ = 1
 //             (G % 128 == 0): the scale multiplies each quad's fp32 sum; GQ = 0: the weights
-//             are scaled in fp16 first. On the H100 about as fast as v3 at B = 1 (both wait on
-//             their loads: v3's loads without its math take 17.1 us of its 20.4 at 8192^2) and
-//             4.4x faster at B = 8.
+//             are scaled in fp16 first. At B = 1 both v3 and v6 wait on their loads; the gain
+//             is at larger B, where v3 pays one more FMA per weight for every row of x.
 //   qgemv_w4_v7   sm_80+, B <= 8, G % 128 == 0: v6's mma over a copy of the weight laid out for
 //             it (qgemv_launch.QWeight.tiles(), built once): the 1 KiB that a warp reads for 16
 //             rows x 128 k is stored contiguously, in the order its lanes load it, so every
@@ -54,8 +53,7 @@
 //             and ordered k0 k2 k4 k6 k1 k3 k5 k7 in each 32-bit word, so the magic-number
 //             conversion yields (k0, k1), (k2, k3), ... and x's halves pair as they are (no xor,
 //             no regrouping: 9 of v6's 13 instructions per 8 weights); the two scales of a
-//             lane's rows are one 4-byte load. qgemv_w4_v7_s{S}: S warps split K. On the H100
-//             16.5 us at 8192^2 against v6's 19.6; 0.91 of a pure read of the same bytes.
+//             lane's rows are one 4-byte load. qgemv_w4_v7_s{S}: S warps split K.
 //
 //   Chunks are 16 bytes of q: 16 weights (W8) or 32 (W4), inside one group: G % 16 == 0 (W8),
 //   G % 32 == 0 (W4), and G divides K. q and x 16-byte aligned (the launcher checks).
@@ -497,8 +495,8 @@ QGEMV_ALL(qgemv_w4_v3, 5)
 // rounded once to fp16: exact to 2^-11). S warps of a block split K (warp w: quads w U + u,
 // += S U); each step issues its 2 U weight loads and its x loads (lanes g < B) before any math,
 // then the S partial 16 x 8 tiles are added in shared memory once, at the end. Instantiated
-// with U = 1 and S = 8 (N >= 6144) or 16 (smaller N: more warps per row of blocks): on the
-// H100 U = 2 with x read inside the math took 20.7 us at 8192 x 8192 against U = 1's 19.6.
+// with U = 1 and S = 8 (N >= 6144) or 16 (smaller N: more warps per row of blocks); U = 2, with
+// x read inside the math, was tried and not kept (qgemv_launch.V6_DEFAULT).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void mma_16816(float (&c)[4], __half2 a0, __half2 a1, __half2 a2,
                                           __half2 a3, __half2 b0, __half2 b1) {

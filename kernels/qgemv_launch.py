@@ -60,25 +60,24 @@ MAX_B = 16
 BATCH_TILES = (1, 2, 4, 8, 16)
 V5_THREADS = 256
 V5_ROWS = {1: (4, 8), 2: (2, 4), 4: (2,)}    #: qgemv_w4_v5: rows per step for CPT chunks/thread
-# rows per step by CPT: 4 loads of 16 bytes in flight per thread (1 x 4, 2 x 2) ran faster on the
-# H100 than 8 (1 x 8, 2 x 4: 29.5 against 23.2 us at 8192 x 8192); CPT = 4 has R = 2 only
+# rows per step by CPT: 4 loads of 16 bytes in flight per thread (1 x 4, 2 x 2), chosen over 8
+# (1 x 8, 2 x 4) by timing both; CPT = 4 has R = 2 only
 V5_DEFAULT_ROWS = {1: 4, 2: 2, 4: 2}
 V6_MAX_B = 8                                 #: qgemv_w4_v6: the rows of x are the mma's 8 columns
 V6_MAX_K = 1 << 21                           #: its chunk -> group multiply-high is exact below this
 V6_MIN_CC = (8, 0)                           #: mma.sync m16n8k16 with fp16 inputs
 V6_SPLITS = (4, 8, 16)                       #: warps per block (each a slice of K), instantiated
-#: qgemv_w4_v6: (warps per block S, quads of 128 k in flight per lane U) by N. Measured on the
-#: H100 (B = 1, g128): S = 8 19.6 us at 8192 x 8192 (S = 16: 20.6); S = 16 18.4 us at
-#: 4096 x 14336 (S = 8: 20.3), where 16 rows per block leave only 256 blocks
+#: qgemv_w4_v6: (warps per block S, quads of 128 k in flight per lane U) by N, chosen by timing
+#: S = 8 and 16 at B = 1, g128: S = 8 for large N; S = 16 for smaller N (4096 x 14336), where 16
+#: rows per block leave only 256 blocks and more warps per block keep more loads in flight
 V6_DEFAULT = {"small_n": (16, 1), "large_n": (8, 1)}
 V6_LARGE_N = 6144
 #: (S, U, GQ) instantiated in qgemv.cu
 V6_KERNELS = {(8, 1, 1), (8, 1, 0), (16, 1, 1), (16, 1, 0)}
 V7_SPLITS = (16, 8, 4)                       #: qgemv_w4_v7: warps per block, instantiated
 #: qgemv_w4_v7 is launched with __launch_bounds__(32 S, 32 / S): 32 warps per SM fit at any S,
-#: so S is the largest split whose ceil(N / 16) blocks fit in one wave. Measured on the H100
-#: (B = 1, g128): 8192 x 8192 S = 8 16.5 us (S = 16, two waves: 16.9); 4096 x 14336 S = 16 14.9
-#: us (S = 8: 17.0); 14336 x 4096 S = 4 15.0 us (S = 8: 15.6)
+#: so S is the largest split whose ceil(N / 16) blocks fit in one wave (a second, partial wave
+#: leaves SMs idle at its end): S = 8 at 8192 x 8192, 16 at 4096 x 14336, 4 at 14336 x 4096
 _RESIDENT: dict[str, int] = {}               # kernel name -> blocks per SM (driver's answer)
 
 
@@ -363,7 +362,7 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
     if not 1 <= B <= MAX_B:
         raise LaunchError(f"qgemv: batch B = {B}; these kernels take 1..{MAX_B} rows of x")
     _check_group(w.bits, K, w.group)
-    version = version or DEFAULT[w.kind]    # w4_v5 is slower than v3 (lesson 10): not default
+    version = version or DEFAULT[w.kind]    # w4_v5 is not the default: lesson 10 times it
     if version not in VERSIONS[w.kind]:
         raise ValueError(f"{version!r} is not a kernel for {w.kind} weights; choose from "
                          f"{VERSIONS[w.kind]}")

@@ -3,10 +3,12 @@
 A is (M, K), B is (N, K) (nn.Linear's weight layout: ``y = x @ W.T``), C is (M, N); fp16 (or
 bf16), row-major, contiguous; products accumulated in fp32, C rounded once.
 
-Numba has no tensor-core API: no WMMA, no ``mma.sync``, no ``wgmma`` and no inline PTX, so this
-chapter has no Numba twins. The interop route instead: ``matmul``/``launch`` take CuPy arrays,
-PyTorch CUDA tensors (fp16 and bf16) and Numba device arrays alike, read their device pointers
-(no copy) and launch on the stream their library is using.
+Numba's Python has no tensor-core API: no WMMA, no ``mma.sync``, no ``wgmma`` and no inline PTX (a
+Numba kernel can reach them only by calling a CUDA C++ or PTX device function through
+``cuda.declare_device`` and ``link=``), so this chapter has no Numba twins. The interop route
+instead: ``matmul``/``launch`` take CuPy arrays, PyTorch CUDA tensors (fp16 and bf16) and Numba
+device arrays alike, read their device pointers (no copy) and launch on the stream their library
+is using.
 
   VERSIONS, WHAT, MIN_CC        the ladder, one line per step, and the architecture each needs
   load(cc)                      hgemm.cu compiled for this GPU (-arch=sm_90a on Hopper)
@@ -51,7 +53,8 @@ WHAT = {
 #: the lowest compute capability each version runs on
 MIN_CC = {"v1": (7, 0), "v2": (7, 0), "v3": (7, 5), "v4": (7, 5), "v5": (8, 0), "v6": (8, 0),
           "v7": (9, 0), "v8": (9, 0), "v9": (7, 5), "v10": (8, 0)}
-#: versions built from sm_90a instructions (wgmma, setmaxnreg): Hopper (cc 9.0) only
+#: versions built from sm_90a instructions (wgmma, setmaxnreg): Hopper (cc 9.0) only, since wgmma
+#: exists on no other target (Blackwell has tcgen05 instead; TMA and setmaxnreg it keeps)
 HOPPER_ONLY = ("v7", "v8")
 #: versions with a bf16 kernel (bf16 tensor-core instructions start at cc 8.0)
 BF16 = ("v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10")
@@ -89,10 +92,10 @@ MMA10_MIN_STAGES = 3
 #:       for at its last k-slice (3/4 of a tile of math to hide them, instead of 1 3/4). Offered
 #:       only when hgemm.cu's gemm_mma10 accepts STAGES = 2 (MMA10_MIN_STAGES); until then v10
 #:       is refused on such GPUs with a message naming the 144 KiB it needs.
-#: Measured on the H100 (tools/dev/small_gpu_probe.py, one run, fp16 n = 4096, of cuBLAS fp16):
-#: v6 0.482x, its 128 x 128 fallback 0.467x; v10 0.632x, v10 with 2 stages 0.492x (hgemm.cu
-#: patched to allow them; correct on 8 ragged and interior shapes, fp16 and bf16). An H100 holds
-#: two 96 KiB blocks per SM and an L4 one: these are not L4 numbers.
+#: tools/dev/small_gpu_probe.py times both fallbacks against their full-size versions and cuBLAS
+#: fp16 in one run (v10 with 2 stages from a patched copy of hgemm.cu, checked on ragged and
+#: interior shapes, fp16 and bf16). On a GPU that holds two 96 KiB blocks per SM (an H100) its
+#: numbers are not those of an L4, which holds one.
 FALLBACKS = {"v6": [dict(BM=128, BN=128, WM=64, WN=64, STAGES=3, DBUF=1, GROUP=8)],
              "v10": [dict(BM=128, BN=256, STAGES=2, EPI=1, GROUP=8)]}
 

@@ -18,6 +18,11 @@ the next token and position back, so one captured graph replays step after step 
 work. ``fuse_norm=False`` and ``fuse_rope=False`` swap the fused kernels for their pieces
 (residual_add_v1 + chapter 3's fp32 layernorm_v3 + to_half_v1; rope_v1 twice + kv_append_v1), to
 measure what fusion saves.
+
+The baseline a decoder is compared with is ``StaticCacheDecoder``: the same model's step in
+PyTorch the way fast PyTorch decoders run it (a static KV cache, the position on the GPU), so that
+it captures in one CUDA graph, after ``torch.compile`` or without it. ``compare_static`` checks it
+against the model's own forward; ``step_bytes`` counts what a step must read (the memory bound).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from typing import Any
 from . import env
 from .compile import KERNELS_DIR, load_launch
 
-__all__ = ["KernelGPT", "decode_gemm_default", "weight_bytes", "cache_bytes", "per_step_us"]
+__all__ = ["KernelGPT", "decode_gemm_default", "weight_bytes", "cache_bytes", "per_step_us",
+           "StaticCacheDecoder", "compare_static", "check_next_token", "step_bytes"]
 
 
 def per_step_us(step: Any, n: int = 64, warmup: int = 2) -> float:
@@ -340,3 +346,209 @@ class KernelGPT:
             for a, b in zip((self.x, self.pos, self.tok, self.history), saved):
                 a[...] = b
         return out
+
+
+# ============================================================================ PyTorch, run fast
+class StaticCacheDecoder:
+    """The same model's decode step in PyTorch, the way fast PyTorch decoders run it (gpt-fast).
+
+        sd = decoder.StaticCacheDecoder(model, batch=1)   # cache at full length, pos on the GPU
+        sd.prefill(ids)                                   # ids (B, T): cache filled, pos = T
+        sd.step()                                         # tok at pos in; next tok, pos + 1 out
+        run, why = sd.capture()                           # the step in one CUDA graph
+        run, why = sd.capture(compiled=True)              # torch.compile'd, then captured
+
+    What makes the step capturable: the KV cache is allocated once at its full length
+    (n_layer, B, H, L, D); the position is a 0-d tensor on the GPU, so the new key and value go
+    in with ``index_copy_`` at it, the RoPE rows come with ``index_select``, and attention runs
+    over all L positions under the mask ``arange(L) <= pos``. Every shape is the same at every
+    step: no Python slicing by position, nothing read back to the host. The price: attention
+    reads the whole cache (L positions), not only the pos + 1 written ones.
+    """
+
+    def __init__(self, model: Any, batch: int = 1, length: int | None = None):
+        import torch
+
+        from . import gpt
+
+        cfg = self.cfg = model.cfg
+        self.model, self.B, self.L = model, int(batch), int(length or cfg.ctx)
+        if self.B < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if not 2 <= self.L <= cfg.ctx:
+            raise ValueError(f"length {self.L}: a cache holds 2 to {cfg.ctx} positions (the "
+                             "model's RoPE tables end there)")
+        p = next(model.parameters())
+        dev, B = p.device, self.B
+        self.cache = gpt.KVCache(cfg, B, dev, p.dtype, self.L)    # k, v: (n_layer, B, H, L, D)
+        self.pos = torch.zeros((), dtype=torch.long, device=dev)   # 0-d: the step reads it
+        self.tok = torch.zeros(B, 1, dtype=torch.long, device=dev)            # (B, 1) in, out
+        self.logits = torch.zeros(B, cfg.vocab, dtype=torch.float32, device=dev)  # (B, vocab)
+        self.ar = torch.arange(self.L, device=dev)                             # (L,)
+        self.host_pos = 0                     # what pos holds, known without reading the GPU
+
+    def prefill(self, ids: Any):
+        """Run the prompt ``ids`` (B, T) through the model's own forward from position 0,
+        filling the cache. Returns the logits (B, T, vocab) float32; the greedy next token is in
+        ``tok`` and ``pos`` = T."""
+        import torch
+
+        ids = torch.as_tensor(ids)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.shape[0] != self.B:
+            raise ValueError(f"ids must be ({self.B}, T) for batch {self.B}, got "
+                             f"{tuple(ids.shape)}")
+        T = ids.shape[1]
+        if T >= self.L:
+            raise ValueError(f"a prompt of {T} tokens does not fit the static cache of {self.L} "
+                             "positions (and leaves none to generate)")
+        with torch.no_grad():
+            lg = self.model(ids.to(self.ar.device), self.cache, 0)       # checks the ids
+        self.logits.copy_(lg[:, -1])
+        self.tok.copy_(lg[:, -1].argmax(-1, keepdim=True))
+        self.reset(T)
+        return lg
+
+    def reset(self, pos: int) -> None:
+        """Set the position (on the GPU and on the host); the cache is left as it is."""
+        self.pos.fill_(int(pos))
+        self.host_pos = int(pos)
+
+    def step(self) -> None:
+        """One decode step, device work only (capturable): token ``tok`` at position ``pos`` in;
+        logits (B, vocab), the greedy next token and ``pos + 1`` out."""
+        import torch
+        import torch.nn.functional as F
+
+        from .gpt import _rope
+
+        m, B, cfg = self.model, self.B, self.cfg
+        H, D, d = cfg.n_head, cfg.head_dim, cfg.d
+        with torch.no_grad():
+            p1 = self.pos.view(1)                               # (1,) index of this position
+            cos, sin = m.cos.index_select(0, p1), m.sin.index_select(0, p1)    # (1, D/2)
+            mask = (self.ar <= self.pos).view(1, 1, 1, self.L)  # attend to 0..pos of L
+            x = m.wte(self.tok)                                 # (B, 1, d)
+            for i, b in enumerate(m.blocks):
+                qkv = b.qkv(b.ln1(x)).view(B, 1, 3, H, D).permute(2, 0, 3, 1, 4)
+                q, k = _rope(qkv[0], cos, sin), _rope(qkv[1], cos, sin)       # (B, H, 1, D)
+                K, V = self.cache.k[i], self.cache.v[i]         # (B, H, L, D)
+                K.index_copy_(2, p1, k)                         # the new key, value at pos
+                V.index_copy_(2, p1, qkv[2])
+                o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)      # (B, H, 1, D)
+                x = x + b.proj(o.transpose(1, 2).reshape(B, 1, d))
+                x = x + b.fc2(F.gelu(b.fc(b.ln2(x)), approximate="tanh"))
+            lg = m.head(m.ln_f(x)).float()[:, -1]               # (B, vocab)
+            self.logits.copy_(lg)
+            self.tok.copy_(lg.argmax(-1, keepdim=True))
+            self.pos.add_(1)
+
+    def _room(self, n: int) -> None:
+        if self.host_pos + n > self.L:
+            raise ValueError(f"{n} more steps from position {self.host_pos} run past the static "
+                             f"cache of {self.L} positions")
+
+    def runner(self, fn: Any, name: str = "step"):
+        """``fn`` (the step, or a replay of it) behind a host-side check: a step past the cache
+        would index out of range on the GPU, which no later call could recover from."""
+        def run() -> None:
+            self._room(1)
+            fn()
+            self.host_pos += 1
+
+        run.__name__ = name
+        return run
+
+    def capture(self, compiled: bool = False):
+        """``(run, None)``: the step captured in a CUDA graph (``cudabook.baselines.torch_graph``),
+        ``torch.compile``d first if ``compiled``; ``run()`` replays it once. Or ``(None, why)``
+        where torch.compile cannot run. The warm-up steps the capture runs are undone (position,
+        token and logits restored; the replays write the same cache rows again)."""
+        from . import baselines
+
+        self._room(5)                          # the warm-up steps, and the trial of compile
+        saved = (self.host_pos, self.tok.clone(), self.logits.clone())
+        fn = self.step
+        if compiled:
+            fn, why = baselines.torch_compiled(self.step)
+            if fn is None:
+                return None, why
+        name = "torch.compile + CUDA graph" if compiled else "PyTorch static cache + CUDA graph"
+        g = baselines.torch_graph(fn, name=name)
+        self.reset(saved[0])
+        self.tok.copy_(saved[1])
+        self.logits.copy_(saved[2])
+        return self.runner(g, name), None
+
+
+def compare_static(model: Any, ids: Any, steps: int = 3, length: int | None = None
+                   ) -> tuple[float, float]:
+    """(largest |logit difference|, largest difference / its tolerance) between
+    ``StaticCacheDecoder``'s steps and the model's own forward with its KV cache
+    (``gpt.GPT.forward``: the growing Python slice), over ``steps`` steps after the prompt
+    ``ids`` (B, T). Both are fed the reference's greedy tokens. The tolerance is the one a decode
+    step in fp16 is held to on this page: ``4 (n_layer + 1) u rms(logits) + u |logit|``,
+    u = 2^-11."""
+    import torch
+
+    from . import gpt
+
+    ids = torch.as_tensor(ids)
+    ids = ids[None] if ids.ndim == 1 else ids
+    B, T = ids.shape
+    sd = StaticCacheDecoder(model, B, length)
+    p = next(model.parameters())
+    ref_cache = gpt.KVCache(model.cfg, B, p.device, p.dtype, sd.L)
+    if T + steps > sd.L:
+        raise ValueError(f"a prompt of {T} tokens and {steps} steps run past the cache of "
+                         f"{sd.L} positions")
+    u, err, frac = 2.0 ** -11, 0.0, 0.0
+    with torch.no_grad():
+        ref = model(ids.to(p.device), ref_cache, 0)[:, -1]      # (B, vocab) float32
+        sd.prefill(ids)
+        for s in range(steps):
+            tok = ref.argmax(-1, keepdim=True)                  # (B, 1): the same input to both
+            sd.tok.copy_(tok)
+            sd.step()
+            ref = model(tok, ref_cache, T + s, check=False)[:, -1]
+            diff = (sd.logits - ref).abs()
+            tol = (4 * (model.cfg.n_layer + 1) * u * ref.pow(2).mean(-1, keepdim=True).sqrt()
+                   + u * ref.abs())
+            err, frac = max(err, float(diff.max())), max(frac, float((diff / tol).max()))
+    return err, frac
+
+
+def check_next_token(logits: Any, tok: Any, name: str = "decode step") -> None:
+    """Raise ``cudabook.CheckError`` unless every logit of the last step is finite and the
+    token written for the following step is the largest logit's (the lower id on a tie): the check
+    a timed decode step passes before and after it is timed."""
+    import numpy as np
+
+    from .check import CheckError, to_numpy
+
+    lg = np.asarray(to_numpy(logits), dtype=np.float64)        # (B, vocab)
+    t = np.asarray(to_numpy(tok)).reshape(-1)                   # (B,)
+    if not np.isfinite(lg).all():
+        raise CheckError(f"{name}: {int((~np.isfinite(lg)).sum())} logits are NaN or inf")
+    want = lg.argmax(-1)
+    if t.shape != want.shape or (t != want).any():
+        i = int(np.flatnonzero(t != want)[0]) if t.shape == want.shape else 0
+        raise CheckError(f"{name}: sequence {i} continues with token "
+                         f"{t[i] if t.shape == want.shape else t.shape}, not with the largest "
+                         f"logit's ({want[i]})")
+
+
+def step_bytes(model: Any, batch: int, n: int) -> dict[str, int]:
+    """Bytes one decode step of batch ``batch`` must read at ``n`` cached positions, counted
+    from the model's own tensors: every parameter once (the embedding table excepted: only the
+    batch's rows of it), and the keys and values of positions 0..n-1 of every layer (in the
+    model's dtype). {"weights": ..., "cache": ..., "total": ...}."""
+    cfg = model.cfg
+    w = 0
+    for name, p in model.named_parameters():
+        rows = batch if name == "wte.weight" else p.shape[0]
+        w += rows * (p.numel() // p.shape[0]) * p.element_size()
+    size = next(model.parameters()).element_size()
+    c = 2 * cfg.n_layer * batch * cfg.n_head * n * cfg.head_dim * size       # K and V
+    return {"weights": w, "cache": c, "total": w + c}

@@ -97,6 +97,70 @@ def test_decoder_needs_a_gpu():
         decoder.KernelGPT(gpt.build(SMALL))
 
 
+
+# ============================================================================ PyTorch, run fast
+def test_static_cache_step_matches_the_forward():
+    """The static-cache step (position on the device, index_copy_, mask over the full cache)
+    gives the logits of the model's own forward, for 3 positions, on the CPU in float32."""
+    from cudabook import decoder
+
+    m = gpt.build(SMALL, seed=1)
+    ids = torch.randint(0, SMALL.vocab, (2, 9), generator=torch.Generator().manual_seed(0))
+    sd = decoder.StaticCacheDecoder(m, 2, length=20)
+    first = sd.prefill(ids)[:, -1]
+    seq, steps = ids, [sd.logits.clone()]
+    for _ in range(3):
+        seq = torch.cat([seq, sd.tok], 1)
+        sd.step()
+        steps.append(sd.logits.clone())
+    assert int(sd.pos) == 12 and sd.host_pos == 9        # step() alone leaves host_pos alone
+    with torch.no_grad():
+        full = m(seq)[:, 8:12]                            # logits at positions 8..11, no cache
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(first, full[:, 0], atol=1e-4, rtol=1e-4)
+    err, frac = decoder.compare_static(m, ids, steps=3)
+    assert err < 1e-4 and frac < 0.05
+
+
+def test_static_cache_refuses_bad_input():
+    from cudabook import decoder
+
+    m = gpt.build(SMALL)
+    with pytest.raises(ValueError, match="does not fit the static cache"):
+        decoder.StaticCacheDecoder(m, 1, length=16).prefill(torch.zeros(1, 16, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"must be \(2, T\)"):
+        decoder.StaticCacheDecoder(m, 2).prefill(torch.zeros(3, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="RoPE tables"):
+        decoder.StaticCacheDecoder(m, 1, length=SMALL.ctx + 1)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        decoder.StaticCacheDecoder(m, 1).prefill(torch.tensor([[1, 999]]))
+    sd = decoder.StaticCacheDecoder(m, 1, length=8)
+    sd.prefill(torch.arange(6)[None])
+    run = sd.runner(sd.step)
+    run()
+    run()
+    with pytest.raises(ValueError, match="run past the static cache of 8"):
+        run()
+    decoder.check_next_token(sd.logits, sd.tok)
+    bad = sd.logits.clone()
+    bad[0, 3] = bad.max() + 1
+    with pytest.raises(cb.CheckError, match="not with the largest logit's"):
+        decoder.check_next_token(bad, sd.tok)
+    bad[0, 5] = float("nan")
+    with pytest.raises(cb.CheckError, match="NaN"):
+        decoder.check_next_token(bad, sd.tok)
+
+
+def test_step_bytes_counts_the_model_tensors():
+    from cudabook import decoder
+
+    m = gpt.build(gpt.GPT2_SMALL, dtype=torch.float16)
+    b = decoder.step_bytes(m, 1, 512)
+    ln = 2 * (2 * gpt.GPT2_SMALL.n_layer + 1) * 768        # LayerNorm weights and biases
+    assert b["weights"] == decoder.weight_bytes(gpt.GPT2_SMALL) + 2 * (ln + 768)
+    assert b["cache"] == decoder.cache_bytes(gpt.GPT2_SMALL, 512, 1)
+    assert decoder.step_bytes(m, 32, 512)["cache"] == 32 * b["cache"]
+
 # ============================================================================ Numba twins
 @pytest.mark.parametrize("R, H, D", [(1, 1, 2), (3, 2, 6), (5, 3, 16)])
 def test_numba_rope_v1(R, H, D):

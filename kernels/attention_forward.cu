@@ -627,10 +627,9 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
 #endif
 }
 
-// BC = 128 keys per tile, 2 stages. Timed on an H100 by tools/dev/ch09_v4_probe.py --variants
-// (bf16, B = 8, H = 16, N = 4096, TFLOP/s, not causal / causal): D = 64 with neither the overlap
-// nor the ping-pong 393 / 353, with both 447 / 395; D = 128 601 / 517 and 590 / 560 (3 stages:
-// no faster). The _nolap kernels (neither) are for the lesson's comparison.
+// BC = 128 keys per tile, 2 stages: tools/dev/ch09_v4_probe.py --variants times the alternatives
+// (3 stages, the overlap and the ping-pong one at a time). The _nolap kernels (neither the overlap
+// nor the ping-pong) are for the lesson's comparison.
 #define ATTN_V4(NAME, T, D, SCHED)                                                               \
     extern "C" __global__ void __launch_bounds__(384, 1) NAME(                                   \
         const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk,                  \

@@ -41,6 +41,38 @@ def test_attention_reference_matches_torch():
         np.testing.assert_allclose(lse, np.log(np.exp(s).sum(-1)), atol=1e-12)
 
 
+def test_causal_alignment_top_left_and_bottom_right():
+    """The kernels' mask is top-left (j <= i, torch's is_causal); a decode step needs it shifted
+    by Nk - Nq (bottom-right, torch's causal_lower_right), which for one query is no mask."""
+    torch = pytest.importorskip("torch")
+    bias = pytest.importorskip("torch.nn.attention.bias")
+    rng = np.random.default_rng(3)
+    for nq, nk in ((1, 6), (3, 7), (5, 5)):
+        q, k, v = (rng.standard_normal((2, n, 4)) for n in (nq, nk, nk))
+        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        top_left, _ = attention_reference(q, k, v, causal=True)
+        bottom_right, _ = attention_reference(q, k, v, causal=True, shift=nk - nq)
+        np.testing.assert_allclose(top_left, sdpa(tq, tk, tv, is_causal=True).numpy(), atol=1e-12)
+        np.testing.assert_allclose(bottom_right, sdpa(tq, tk, tv, attn_mask=bias.causal_lower_right(
+            nq, nk)).numpy(), atol=1e-12)
+        if nq == nk:                                   # the two conventions agree
+            np.testing.assert_allclose(top_left, bottom_right, atol=1e-12)
+    q, k, v = (rng.standard_normal((1, n, 4)) for n in (1, 6, 6))
+    np.testing.assert_allclose(attention_reference(q, k, v, causal=True)[0][0, 0], v[0, 0])
+    np.testing.assert_allclose(attention_reference(q, k, v, causal=True, shift=5)[0],
+                               attention_reference(q, k, v)[0], atol=1e-12)
+
+
+def test_kernel_comments_carry_no_timings():
+    """Timings live in reports/benchmarks.json, not in the source the book shows."""
+    timing = re.compile(r"TFLOP/s|GB/s|\b\d+(\.\d+)?\s*(us|µs|ms)\b|timed on an? [AH]\d+", re.I)
+    for name in ("attention_forward.cu", "attention_backward.cu", "attention.cuh"):
+        for n, line in enumerate((cb.KERNELS_DIR / name).read_text().splitlines(), 1):
+            comment = line.split("//", 1)[1] if "//" in line else ""
+            assert not timing.search(comment), f"{name}:{n}: a timing in a comment: {line.strip()}"
+
+
 def test_merge_of_partials_is_the_whole():
     rng = np.random.default_rng(1)
     s, v = rng.standard_normal((4, 9)) * 5, rng.standard_normal((9, 3))

@@ -56,15 +56,21 @@ def torch_graph(fn: Callable[[], Any], *, warmup: int = 3, name: str | None = No
     if not isinstance(warmup, int) or warmup < 1:
         raise ValueError(f"torch_graph: warmup must be an int >= 1 (the warm-up is what keeps "
                          f"one-time work out of the graph), got {warmup!r}")
+    prev = torch.cuda.current_stream()
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    side.wait_stream(prev)
     with torch.cuda.stream(side):
         for _ in range(warmup):
             fn()
-    torch.cuda.current_stream().wait_stream(side)
+    prev.wait_stream(side)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    try:
+        with torch.cuda.graph(g):
+            fn()
+    finally:
+        # a capture that fails inside torch.cuda.graph leaves its capture stream current: every
+        # later PyTorch launch would then run beside, not inside, the events that time it
+        torch.cuda.set_stream(prev)
     torch.cuda.synchronize()
     return TorchGraph(g, name or f"CUDA graph of {getattr(fn, '__name__', 'fn')}")
 

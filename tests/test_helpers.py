@@ -569,3 +569,23 @@ def test_cuda_module_compiles_once_and_never_caches_a_failure():
         for _ in range(2):
             with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
                 cb.cuda_module("vector_add")
+
+
+@pytest.mark.gpu
+def test_bench_times_pytorch_work_whatever_stream_is_current():
+    """A failed capture must not leave PyTorch on its capture stream, and cb.bench must time
+    PyTorch work on the stream its events are recorded on (else a graph replay reads ~1 us)."""
+    torch = pytest.importorskip("torch")
+    import cupy as cp
+
+    a = torch.randn(2048, 2048, device="cuda")
+    with pytest.raises(Exception):                        # a sync inside a capture is refused
+        cb.baselines.torch_graph(lambda: (a @ a).sum().item())
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    g = cb.baselines.torch_graph(lambda: a @ a)
+    flops = 2.0 * 2048 ** 3                                # 17 GFLOP: far above 1 us at any peak
+    floor_us = flops / 2e15 * 1e6                          # even at 2 PFLOP/s
+    assert cb.bench({"g": g}, flops=flops, quiet=True)["g"].time_us > floor_us
+    with cp.cuda.Stream(non_blocking=True):                # CuPy elsewhere: events follow it
+        t = cb.bench({"g": g, "eager": lambda: a @ a}, flops=flops, quiet=True)
+    assert min(r.time_us for r in t.rows) > floor_us, str(t)

@@ -32,8 +32,6 @@ from . import quant
 from . import roofline
 from . import plot
 from .tracer import trace  # noqa: F401  (cb.trace; cudabook.tracedraw draws it)
-from . import graphs, ncu, occupancy, torchtrace  # noqa: F401  (Chapter 5: profiling)
-from . import collectives, dist  # noqa: F401  (Chapter 11: multi-GPU)
 
 __version__ = "0.1.0"
 
@@ -45,6 +43,24 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
            "round_up",
            "grid_1d", "grid_2d", "row_block", "need_cc", "LaunchError", "expect",
            "expect_aligned", "reference", "quant", "roofline", "baselines"]
+
+# Chapter modules load when first used (``cb.graphs``, ``from cudabook import dist``), so that
+# importing cudabook in chapter 1 neither pays for them nor runs what they set up.
+_LAZY = {"graphs", "ncu", "occupancy", "torchtrace",   # Chapter 5: profiling
+         "collectives", "dist"}                        # Chapter 11: multi-GPU
+
+
+def __getattr__(name: str):
+    """``cb.<chapter module>``: import it on first use (PEP 562)."""
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY)
 
 
 def _ends_with_semicolon(cell: str) -> bool:

@@ -12,7 +12,8 @@ rank's traceback. ``Comm`` is the point-to-point interface the chapter's exercis
 ``send`` is *synchronous* (it returns once the receiver has the message, as MPI's ``Ssend``),
 so a send/recv order that can deadlock on a real network deadlocks here too, every time, and
 the timeout reports it; ``recv`` checks that the sender sent as many elements as it expects.
-NVLink multicast stays off in every process started here (``NCCL_NVLS_ENABLE=0``).
+NVLink multicast stays off (``NCCL_NVLS_ENABLE=0``, ``SAFE_ENV``) in every process started
+here and in this one once ``cupy_nccl`` hands out NCCL; importing the module changes nothing.
 """
 
 from __future__ import annotations
@@ -35,10 +36,18 @@ from typing import Any, Callable, Sequence
 __all__ = ["DistError", "DistTimeout", "Comm", "spawn", "torchrun", "script_path", "cupy_nccl",
            "gpu_count", "need_gpus", "SAFE_ENV"]
 
-#: set in every process this module starts: NVLink multicast (NVLS) off, as the machines require
+#: NVLink multicast (NVLS) off, as the machines require: set in every process this module starts
+#: (``spawn``'s ranks, ``torchrun``'s workers) and here before ``cupy_nccl`` returns NCCL, never
+#: at import (chapter 1 imports cudabook too)
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
-os.environ.update(SAFE_ENV)
+
+
+def _apply_safe_env() -> None:
+    """Put ``SAFE_ENV`` into this process's environment (before NCCL reads it, at the first
+    communicator)."""
+    os.environ.update(SAFE_ENV)
+
 
 _TAG_HEAD, _TAG_DATA, _TAG_ACK = 11, 12, 13
 
@@ -167,7 +176,7 @@ class Comm:
 
 
 def _worker(fn, rank, world, port, backend, args, q, timeout) -> None:
-    os.environ.update(SAFE_ENV)
+    _apply_safe_env()                      # in the rank, before init_process_group
     # a forked rank cannot initialise CUDA (its parent may have): PyTorch warns about it on
     # stderr from C++ and from Python. The ranks' errors travel back through the queue, so their
     # stderr goes nowhere (their stdout, a student's print, still shows)
@@ -265,6 +274,7 @@ def cupy_nccl():
     import importlib
     import warnings
 
+    _apply_safe_env()          # this process creates the communicators (NcclCommunicator)
     try:
         import nvidia  # the namespace package of NVIDIA's pip wheels (PyTorch depends on them)
 
@@ -343,7 +353,7 @@ def torchrun(script: str | os.PathLike, nproc: int, args: Sequence[str] = (),
     fd, out = tempfile.mkstemp(suffix=".json", prefix="cudabook-dist-")
     os.close(fd)
     os.unlink(out)
-    e = {**os.environ, **SAFE_ENV, **(env or {}), "CUDABOOK_DIST_OUT": out,
+    e = {**os.environ, **SAFE_ENV, **(env or {}), "CUDABOOK_DIST_OUT": out,   # the workers' env
          "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     root = str(Path(__file__).resolve().parent.parent)
     e["PYTHONPATH"] = root + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")

@@ -5,8 +5,6 @@ edits of them (tests/solution_cells.py)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from numba import cuda, float32
@@ -522,9 +520,23 @@ def test_cuda_graders_say_they_need_a_gpu(grader):
 
 
 def test_references_are_still_importable_from_the_grader_module():
+    """The references moved to cudabook.reference; the grader module still exports each of them
+    (``from cudabook.graders.ch03 import softmax_reference``) as the very same function."""
+    from cudabook import reference
     from cudabook.graders import ch03
 
-    assert ch03.softmax_reference is softmax_reference and math.isfinite(1.0)
+    names = ["softmax_reference", "layernorm_reference", "conv2d_reference",
+             "gelu_tanh_reference"]
+    for name in names:
+        assert name in ch03.__all__, f"{name} is no longer exported by graders.ch03"
+        assert getattr(ch03, name) is getattr(reference, name), f"graders.ch03.{name} is a copy"
+    from cudabook.graders.ch03 import conv2d_reference as conv2d
+    from cudabook.graders.ch03 import gelu_tanh_reference as gelu_tanh
+    from cudabook.graders.ch03 import layernorm_reference as layernorm
+    from cudabook.graders.ch03 import softmax_reference as softmax
+
+    assert (softmax, layernorm, conv2d, gelu_tanh) == (
+        softmax_reference, layernorm_reference, conv2d_reference, gelu_tanh_reference)
 
 
 # ----------------------------------------------------------------------------- pencil and paper

@@ -267,9 +267,25 @@ def test_ex08_3_wrong_answers(new, hint):
 
 
 def test_lesson_swizzle_is_the_kernels():
-    """The swizzle of the solution is the one hgemm.cu's tile_index and TMA's 128B mode use."""
+    """The swizzle of the solution (ex08.3) is the one hgemm.cu's tile_index uses: the kernel's
+    return expression, its ternary made Python, evaluated on a tile's 64 rows x 8 chunks gives
+    each chunk's physical place, and it must equal the solution's swizzle(row, chunk)."""
+    import re
+
     src = cb.kernel_source("hgemm.cu", "tile_index")
-    assert "c ^ (r & 7)" in src
+    m = re.search(r"int tile_index\(int r, int c\) \{\s*return (.+?);\s*\}", src)
+    assert m, f"tile_index changed shape; update this test:\n{src}"
+    expr, n = re.subn(r"\(SWZ \? (.+?) : c\)", r"((\1) if SWZ else c)", m.group(1))
+    assert n == 1, f"tile_index's 'SWZ ? ... : c' is gone: {m.group(1)}"
+    index = eval(f"lambda r, c, SWZ: {expr}")  # noqa: S307  (the kernel's own arithmetic)
+    swizzle = SOL.get("ex08.3", "swizzle")
+    for r in range(64):
+        for c in range(8):
+            assert index(r, c, False) == r * 64 + 8 * c, (r, c)      # plain: chunk c at c
+            got = index(r, c, True) - r * 64
+            assert got % 8 == 0 and got // 8 == swizzle(r, c), \
+                f"row {r} chunk {c}: tile_index puts it at element {got}, the solution at " \
+                f"chunk {swizzle(r, c)}"
 
 
 # ============================================================================ ex08_1, ex08_4 (GPU)

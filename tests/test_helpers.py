@@ -589,3 +589,68 @@ def test_bench_times_pytorch_work_whatever_stream_is_current():
     with cp.cuda.Stream(non_blocking=True):                # CuPy elsewhere: events follow it
         t = cb.bench({"g": g, "eager": lambda: a @ a}, flops=flops, quiet=True)
     assert min(r.time_us for r in t.rows) > floor_us, str(t)
+
+
+# ----------------------------------------------------------------------------- imports
+def test_import_cudabook_changes_no_environment_and_loads_no_chapter_module():
+    """A fresh interpreter: importing cudabook (what chapter 1 does) leaves os.environ as it was
+    and loads neither chapter 11's modules nor chapter 5's; they load on first use. The mode
+    variables that cudabook.env sets on purpose are given beforehand, so any change is a leak."""
+    import os
+    import subprocess
+
+    code = (
+        "import json, os, sys\n"
+        "before = dict(os.environ)\n"
+        "import cudabook as cb\n"
+        "changed = sorted(k for k in set(before) | set(os.environ)\n"
+        "                 if before.get(k) != os.environ.get(k))\n"
+        "loaded = sorted(m for m in ('cudabook.dist', 'cudabook.collectives', 'cudabook.graphs',\n"
+        "                            'cudabook.ncu', 'cudabook.occupancy', 'cudabook.torchtrace')\n"
+        "                if m in sys.modules)\n"
+        "first = dict(os.environ)\n"
+        "from cudabook import dist\n"
+        "ok = (cb.graphs.__name__ == 'cudabook.graphs' and dist is cb.dist\n"
+        "      and 'ncu' in dir(cb) and dict(os.environ) == first)\n"
+        "print(json.dumps({'changed': changed, 'loaded': loaded, 'lazy_ok': ok}))\n")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS": "0",
+           "NUMBA_CUDA_WARN_ON_IMPLICIT_COPY": "0"}
+    for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        env.pop(k, None)                 # absent, so that setting them at import would show
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["changed"] == [], f"importing cudabook changed os.environ: {out['changed']}"
+    assert out["loaded"] == [], f"importing cudabook loaded {out['loaded']}"
+    assert out["lazy_ok"], "cb.graphs / from cudabook import dist / dir(cb) / env after dist"
+
+
+def _rank_env(comm):
+    import os
+
+    return {k: os.environ.get(k) for k in cb.dist.SAFE_ENV}
+
+
+def test_multi_gpu_code_runs_with_nvlink_multicast_off(tmp_path, monkeypatch, capsys):
+    """What cudabook.dist starts gets SAFE_ENV (NCCL_NVLS_ENABLE=0, ...) even where the caller's
+    environment says otherwise: spawn's ranks and torchrun's workers; and this process once
+    cupy_nccl hands out NCCL (its communicators are created here)."""
+    import importlib.util
+    import os
+
+    pytest.importorskip("torch")
+    from cudabook import dist
+
+    for k in dist.SAFE_ENV:
+        monkeypatch.setenv(k, "caller")
+    assert dist.spawn(_rank_env, 2, timeout=60) == [dist.SAFE_ENV] * 2
+    script = tmp_path / "env.py"
+    script.write_text("import os\nfrom cudabook.dist import SAFE_ENV, write_result\n"
+                      "write_result({k: os.environ.get(k) for k in SAFE_ENV})\n")
+    assert dist.torchrun(script, 1, timeout=120) == dist.SAFE_ENV
+    assert all(os.environ[k] == "caller" for k in dist.SAFE_ENV)   # the notebook's own: as set
+    if importlib.util.find_spec("cupy") is not None:
+        dist.cupy_nccl()                 # NCCL's module, or None after saying why: either way
+        capsys.readouterr()
+        assert {k: os.environ.get(k) for k in dist.SAFE_ENV} == dist.SAFE_ENV

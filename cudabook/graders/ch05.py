@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import env
 from ..check import to_numpy
+from ..launch import ceil_div
 from ..ncu import KernelProfile, NcuReport
 from ..occupancy import ARCHS, Limits
 from ..occupancy import occupancy as _occupancy
@@ -314,7 +315,7 @@ def ex05_3(capture: Callable[[Callable[[], None]], Callable[[], None]],
             for _ in range(CHAIN_LENGTH)]
     x = cupy.asarray(rng.standard_normal(n, dtype=np.float32))
     y = cupy.empty(n, cupy.float32)
-    grid, block, ni = ((n + 255) // 256,), (256,), np.int32(n)
+    grid, block, ni = (ceil_div(n, 256),), (256,), np.int32(n)
     calls = [0]
 
     def run_chain() -> None:

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from ..check import to_numpy
+from ..launch import ceil_div
 from ._core import (
     GradeError,
     call,
@@ -125,7 +126,7 @@ def ex07_1(rope) -> None:
                     f"(seed {seed}, call {rep + 1})")
             out, buf = guarded((R, H, D))
             n = R * H * (D // 2)
-            grid = (n + TPB - 1) // TPB
+            grid = ceil_div(n, TPB)
             call(ex, case, lambda: rope[grid, TPB](to_device(x), to_device(pos), out,
                                                     np.float32(base)))
             if not canary_ok(buf, R * H * D):
@@ -322,7 +323,7 @@ def ex07_3(sample_topk) -> None:
             case = (f"B={B}, V={V}, k={k}, temperature={temp}{', tied logits' if tied else ''} "
                     f"(seed {seed}, call {rep + 1})")
             out, buf = guarded((B,), np.int32)
-            grid = (B + TPB - 1) // TPB
+            grid = ceil_div(B, TPB)
             call(ex, case, lambda: sample_topk[grid, TPB](to_device(z), to_device(u),
                                                            np.float32(1 / temp), k, out))
             if not canary_ok(buf, B):

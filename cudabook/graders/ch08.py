@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import env
 from ..check import to_numpy
+from ..launch import ceil_div
 from ._core import GradeError, canary_ok, fresh_rng, need_gpu, passed, sync
 from ._race import racecheck
 from ._static import calls, cuda_code
@@ -144,7 +145,7 @@ _HINT_1 = ("a __syncthreads() between filling the shared tiles and reading them,
 
 
 def _launch_1(kern, A, B, C, M, N, K):
-    kern(((N + 31) // 32, (M + 31) // 32), (128,),
+    kern((ceil_div(N, 32), ceil_div(M, 32)), (128,),
          (A, B, C, np.int32(M), np.int32(N), np.int32(K)))
 
 
@@ -349,7 +350,7 @@ SMEM_4 = 3 * (128 + 128) * 64 * 2
 
 def _launch_4(kern, A, B, C, M, N, K):
     kern.max_dynamic_shared_size_bytes = SMEM_4
-    kern((((M + 127) // 128) * ((N + 127) // 128),), (256,),
+    kern((ceil_div(M, 128) * ceil_div(N, 128),), (256,),
          (A, B, C, np.int32(M), np.int32(N), np.int32(K)), shared_mem=SMEM_4)
 
 

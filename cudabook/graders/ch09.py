@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import env
 from ..check import to_numpy
+from ..launch import ceil_div
 from ._core import (
     GradeError,
     call,
@@ -316,7 +317,7 @@ def _grade_fwd(ex: str, kernel, causal: bool) -> None:
 
             def run():
                 try:
-                    kernel[(-(-Nq // BR), BH), BR](_to_dev(q), kk, vv, o, lse, scale)
+                    kernel[(ceil_div(Nq, BR), BH), BR](_to_dev(q), kk, vv, o, lse, scale)
                 except OverflowError:      # the simulator's math.exp raises where a GPU gives inf
                     raise GradeError(f"{ex}: {case}: exp overflowed: subtract the running max "
                                      "before exp (s - m <= 0), and rescale acc and l by "
@@ -349,7 +350,7 @@ def _grade_fwd(ex: str, kernel, causal: bool) -> None:
                    "lse = m + log(l), natural log, of the scaled scores")
             # a race on the K/V tile gives wrong values that look like other mistakes (a row never
             # written, NaN from past the end): a trace of the same launch names it (failures only)
-            raise GradeError(explain(ex, case, msg, kernel, (-(-Nq // BR), BH), BR, q,
+            raise GradeError(explain(ex, case, msg, kernel, (ceil_div(Nq, BR), BH), BR, q,
                                      to_numpy(kk), to_numpy(vv), np.full((BH, Nq, D), np.nan,
                                                                          np.float32),
                                      np.full((BH, Nq), np.nan, np.float32), scale))

@@ -77,7 +77,8 @@ def torch_graph(fn: Callable[[], Any], *, warmup: int = 3, name: str | None = No
 
 def torch_compiled(fn: Callable[[], Any], *, mode: str = "max-autotune-no-cudagraphs",
                    ) -> tuple[Callable[[], Any] | None, str | None]:
-    """``(torch.compile(fn, mode=mode), None)`` after one trial call, or ``(None, why)``.
+    """``(torch.compile(fn, mode=mode), None)`` after one trial call, or ``(None, why)``: the
+    pattern lesson 3 writes out when it first meets ``torch.compile``, kept here for later chapters.
 
     The default mode autotunes the generated kernels and leaves CUDA graphs to
     :func:`torch_graph`, so that the compiled step is captured whole, the way fast PyTorch

@@ -377,3 +377,32 @@ def test_cuda_graders_need_gpu():
     ("ex04.7", "efficiency", 116 / 132, "the last wave alone"),
     ("ex04.7", "efficiency", 96.97, "not a percentage"),
 ])
+
+
+def test_a_tiny_output_never_gets_the_low_precision_verdict():
+    """One stale shared-memory value that happens to be small looks like rounding on a 1x1 C:
+    under 16 wrong elements the grader does not call it lower precision."""
+    ref = np.array([[0.776523]])
+    got = np.array([[0.776706]], np.float32)
+    with pytest.raises(GradeError) as e:
+        diagnose_2d("ex", "case", got, ref, tile=(16, 16), K=1, ktile=16, syncs=2)
+    assert "lower-precision" not in str(e.value) and "load zeros for k >= K" in str(e.value)
+
+
+def test_a_tiny_case_is_reported_only_when_no_larger_case_fails():
+    from cudabook.graders.ch04 import _HeldBack
+
+    def fail(msg):
+        def f():
+            raise GradeError(msg)
+        return f
+
+    held = _HeldBack()
+    held.check(1, fail("tiny"))
+    with pytest.raises(GradeError, match="large"):
+        held.check(16 * 16, fail("large"))
+    held = _HeldBack()
+    held.check(1, fail("tiny"))
+    held.check(16 * 16, lambda: None)
+    with pytest.raises(GradeError, match="tiny"):
+        held.raise_if_any()

@@ -78,10 +78,30 @@ def _ends_with_semicolon(cell: str) -> bool:
     return bool(toks) and toks[-1].string == ";"
 
 
+def _under_pytest_without_plugin() -> bool:
+    """This kernel was started by a pytest run (nbval) that did not load cudabook's plugin.
+
+    pytest (8.2 on) exports PYTEST_VERSION to the processes it starts; the plugin exports
+    CUDABOOK_PYTEST_PLUGIN, the pid of the pytest process that loaded it, whose child nbval's
+    kernel is. A kernel started outside pytest (Jupyter, Colab, the GPU lane's nbclient) sees no
+    PYTEST_VERSION; one that nbval started with the plugin loaded sees its parent's pid."""
+    import os
+
+    if "PYTEST_VERSION" not in os.environ:
+        return False
+    return os.environ.get("CUDABOOK_PYTEST_PLUGIN") != str(os.getppid())
+
+
 def _gpu_cell(line: str, cell: str):
     """%%gpu: run the cell on a GPU; in simulator mode, say why it is skipped."""
     if not env.HAS_GPU:
         what = line.strip() or "this cell (CuPy / CUDA C++ or timing)"
+        if _under_pytest_without_plugin():
+            raise RuntimeError(
+                f"{what} needs a CUDA GPU and this is simulator mode, but pytest runs this "
+                "notebook without cudabook's plugin, which would report the cell as skipped: "
+                "cudabook was most likely installed by this run's setup cell, after pytest had "
+                "loaded its plugins. Run the same pytest command again.")
         print(f"skipped: {what} needs a CUDA GPU; this is simulator mode.")
         return None
     import ast

@@ -17,6 +17,7 @@ Without a GPU, ``%%gpu`` grader cells are skipped and reported as such.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -40,8 +41,8 @@ def run_nbval(nb, tmp: Path, name: str) -> dict[int, str]:
     status = {}
     for tc in ET.parse(xml).getroot().iter("testcase"):
         try:
-            idx = int(tc.get("name", "").split()[-1])  # "Cell 7": the 8th code cell
-        except ValueError:
+            idx = int(re.match(r"Cell (\d+)", tc.get("name", "")).group(1))  # "Cell 7 (ex08.2)"
+        except (AttributeError, ValueError):
             continue
         if tc.find("failure") is not None or tc.find("error") is not None:
             status[idx] = "failed"

@@ -5,7 +5,9 @@ inside the repository, also for a lone notebook copied out of it (a Colab or dow
 
 * without a GPU, cells that start with ``%%gpu`` (CuPy / CUDA C++, timings) are reported as
   skipped with a message instead of being compared with outputs stored from a GPU run, and tests
-  marked ``gpu`` are skipped;
+  marked ``gpu`` are skipped; on a GPU, tests marked ``simulator`` (what only simulator mode
+  shows: a refusal, a wrong answer the GPU hides) are skipped. These two markers are the one way
+  the repository's tests choose between the CPU lane and the GPU lane;
 * a grader cell (one that calls ``exNN_k(...)`` and carries ``# NBVAL_CHECK_OUTPUT``) is reported
   under its exercise's name (``nb.ipynb::Cell 12 (ex08.2)``, also in JUnit XML), its failure
   report starts with the grader's verdict, and the run ends with one line per exercise graded:
@@ -33,6 +35,7 @@ _GRADES = pytest.StashKey[list]()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a real CUDA GPU (run in the GPU lane)")
+    config.addinivalue_line("markers", "simulator: runs only in simulator mode (the CPU lane)")
     config.stash[_GRADES] = []
     # the notebook kernels nbval starts are children of this process and inherit this
     os.environ[PLUGIN_ENV] = str(os.getpid())
@@ -57,11 +60,14 @@ def exercise_of(item: pytest.Item) -> str | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [it for it in items if _is_gpu_cell(it) or it.get_closest_marker("gpu")]
-    if not gpu_items:
+    sim_items = [it for it in items if it.get_closest_marker("simulator")]
+    if not gpu_items and not sim_items:
         return
     from cudabook import env  # decides GPU or simulator mode once (probes CuPy)
 
     if env.HAS_GPU:
+        for it in sim_items:
+            it.add_marker(pytest.mark.skip(reason="simulator mode only (this machine has a GPU)"))
         return
     for it in gpu_items:
         reason = GPU_SKIP if _is_gpu_cell(it) else "needs a CUDA GPU"

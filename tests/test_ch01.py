@@ -198,7 +198,7 @@ def test_ex01_4_stub_fails():
         ex01_4(SOL.stub("ex01.4", "sgd_src"))
 
 
-@pytest.mark.skipif(cb.HAS_GPU, reason="the refusal is what simulator mode shows")
+@pytest.mark.simulator
 def test_cuda_graders_refuse_in_simulator():
     for grader in (ex01_2, ex01_4):
         with pytest.raises(GradeError, match="needs a CUDA GPU"):

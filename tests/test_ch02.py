@@ -145,7 +145,7 @@ def test_ex02_4_rubric_ignores_comments():
         ex02_4(commented)
 
 
-@pytest.mark.skipif(cb.HAS_GPU, reason="the refusal is what simulator mode shows")
+@pytest.mark.simulator
 def test_cuda_graders_need_gpu_in_sim():
     for g, arg in [(ex02_1, SOL.get("ex02.1", "transpose_src")),
                    (ex02_2, SOL.get("ex02.2", "axpy_src")), (ex02_3, lambda *a: None)]:

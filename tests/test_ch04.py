@@ -356,7 +356,7 @@ def test_ex04_4_is_scaffolded():
     assert text.count("// TODO ex04.4") == 2 and "acc[i][j] +=" not in text
 
 
-@pytest.mark.skipif(env.HAS_GPU, reason="the refusal is what simulator mode shows")
+@pytest.mark.simulator
 def test_cuda_graders_need_gpu():
     for g in (ex04_2, ex04_4):
         with pytest.raises(GradeError, match="needs a CUDA GPU"):

@@ -18,7 +18,7 @@ from solution_cells import Solution
 torch = pytest.importorskip("torch")
 SOL = Solution("07")
 gpu = pytest.mark.gpu
-SIM_ONLY = pytest.mark.skipif(cb.HAS_GPU, reason="simulator-only wrong answer")
+SIM_ONLY = pytest.mark.simulator   # a wrong answer only the simulator shows
 SMALL = gpt.GPTConfig(vocab=256, d=128, n_layer=2, n_head=2, ctx=64)
 
 
@@ -88,9 +88,8 @@ def test_load_tiny_without_training_is_random_and_says_so(capsys, tmp_path, monk
                                    zip(m.state_dict().values(), m2.state_dict().values()))
 
 
+@pytest.mark.simulator
 def test_decoder_needs_a_gpu():
-    if cb.HAS_GPU:
-        pytest.skip("GPU present")
     from cudabook import decoder
 
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):

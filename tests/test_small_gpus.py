@@ -25,7 +25,6 @@ import cudabook as cb
 hg = cb.load_launch("hgemm")
 ig = cb.load_launch("igemm")
 gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not cb.HAS_GPU, reason="needs a CUDA GPU")
 
 KIB = 1024
 #: (GPU, compute capability, opt-in shared memory per block in KiB)
@@ -131,7 +130,7 @@ def test_hgemm_runnable_prints_each_skipped_version(monkeypatch, capsys):
                "allows 99 KiB" in out
 
 
-@pytest.mark.skipif(cb.HAS_GPU, reason="host arrays are refused on a GPU")
+@pytest.mark.simulator
 def test_hgemm_launch_refuses_before_compiling(monkeypatch):
     """launch() on an L4 refuses v10 with the message, before any module is touched."""
     _limit(monkeypatch, 99)
@@ -183,7 +182,7 @@ def _operands(M, N, K, dtype, rng):
 
 
 @gpu
-@needs_gpu
+@gpu
 @pytest.mark.parametrize("name, cc, kib", [("L4", (8, 9), 99), ("T4", (7, 5), 64)])
 def test_hgemm_ladder_under_a_smaller_limit(monkeypatch, capsys, name, cc, kib):
     """The ladder of a GPU with ``kib`` KiB per block, launched here (compiled for this GPU's
@@ -213,7 +212,7 @@ def test_hgemm_ladder_under_a_smaller_limit(monkeypatch, capsys, name, cc, kib):
 
 
 @gpu
-@needs_gpu
+@gpu
 def test_hgemm_v10_two_stage_fallback():
     """v10 with 2 stages (96 KiB), once hgemm.cu accepts STAGES = 2 (MMA10_MIN_STAGES)."""
     if hg.MMA10_MIN_STAGES > 2:
@@ -231,7 +230,7 @@ def test_hgemm_v10_two_stage_fallback():
 
 
 @gpu
-@needs_gpu
+@gpu
 def test_igemm_fallback_under_99_kib(monkeypatch, capsys):
     import cupy as cp
 
@@ -256,7 +255,7 @@ def test_igemm_fallback_under_99_kib(monkeypatch, capsys):
 
 
 @gpu
-@needs_gpu
+@gpu
 def test_decode_attention_long_cache_opts_in_or_is_refused():
     import cupy as cp
     import torch
@@ -327,7 +326,7 @@ def _attn_rel(x, ref) -> float:
 
 
 @gpu
-@needs_gpu
+@gpu
 @pytest.mark.parametrize("name, kib", [("L4", 99), ("T4", 64)])
 def test_attention_smaller_tiles_under_a_smaller_limit(monkeypatch, capsys, name, kib):
     """Forward v3 and backward v2 with ``kib`` KiB per block: v3 its own kernel, v2 the smaller
@@ -365,7 +364,7 @@ def test_attention_smaller_tiles_under_a_smaller_limit(monkeypatch, capsys, name
 
 
 @gpu
-@needs_gpu
+@gpu
 def test_attention_refused_when_nothing_fits(monkeypatch):
     """48 KiB per block: no backward v2 tiles fit (the smallest needs 52.5 KiB at D = 128), nor
     forward v3 at D = 128 (64 KiB): refused with the shared memory needed, nothing launched."""

@@ -6,7 +6,8 @@
 #   LESSONS_ONLY=1 bash tools/gpu_lane.sh 04    lessons only (execute, nbval, policy)
 #   SKIP_NBVAL=1 bash tools/gpu_lane.sh          no second execution (step 3), for a run short of
 #                                                device time; the report marks the step skipped
-#   SKIP_HELPERS=1 bash tools/gpu_lane.sh 11     no final tests/test_helpers.py (the report says so)
+#   SKIP_HELPERS=1 bash tools/gpu_lane.sh 11     no final run of the chapter-free test files
+#                                                (the report says so)
 #
 # It refuses to start without a GPU. Then, chapter by chapter:
 #   1. execute lessons/NN_* and solutions/NN_* in place (tools/gpu_execute.py); their bench
@@ -14,13 +15,15 @@
 #   2. regenerate exercises/ from the executed solutions;
 #   3. nbval the lessons and solutions again: the outputs must reproduce;
 #   4. every exercise stub must fail its grader, every solution put back must pass it;
-#   5. the chapter's whole test file tests/test_chNN.py (not only -m gpu: unmarked tests run
-#      their GPU branches here), with race checks that cannot run counted as failures;
+#   5. the chapter's whole test files tests/test_chNN*.py (tests marked `gpu` run here, those
+#      marked `simulator` are skipped, unmarked tests take their GPU branches), with race checks
+#      that cannot run counted as failures;
 #   6. compute-sanitizer racecheck and memcheck on the kernels of the chapter (tools/sanitize.py);
 #   7. the notebook format policy.
 # A chapter whose steps all passed gets its rows in reports/benchmarks.json replaced by this
-# run's (tools/results.py merge); a chapter that failed keeps its stored rows. Finally
-# tests/test_helpers.py runs once and the dated report reports/gpu-lane-DATE[-chNN...].md is
+# run's (tools/results.py merge); a chapter that failed keeps its stored rows. Finally the test
+# files of no chapter (tests/test_helpers.py, tests/test_small_gpus.py, tests/test_trace.py) run
+# once and the dated report reports/gpu-lane-DATE[-chNN...].md is
 # written. Where $OUT is set (the device tool), notebooks, reports and logs are packed into it
 # after every chapter, so a run cut short still returns what it finished.
 set -uo pipefail
@@ -107,7 +110,8 @@ for c in "${chapters[@]}"; do
   if [ -z "${LESSONS_ONLY:-}" ]; then
     [ ${#nbs_e[@]} -gt 0 ] && CUDABOOK_RACE_CHECKS=0 \
       step "$c" graders "$py" tools/check_exercises.py "${nbs_e[@]}"
-    [ -f "tests/test_ch${c}.py" ] && step "$c" pytest "$py" -m pytest -q -p no:cacheprovider "tests/test_ch${c}.py"
+    tests_c=(tests/test_ch${c}*.py)
+    [ -f "${tests_c[0]}" ] && step "$c" pytest "$py" -m pytest -q -p no:cacheprovider "${tests_c[@]}"
     if command -v compute-sanitizer >/dev/null; then
       step "$c" sanitize "$py" tools/sanitize.py "$c"
     fi
@@ -126,7 +130,8 @@ done
 if [ -n "${SKIP_HELPERS:-}" ]; then
   rows+=("| all | helpers | skipped (SKIP_HELPERS=1) | 0 s | |")
 elif [ -z "${LESSONS_ONLY:-}" ]; then
-  step all helpers "$py" -m pytest -q -p no:cacheprovider tests/test_helpers.py
+  step all helpers "$py" -m pytest -q -p no:cacheprovider tests/test_helpers.py \
+    tests/test_small_gpus.py tests/test_trace.py
 fi
 t_total=$(( $(date +%s) - t_start ))
 

@@ -54,6 +54,7 @@ def test_lone_notebook_installs_cudabook_and_runs(tmp_path):
     nb = work / "01_first_kernel.ipynb"
     shutil.copy(ROOT / "lessons" / "01_first_kernel.ipynb", nb)
     env = dict(os.environ, CUDABOOK_SRC=str(ROOT), NUMBA_ENABLE_CUDASIM="1", PYTHONPATH="")
+    env.pop("PYTEST_VERSION", None)     # the runner stands for Jupyter, not for a pytest run
     r = subprocess.run([str(vpy), "-c", RUNNER, str(nb), str(work)], capture_output=True,
                        text=True, cwd=work, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -81,15 +81,20 @@ def _ends_with_semicolon(cell: str) -> bool:
 def _under_pytest_without_plugin() -> bool:
     """This kernel was started by a pytest run (nbval) that did not load cudabook's plugin.
 
-    pytest (8.2 on) exports PYTEST_VERSION to the processes it starts; the plugin exports
-    CUDABOOK_PYTEST_PLUGIN, the pid of the pytest process that loaded it, whose child nbval's
-    kernel is. A kernel started outside pytest (Jupyter, Colab, the GPU lane's nbclient) sees no
-    PYTEST_VERSION; one that nbval started with the plugin loaded sees its parent's pid."""
+    nbval's kernel is a child of the pytest process. Where /proc exists (Linux, Colab) the
+    parent's command line says whether it is pytest with nbval; elsewhere PYTEST_VERSION, which
+    pytest 8.2 on exports to the processes it starts, stands for it. The plugin exports
+    CUDABOOK_PYTEST_PLUGIN, the pid of the pytest process that loaded it."""
     import os
 
-    if "PYTEST_VERSION" not in os.environ:
-        return False
-    return os.environ.get("CUDABOOK_PYTEST_PLUGIN") != str(os.getppid())
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        under = any(b"pytest" in a for a in argv) and any(b"nbval" in a for a in argv)
+    except OSError:
+        under = "PYTEST_VERSION" in os.environ
+    return under and os.environ.get("CUDABOOK_PYTEST_PLUGIN") != str(ppid)
 
 
 def _gpu_cell(line: str, cell: str):

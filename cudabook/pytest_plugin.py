@@ -8,10 +8,11 @@ inside the repository, also for a lone notebook copied out of it (a Colab or dow
   marked ``gpu`` are skipped; on a GPU, tests marked ``simulator`` (what only simulator mode
   shows: a refusal, a wrong answer the GPU hides) are skipped. These two markers are the one way
   the repository's tests choose between the CPU lane and the GPU lane;
-* a grader cell (one that calls ``exNN_k(...)`` and carries ``# NBVAL_CHECK_OUTPUT``) is reported
-  under its exercise's name (``nb.ipynb::Cell 12 (ex08.2)``, also in JUnit XML), its failure
-  report starts with the grader's verdict, and the run ends with one line per exercise graded:
-  ``PASS ex08.2``, ``FAIL ex08.3: <why>`` or ``SKIP ex08.4: <why>``;
+* the failure report of a grader cell (one that calls ``exNN_k(...)`` and carries
+  ``# NBVAL_CHECK_OUTPUT``) starts with the exercise and the grader's verdict (``FAIL ex08.2:
+  GradeError: ...``, also on pytest's short summary line and in JUnit XML), and the run ends
+  with one line per exercise graded: ``PASS ex08.2``, ``FAIL ex08.3: <why>`` or
+  ``SKIP ex08.4: <why>``;
 * the plugin tells the notebook kernels it starts that it is there (``CUDABOOK_PYTEST_PLUGIN``,
   the pid of the pytest process): a ``%%gpu`` cell that runs under pytest on a machine without a
   GPU and without the plugin (the first run of a lone notebook whose setup cell has just installed
@@ -95,7 +96,6 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     if ex is None:
         return
     rep = outcome.get_result()
-    rep.nodeid = f"{rep.nodeid} ({ex})"        # "nb.ipynb::Cell 12 (ex08.2)" wherever reported
     if rep.when == "call" and rep.failed:
         err = _error(item)
         verdict = f"FAIL {ex}: " + (err or f"the cell's output is not 'PASS {ex}'")

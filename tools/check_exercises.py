@@ -17,7 +17,8 @@ Without a GPU, ``%%gpu`` grader cells are skipped and reported as such.
 
 from __future__ import annotations
 
-import re
+import concurrent.futures
+import os
 import subprocess
 import sys
 import tempfile
@@ -41,8 +42,8 @@ def run_nbval(nb, tmp: Path, name: str) -> dict[int, str]:
     status = {}
     for tc in ET.parse(xml).getroot().iter("testcase"):
         try:
-            idx = int(re.match(r"Cell (\d+)", tc.get("name", "")).group(1))  # "Cell 7 (ex08.2)"
-        except (AttributeError, ValueError):
+            idx = int(tc.get("name", "").split()[-1])  # "Cell 7": the 8th code cell
+        except ValueError:
             continue
         if tc.find("failure") is not None or tc.find("error") is not None:
             status[idx] = "failed"
@@ -53,22 +54,31 @@ def run_nbval(nb, tmp: Path, name: str) -> dict[int, str]:
     return status
 
 
+def _both(p: str):
+    """The exercise ``p`` graded as given and with its solution put back (two pytest runs)."""
+    ex = nbformat.read(p, as_version=4)
+    sol = nbformat.read(str(ROOT / "solutions" / Path(p).name), as_version=4)
+    solved, missing = solved_exercise(ex, sol)
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        st_unsolved = run_nbval(ex, Path(tmp), "unsolved_" + Path(p).name)
+        st_solved = run_nbval(solved, Path(tmp), "solved_" + Path(p).name)
+    return ex, missing, st_unsolved, st_solved
+
+
 def main(paths: list[str]) -> int:
     bad = 0
     counts = {"unsolved fail": 0, "solved pass": 0, "skipped": 0}
-    for p in paths:
-        ex = nbformat.read(p, as_version=4)
-        sol = nbformat.read(str(ROOT / "solutions" / Path(p).name), as_version=4)
-        solved, missing = solved_exercise(ex, sol)
+    jobs = int(os.environ.get("JOBS", os.cpu_count() or 1))
+    # each pytest run is one process with its own kernel: one run per core at a time
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        runs = list(pool.map(_both, paths))
+    for p, (ex, missing, st_unsolved, st_solved) in zip(paths, runs):
         for cid in missing:
             print(f"WRONG: {p}: cell {cid} has no twin in the solution "
                   "(regenerate: python tools/nbtools.py exercises)")
             bad += 1
         code = [c for c in ex.cells if c.cell_type == "code"]  # nbval numbers code cells only
         graders = {i: c for i, c in enumerate(code) if is_grader(c)}
-        with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
-            st_unsolved = run_nbval(ex, Path(tmp), "unsolved_" + Path(p).name)
-            st_solved = run_nbval(solved, Path(tmp), "solved_" + Path(p).name)
         for i, c in graders.items():
             name = next((w.split("(")[0] for w in c.source.split() if w.startswith("ex")), "?")
             u, s = st_unsolved.get(i, "not run"), st_solved.get(i, "not run")

@@ -33,8 +33,11 @@ step policy        python tools/nbtools.py check
 step addresses     python tools/nbtools.py urls
 step nvcc          bash tools/compile_kernels.sh
 step nvrtc         python tools/nvrtc_check.py
-step unit-tests    python -m pytest -q -p no:cacheprovider tests
-step notebooks-sim python -m pytest -q -p no:cacheprovider --nbval-lax $(nbs lessons) $(nbs solutions)
+# tests and notebooks on every core (pytest-xdist); a notebook's cells stay in one process
+par=()
+python -c "import xdist" 2>/dev/null && par=(-n "${JOBS:-auto}" --dist loadfile)
+step unit-tests    python -m pytest -q -p no:cacheprovider "${par[@]}" tests
+step notebooks-sim python -m pytest -q -p no:cacheprovider "${par[@]}" --nbval-lax $(nbs lessons) $(nbs solutions)
 step exercises     python tools/check_exercises.py $(nbs exercises)
 rm -rf _build
 step book          jupyter-book build . -n -W --keep-going -q

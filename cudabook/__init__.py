@@ -47,7 +47,7 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
 # Chapter modules load when first used (``cb.graphs``, ``from cudabook import dist``), so that
 # importing cudabook in chapter 1 neither pays for them nor runs what they set up.
 _LAZY = {"graphs", "ncu", "occupancy", "torchtrace",   # Chapter 5: profiling
-         "collectives", "dist"}                        # Chapter 11: multi-GPU
+         "collectives", "dist", "sharded", "tensor_parallel"}   # Chapter 11: multi-GPU
 
 
 def __getattr__(name: str):

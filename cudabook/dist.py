@@ -33,8 +33,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["DistError", "DistTimeout", "Comm", "spawn", "torchrun", "script_path", "cupy_nccl",
-           "gpu_count", "need_gpus", "SAFE_ENV"]
+__all__ = ["DistError", "DistTimeout", "Comm", "spawn", "torchrun", "torchrun_command",
+           "torchrun_commands", "script_path", "cupy_nccl", "gpu_count", "need_gpus", "SAFE_ENV"]
 
 #: NVLink multicast (NVLS) off, as the machines require: set in every process this module starts
 #: (``spawn``'s ranks, ``torchrun``'s workers) and here before ``cupy_nccl`` returns NCCL, never
@@ -430,3 +430,100 @@ def write_result(obj: Any) -> None:
         with open(tmp, "w") as f:
             json.dump(obj, f)
         shutil.move(tmp, path)
+
+
+def torchrun_command(script: str | os.PathLike, nproc: int, nnodes: int = 1,
+                     node_rank: int | str = 0, rdzv_endpoint: str | None = None,
+                     rdzv_id: str = "cudabook", args: Sequence[str] = (),
+                     launcher: Sequence[str] = ("torchrun",),
+                     rdzv_backend: str = "c10d") -> list[str]:
+    """The argv that starts ``script`` on one node: ``nproc`` workers there, ``nnodes`` nodes in
+    all, this node being ``node_rank`` (an int, or a shell variable such as ``"$SLURM_NODEID"``).
+
+    One node without an endpoint: ``torchrun --standalone --nproc-per-node P script``. Several
+    nodes: the c10d rendezvous, identical on every node but for ``--node-rank``::
+
+        torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d
+                 --rdzv-endpoint head:29500 --rdzv-id cudabook -m cudabook.dist_scripts.ddp_train
+
+    ``rdzv_endpoint`` is ``host:port`` of a node every node can reach (the rendezvous store runs
+    there; a variable such as ``"$HEAD_NODE:29500"`` is kept as written); ``rdzv_id`` names the
+    job, the same on every node. The c10d rendezvous numbers the nodes in the order they join
+    (``GROUP_RANK``; global rank 0 may be on any node) and ignores ``--node-rank`` (torchrun says
+    so); the line keeps it so that every node's line names its node. With
+    ``rdzv_backend="static"`` the node ranks are fixed by ``--node-rank`` and node 0 must be the
+    endpoint's host (``--master-addr``/``--master-port``; no ``--rdzv-id``).
+
+    A script of the package (``"ddp_train"``) is started as a module
+    (``-m cudabook.dist_scripts.ddp_train``), so the line works on every node where cudabook is
+    installed, whatever its path; any other script by its path as given. Nothing is run: pass
+    the list to ``subprocess``, or print the lines of ``torchrun_commands``.
+    """
+    import re
+
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"torchrun_command: nproc must be an int >= 1, got {nproc!r}")
+    if not isinstance(nnodes, int) or nnodes < 1:
+        raise ValueError(f"torchrun_command: nnodes must be an int >= 1, got {nnodes!r}")
+    if isinstance(node_rank, str):
+        if not node_rank.startswith("$"):
+            raise ValueError(f"torchrun_command: node_rank must be an int in 0..{nnodes - 1} or "
+                             f"a shell variable ('$SLURM_NODEID'), got {node_rank!r}")
+    elif not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
+        raise ValueError(f"torchrun_command: node_rank {node_rank!r} is not in 0..{nnodes - 1}")
+    if not rdzv_id or re.search(r"\s", str(rdzv_id)):
+        raise ValueError(f"torchrun_command: rdzv_id must be a non-empty word, got {rdzv_id!r}")
+    if rdzv_backend not in ("c10d", "static"):
+        raise ValueError(f"torchrun_command: rdzv_backend is 'c10d' or 'static', got "
+                         f"{rdzv_backend!r}")
+    if rdzv_endpoint is not None:
+        host, _, port = str(rdzv_endpoint).rpartition(":")
+        port_ok = "$" in port or (port.isdigit() and 0 < int(port) < 65536)
+        if not host or not port_ok:
+            raise ValueError(f"torchrun_command: rdzv_endpoint must be host:port (port "
+                             f"1..65535), got {rdzv_endpoint!r}")
+    elif nnodes > 1:
+        raise ValueError(f"torchrun_command: {nnodes} nodes need rdzv_endpoint='host:port' of a "
+                         "node that every node can reach (the rendezvous runs there)")
+    here = Path(__file__).resolve().parent / "dist_scripts"
+    p = script_path(script)                                  # refuses a missing script
+    target = (["-m", f"cudabook.dist_scripts.{p.stem}"] if p.parent == here
+              else [str(script)])
+    cmd = [*launcher]
+    if rdzv_endpoint is None:
+        cmd += ["--standalone", "--nproc-per-node", str(nproc)]
+    elif rdzv_backend == "static":
+        host, _, port = str(rdzv_endpoint).rpartition(":")
+        cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node",
+                str(nproc), "--master-addr", host, "--master-port", port]
+    else:
+        cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node",
+                str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", str(rdzv_endpoint),
+                "--rdzv-id", str(rdzv_id)]
+    return cmd + target + [str(a) for a in args]
+
+
+def torchrun_commands(script: str | os.PathLike, nproc: int, nnodes: int, rdzv_endpoint: str,
+                      rdzv_id: str = "cudabook", args: Sequence[str] = (),
+                      launcher: Sequence[str] = ("torchrun",),
+                      node_rank: str | None = None, rdzv_backend: str = "c10d") -> list[str]:
+    """The shell lines that start ``script`` on ``nnodes`` nodes of ``nproc`` workers each, as
+    ``torchrun_command`` builds them: one line per node (run line i on node i; the endpoint's
+    host is usually node 0), or, with ``node_rank`` a shell variable (``"$SLURM_NODEID"``), the
+    one line that every node runs. Words holding a ``$VAR`` are double-quoted, so the shell
+    expands them; everything else is quoted as ``shlex.quote`` does."""
+    import re
+    import shlex
+
+    def word(w: str) -> str:
+        if "$" in w and re.fullmatch(r"[$\w{}:./-]+", w):
+            return f'"{w}"'
+        return shlex.quote(w)
+
+    ranks = [node_rank] if node_rank is not None else list(range(nnodes))
+    if node_rank is not None and not str(node_rank).startswith("$"):
+        raise ValueError(f"torchrun_commands: node_rank is a shell variable ('$SLURM_NODEID') or "
+                         f"None (one line per node), got {node_rank!r}")
+    return [" ".join(word(w) for w in torchrun_command(script, nproc, nnodes, r, rdzv_endpoint,
+                                                        rdzv_id, args, launcher, rdzv_backend))
+            for r in ranks]

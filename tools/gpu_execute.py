@@ -59,6 +59,12 @@ def main(paths: list[str]) -> int:
         results.append({"notebook": p, "ok": ok, "seconds": round(secs, 1), "error": err})
         if ok:
             nbtools.coalesce_streams(nb)
+            for c in nb.cells:    # outputs of tools/cpu_cells.py are now this run's
+                tags = c.metadata.get("tags")
+                if tags and "cpu-run" in tags:
+                    tags.remove("cpu-run")
+                    if not tags:
+                        del c.metadata["tags"]
             nb.metadata["cudabook"] = {"gpu": gpu, "date": dt.date.today().isoformat(),
                                        "seconds": round(secs, 1)}
             nbtools.write(nb, path)

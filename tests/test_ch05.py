@@ -354,18 +354,69 @@ def test_ex05_1_reference_passes(capsys):
     assert capsys.readouterr().out.strip() == "PASS ex05.1"
 
 
+#: wrong answers of ex05.1 (one label changed) and the hint each must get: the counters that speak
+#: against the label given, never the right label
+_BOTTLENECK_WRONG = [
+    ("C", "memory-bound", r"case C: not memory-bound: .*but memory throughput is \d+% of peak"),
+    ("A", "compute-bound", r"case A: not compute-bound: .*compute \(SM\) throughput is \d+% of "
+                           r"peak here \(FMA pipe \d+%\)"),
+    ("D", "latency-bound", r"case D: not latency-bound: nothing is near its peak, true; but this "
+                           r"kernel runs [\d.]+ us: .*Read the trace line"),
+    ("B", "memory-bound", r"case B: not memory-bound: .*memory throughput is \d+% of peak"),
+    ("E", "latency-bound", r"case E: not latency-bound: .*the busier of the two is at \d+% of its "
+                           r"peak"),
+    ("C", "launch-bound", r"case C: not launch-bound: .*runs \d+ us and the trace line says: "
+                          r"launched back to back"),
+]
+
+
 @HAS_DATA
-@pytest.mark.parametrize("old, new, match", [
-    ('"C": "latency-bound"', '"C": "memory-bound"', r"case C: not memory-bound\. .*occupancy"),
-    ('"A": "memory-bound"', '"A": "compute-bound"', r"case A: not compute-bound\. .*DRAM"),
-    ('"D": "launch-bound"', '"D": "latency-bound"', r"case D: not latency-bound\. .*one launch"),
-    ('"B": "compute-bound"', '"B": "fast"', r"case B: 'fast' is not one of"),
-    ('"E": "compute-bound"', '', r"no answer for case\(s\) \['E'\]"),
-])
-def test_ex05_1_wrong_answers(old, new, match):
-    fn = SOL.get("ex05.1", "name_bottlenecks", edits=[(old, new)])
+@pytest.mark.parametrize("case, label, match", _BOTTLENECK_WRONG,
+                         ids=[f"{c}-{lab}" for c, lab, _ in _BOTTLENECK_WRONG])
+def test_ex05_1_wrong_label_gets_the_counters_against_it(case, label, match):
+    right = ch05._ANSWERS[case]
+    fn = SOL.get("ex05.1", "name_bottlenecks", edits=[(f'"{case}": "{right}"',
+                                                       f'"{case}": "{label}"')])
+    with pytest.raises(GradeError, match=match) as e:
+        ex05_1(fn)
+    assert right not in str(e.value)
+
+
+@HAS_DATA
+def test_ex05_1_hints_never_name_the_answer():
+    """Every wrong label of every case: the message refutes that label and names no label but it."""
+    for case, right in ch05._ANSWERS.items():
+        for label in ch05.LABELS:
+            if label == right:
+                continue
+            answer = dict(ch05._ANSWERS, **{case: label})
+            with pytest.raises(GradeError) as e:
+                ex05_1(lambda answer=answer: answer)
+            msg = str(e.value)
+            assert msg.startswith(f"ex05.1: case {case}: not {label}: "), msg
+            assert not [w for w in ch05.LABELS if w in msg.replace(f"not {label}", "")
+                        .replace(f"a {label} kernel", "")], msg
+
+
+@HAS_DATA
+@pytest.mark.parametrize("edits, match", [
+    ([('"C": "latency-bound"', '"C": "memory-bound"'), ('"D": "launch-bound"',
+                                                          '"D": "compute-bound"')],
+     r"2 of 5 cases wrong\n  case C: not memory-bound: .*\n  case D: not compute-bound"),
+    ([('"B": "compute-bound"', '"B": "fast"')], r"case B: 'fast' is not one of"),
+    ([('"E": "compute-bound"', '')], r"no answer for case\(s\) \['E'\]"),
+    ([('"compute-bound"}', '"compute-bound"}.values()')], "return a dict"),
+], ids=["two-wrong", "not-a-label", "missing-case", "not-a-dict"])
+def test_ex05_1_malformed_answers(edits, match):
+    fn = SOL.get("ex05.1", "name_bottlenecks", edits=edits)
     with pytest.raises(GradeError, match=match):
         ex05_1(fn)
+
+
+@HAS_DATA
+def test_ex05_1_accepts_spelling_variants(capsys):
+    ex05_1(lambda: {k: v.upper().replace("-", " ") for k, v in ch05._ANSWERS.items()})
+    assert capsys.readouterr().out.strip() == "PASS ex05.1"
 
 
 def test_ex05_1_stub_fails():
@@ -399,6 +450,10 @@ _OCC_WRONG = [
      "more than lim.max_threads_per_block threads cannot launch"),
     ("by_smem = lim.smem_per_sm // need if need else lim.max_blocks_per_sm",
      "by_smem = lim.smem_per_sm // need", "needs no shared memory at all"),
+    ("by_warps = lim.max_warps_per_sm // warps", "by_warps = lim.max_threads_per_sm // threads",
+     "count the warps per SM, not the threads"),
+    ("or smem > lim.smem_per_block_optin:", "or smem > lim.smem_per_block:",
+     "opted in to lim.smem_per_block_optin"),
 ]
 
 
@@ -418,6 +473,23 @@ def test_ex05_2_answers_that_fit_one_configuration():
         ex05_2(warps_only)
     with pytest.raises(GradeError, match="return an int"):
         ex05_2(lambda threads, regs, smem, lim: 8.0)
+
+
+def _delegates(threads, regs, smem, lim):
+    return oc.occupancy(threads, regs, 0, smem, lim).blocks     # right, but not the arithmetic
+
+
+def _asks_the_library(threads, regs, smem, lim):
+    import cudabook as cb
+
+    return cb.occupancy.blocks_per_sm(threads, regs, smem, lim)
+
+
+def test_ex05_2_refuses_a_call_of_the_calculator():
+    for fn, what in ((_delegates, r"oc\.occupancy\(\.\.\.\)"),
+                     (_asks_the_library, r"cb\.occupancy\.blocks_per_sm\(\.\.\.\)")):
+        with pytest.raises(GradeError, match=f"calls {what}: the exercise is the arithmetic"):
+            ex05_2(fn)
 
 
 def test_ex05_2_stub_fails():
@@ -449,6 +521,48 @@ def test_ex05_3_wrong(edits, match):
 
 
 @gpu
+@pytest.mark.parametrize("edits, match", [
+    # the warm-up moved inside the capture: the graph holds the chain twice, and replays it twice
+    ([("        stream.begin_capture()\n",
+       "        stream.begin_capture()\n        run_chain()\n")],
+     r"run_chain\(\) ran 2 times while the stream was capturing"),
+    # the replay on the capture stream (as CuPy's docstring shows): not ordered with the caller's
+    ([("return lambda: graph.launch()", "return lambda: graph.launch(stream)")],
+     "the graph ran on another stream"),
+    ([("return lambda: graph.launch()",
+       "return lambda: (graph.launch(stream), stream.synchronize())")],
+     "the graph ran on another stream"),
+], ids=["warm-up-captured", "replay-on-capture-stream", "replay-on-capture-stream-synced"])
+def test_ex05_3_capture_and_stream_mistakes(edits, match):
+    with pytest.raises(GradeError, match=match):
+        ex05_3(SOL.get("ex05.3", "capture", edits=edits))
+
+
+def _with_the_helper(run_chain):
+    import cudabook as cb
+
+    g = cb.graphs.capture(run_chain)
+    return g
+
+
+def _with_the_helper_imported(run_chain):
+    from cudabook.graphs import capture as cap  # the capture the exercise asks to write
+
+    return cap(run_chain)
+
+
+def test_ex05_3_refuses_the_book_helper_without_a_gpu():
+    """The rubric "do not use cb.graphs.capture" is checked on the source, before the GPU is
+    needed, so it holds (and is tested) on any machine."""
+    for fn in (_with_the_helper, _with_the_helper_imported):
+        with pytest.raises(GradeError, match="calls cb.graphs.capture: the exercise is the lines"):
+            ex05_3(fn)
+    if not env.HAS_GPU:                  # the reference passes the rubric, then needs the GPU
+        with pytest.raises(GradeError, match="needs a CUDA GPU"):
+            ex05_3(SOL.get("ex05.3", "capture"))
+
+
+@gpu
 def test_ex05_3_rejects_a_replay_without_work():
     def eager_once(run_chain):           # right output once, then a replay that does nothing
         run_chain()
@@ -472,6 +586,14 @@ _EVENTS = ("        start, end = cp.cuda.Event(), cp.cuda.Event()\n        start
 
 @gpu
 @pytest.mark.parametrize("new, match", [
+    # the host clock, synchronized after fn only: counts whatever was queued before it
+    ("        import time\n        t0 = time.perf_counter()\n        fn()\n"
+     "        cp.cuda.Device().synchronize()\n"
+     "        times.append(1e3 * (time.perf_counter() - t0))\n",
+     "the timer counted the 20 ms of work queued"),
+    (_EVENTS.replace("cp.cuda.get_elapsed_time(start, end)",
+                     "cp.cuda.get_elapsed_time(end, start)"),
+     "a negative time"),
     ("        import time\n        t0 = time.perf_counter()\n        fn()\n"
      "        times.append(1e3 * (time.perf_counter() - t0))\n", "the timer stopped before"),
     (_EVENTS.replace("        end.synchronize()", "        pass"), "end.synchronize\\(\\) first"),
@@ -484,6 +606,32 @@ def test_ex05_4_wrong(new, match):
         ex05_4(SOL.get("ex05.4", "time_gpu", edits=[(_EVENTS, new)]))
 
 
+@gpu
+def test_ex05_4_sum_of_the_calls():
+    fn = SOL.get("ex05.4", "time_gpu", edits=[("return float(np.median(times))",
+                                               "return float(np.sum(times))")])
+    with pytest.raises(GradeError, match="5 times the kernel's"):
+        ex05_4(fn)
+
+
+@pytest.mark.parametrize("got, want, queued, match", [
+    (-1.0, 1.0, 0.0, "a negative time: cp.cuda.get_elapsed_time\\(start, end\\)"),
+    (0.001, 1.0, 0.0, "seconds instead of milliseconds"),
+    (0.02, 1.0, 0.0, "the timer stopped before the GPU finished"),
+    (1000.0, 1.0, 0.0, "microseconds instead of milliseconds"),
+    (22.0, 1.0, 20.0, "counted the 20 ms of work queued on the GPU before time_gpu was called"),
+    (5.0, 1.0, 0.0, "5 times the kernel's 1.000 ms: the time of several calls"),
+    (2.0, 1.0, 0.0, "2 times the kernel's"),
+    (1.6, 1.0, 0.0, "more than the kernel takes"),
+], ids=["negative", "seconds", "no-sync", "microseconds", "queued-work", "sum", "warm-up",
+        "too-long"])
+def test_ex05_4_verdicts(got, want, queued, match):
+    """The hint for each kind of wrong time, without a GPU (the GPU tests above feed real ones)."""
+    with pytest.raises(GradeError, match=match):
+        ch05._timer_verdict("ex05.4", "case", got, want, queued)
+    ch05._timer_verdict("ex05.4", "case", 1.05 * want, want, queued)     # within the tolerance
+
+
 def test_lesson_headings_carry_no_numbers():
     """Jupyter Book numbers the sections itself ("5.1 Timing done right"): a heading that carries
     its own number reads "5.1 1. ...", and prose that says "section 3" goes stale when one moves."""
@@ -494,3 +642,52 @@ def test_lesson_headings_carry_no_numbers():
     by_number = [m.group(0) for text in md for m in re.finditer(r"\bsections? \d+", text)]
     assert not numbered, numbered
     assert not by_number, by_number
+
+
+# ============================================================================ the exercise page
+
+def _exercise_page(chapter: str) -> dict[str, tuple[list[int], list[int], list[int]]]:
+    """For each graded exercise of solutions/<chapter>_*.ipynb: the sizes its specification
+    states ("(Roughly 8 lines for the kernel, 5 for the launcher.)"), the sizes of the stubs the
+    generator writes, and the number of levels of each of its hints cells."""
+    import nbformat
+    from nbtools import hint_cell_ex, render_hints, strip_solutions
+
+    (path,) = (Path(__file__).resolve().parents[1] / "solutions").glob(f"{chapter}_*.ipynb")
+    cells = nbformat.read(str(path), as_version=4).cells
+    graded = [f"{a}.{b}" for c in cells
+              if c.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in c.source
+              for a, b in re.findall(r"\b(ex\d\d)_(\d+)\(", c.source)]
+    out = {}
+    for ex in graded:
+        spec = [c.source for c in cells if c.cell_type == "markdown"
+                and c.source.startswith(f"## {ex} ")]
+        said = sorted(int(n) for text in spec for m in re.finditer(r"\([Rr]oughly ([^)]*)\)", text)
+                      for n in re.findall(r"\d+", m.group(1)))
+        stubs = sorted(int(n) for c in cells if c.cell_type == "code"
+                       and f"BEGIN SOLUTION {ex}" in c.source
+                       for n in re.findall(rf"TODO {re.escape(ex)} \(roughly (\d+) line",
+                                           strip_solutions(c.source)))
+        levels = [render_hints(c.source).count("<details>") for c in cells
+                  if hint_cell_ex(c) == ex]
+        out[ex] = (said, stubs, levels)
+    return out
+
+
+PAGE = _exercise_page("05")
+
+
+@pytest.mark.parametrize("ex", sorted(PAGE))
+def test_exercise_states_its_stub_sizes_and_has_two_hints(ex):
+    said, stubs, levels = PAGE[ex]
+    assert said and said == stubs, f"{ex}: the specification says {said} lines, the stubs {stubs}"
+    assert levels == [2], f"{ex}: one hints cell of two levels (a nudge, a closer one): {levels}"
+
+
+def test_spec_counts_the_configurations_the_grader_checks():
+    import nbformat
+
+    (path,) = (Path(__file__).resolve().parents[1] / "solutions").glob("05_*.ipynb")
+    text = "".join(c.source for c in nbformat.read(str(path), as_version=4).cells
+                   if c.source.startswith("## ex05.2 "))
+    assert f"checks {len(ch05.OCC_CONFIGS)} configurations" in text

@@ -476,11 +476,36 @@ def test_ex06_1_reference_passes(capsys):
        "            onehot")], "never written"),
     ([("(math.exp(z[r, j] - m) / s - onehot) / M", "(onehot - math.exp(z[r, j] - m) / s) / M")],
      "wrong sign"),
+    # right except at extreme values: a maximum started at 0 (every logit near -1000)
+    ([("        m = z[r, 0]\n        for j in range(1, C):\n",
+       "        m = float32(0)\n        for j in range(C):\n")],
+     r"every logit near -1000 .*start the maximum from the row's first logit"),
+    # right except at extreme values: the loss as -log(p_y) (the label's p underflows to 0)
+    ([("cuda.atomic.add(loss, 0, (math.log(s) + m - z[r, y]) / M)",
+       "cuda.atomic.add(loss, 0, -math.log(math.exp(z[r, y] - m) / s) / M)")],
+     r"one logit 1000 above the rest.*never as log\(p_y\)"),
+    ([("cuda.atomic.add(loss, 0, (math.log(s) + m - z[r, y]) / M)",
+       "loss[0] += (math.log(s) + m - z[r, y]) / M")], "never calls cuda.atomic.add"),
+    ([("(math.log(s) + m - z[r, y]) / M", "(math.log(s) - z[r, y]) / M")],
+     "off by the mean of the rows' maxima.*add m back"),
 ], ids=["sum-not-mean", "loss-sum", "no-max", "in-place-into-z", "no-guard", "last-column",
-        "sign"])
+        "sign", "max-from-zero", "log-of-p", "plain-add", "loss-without-max"])
 def test_ex06_1_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex06_1(ce(*edits))
+
+
+def _ce_not_a_kernel(z, labels, loss, dz):
+    raise AssertionError("never called")
+
+
+@needs_solutions
+def test_ex06_1_wants_a_kernel_of_your_own():
+    with pytest.raises(GradeError, match="expected a @cuda.jit kernel"):
+        ex06_1(_ce_not_a_kernel)
+    book = cb.load_numba("cross_entropy").cross_entropy_thread_per_row
+    with pytest.raises(GradeError, match=r"the book's own kernel .*kernels/cross_entropy\.py"):
+        ex06_1(book)
 
 
 @needs_solutions
@@ -510,10 +535,42 @@ def test_ex06_2_reference_passes(capsys):
      "partial sum of one thread row only"),
     ([("    part[ty, tx] = s\n    cuda.syncthreads()\n", "    part[ty, tx] = s\n")],
      r"cuda\.syncthreads\(\) between writing the partial sums"),
-], ids=["mean-not-sum", "transposed", "no-guard", "one-partial", "no-barrier"])
+    # the barrier moved after the reduction: row 0 reads partials not yet written
+    ([("    part[ty, tx] = s\n    cuda.syncthreads()\n", "    part[ty, tx] = s\n"),
+      ("        db[j] = total\n", "        db[j] = total\n    cuda.syncthreads()\n")],
+     r"is NaN, but not when shared memory starts at 0: thread row 0 reads partials before"),
+    # partials added straight into shared memory that nobody zeroed
+    ([("    s = float32(0)\n    if j < N:\n        for i in range(ty, M, BG_ROWS):\n"
+       "            s += dz[i, j]\n    part[ty, tx] = s\n",
+       "    if j < N:\n        for i in range(ty, M, BG_ROWS):\n"
+       "            part[ty, tx] += dz[i, j]\n")],
+     r"is NaN, but not when shared memory starts at 0: the sums are right only if"),
+    # the barrier inside the column guard: threads of columns past N never reach it
+    ([("    part[ty, tx] = s\n    cuda.syncthreads()\n",
+       "    if j < N:\n        part[ty, tx] = s\n        cuda.syncthreads()\n")],
+     r"only \d+ of the block's 128 threads reached every cuda\.syncthreads\(\)"
+     r".*outside `if j < N`"),
+    ([("        db[j] = total\n", "        cuda.atomic.add(db, j, total)\n")],
+     "db stays NaN: cuda.atomic.add adds to what db holds"),
+    ([("        for k in range(1, BG_ROWS):", "        for k in range(BG_ROWS):")],
+     "counts the partial of thread row 0 twice"),
+    ([("for i in range(ty, M, BG_ROWS)", "for i in range(ty, M, BG_COLS)")],
+     r"Rows skipped or counted twice \(thread row ty adds rows ty, ty \+ 4"),
+    ([("    part = cuda.shared.array((BG_ROWS, BG_COLS), float32)\n", "")],
+     "the kernel has no shared array"),
+], ids=["mean-not-sum", "transposed", "no-guard", "one-partial", "no-barrier", "barrier-late",
+        "uninitialised-shared", "barrier-in-branch", "atomics-into-db", "row-0-twice",
+        "wrong-stride", "no-shared-memory"])
 def test_ex06_2_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex06_2(bgrad(*edits))
+
+
+@needs_solutions
+def test_ex06_2_refuses_the_book_kernel():
+    # bias_grad_v1 (one thread per column, no shared memory) even gives the right sums here
+    with pytest.raises(GradeError, match=r"the book's own kernel bias_grad_v1 .*bias_grad\.py"):
+        ex06_2(cb.load_numba("bias_grad").bias_grad_v1)
 
 
 @needs_solutions
@@ -525,6 +582,13 @@ def test_ex06_2_stub_fails():
 # ----------------------------------------------------------------------------- ex06.3
 def adamw(*edits):
     return SOL.get("ex06.3", "adamw_update", edits=edits)
+
+
+_ADAMW_LAUNCH = ("    adamw_kernel[(cb.ceil_div(C, 16), cb.ceil_div(R, 16)), (16, 16)](\n"
+                 "        p, g, m, v, lr, beta1, beta2, eps, weight_decay, step_size, bc2_sqrt)\n")
+_ADAMW_ARRAYS = ("    p *= 1 - lr * weight_decay\n    m += (1 - beta1) * (g - m)\n"
+                 "    v *= beta2\n    v += (1 - beta2) * g * g\n"
+                 "    p -= step_size * (m / (np.sqrt(v) / bc2_sqrt + eps))\n")
 
 
 @needs_solutions
@@ -539,8 +603,29 @@ def adamw(*edits):
     ([("beta1 ** t", "beta1 ** (t - 1)"), ("beta2 ** t", "beta2 ** (t - 1)")],
      "t counts from 1"),
     ([("        m[i, j] = mi\n        v[i, j] = vi\n", "")], "are m and v updated in place"),
+    # right except at extreme values: where sqrt(v) is below eps, the place of eps decides
+    ([("(math.sqrt(vi) / bc2_sqrt + eps)", "math.sqrt(vi / (bc2_sqrt * bc2_sqrt) + eps)")],
+     "eps is inside the square root"),
+    ([("(math.sqrt(vi) / bc2_sqrt + eps)", "((math.sqrt(vi) + eps) / bc2_sqrt)")],
+     "eps is added before the bias correction"),
+    # no kernel at all: in-place array arithmetic (NumPy here, CuPy on a GPU)
+    ([(_ADAMW_LAUNCH, _ADAMW_ARRAYS)], "no kernel was launched"),
+    # a kernel launched on copies, the update done by array arithmetic
+    ([(_ADAMW_LAUNCH, _ADAMW_LAUNCH.replace("p, g, m, v,", "p.copy(), g, m.copy(), v.copy(),")
+       + _ADAMW_ARRAYS)], "p, m, v changed outside the kernel"),
+    # the kernel on contiguous copies, written back: right values, but not the kernel's writes
+    ([(_ADAMW_LAUNCH, "    pc, mc, vc = p.copy(), m.copy(), v.copy()\n"
+       + _ADAMW_LAUNCH.replace("p, g, m, v,", "pc, g.copy(), mc, vc,")
+       + "    p[...] = pc\n    m[...] = mc\n    v[...] = vc\n")],
+     "p, m, v changed outside the kernel .*a copy written back"),
+    # the book's AdamW kernel (kernels/optim.py) on flat views
+    ([(_ADAMW_LAUNCH, "    k = cb.load_numba('optim').adamw_scalar_step\n"
+       "    k[cb.ceil_div(p.size, 256), 256](p.reshape(-1), g.reshape(-1), m.reshape(-1),\n"
+       "        v.reshape(-1), lr, beta1, beta2, eps, weight_decay, t)\n")],
+     r"launches a kernel of the book \(kernels/optim\.py\)"),
 ], ids=["no-bias-correction", "l2-not-decoupled", "no-decay", "contiguous-only", "t-from-0",
-        "moments-not-kept"])
+        "moments-not-kept", "eps-inside-sqrt", "eps-before-correction", "array-arithmetic",
+        "dummy-kernel", "copy-back", "book-kernel"])
 def test_ex06_3_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex06_3(adamw(*edits))
@@ -577,8 +662,30 @@ def test_ex06_4_reference_passes(capsys):
     ([("db = d.sum(0)", "db = d.cumsum(axis=0, out=d)[-1]")], "changed grad_output in place"),
     ([("        xa, Wa, ba = (torchops.as_array(t) for t in (x, W, b))\n"
        "        return torchops.as_tensor(xa @ Wa + ba)\n", "        return x @ W + b\n")],
-     "never called torchops.as_array"),
-], ids=["dW-transposed", "dx-no-transpose", "db-mean", "in-place-grad-output", "no-dlpack"])
+     r"forward computes with torch operations \(matmul, add\)"),
+    # one dummy as_array call, the arithmetic in torch
+    ([("        xa, Wa, ba = (torchops.as_array(t) for t in (x, W, b))\n"
+       "        return torchops.as_tensor(xa @ Wa + ba)\n",
+       "        torchops.as_array(x)\n        return x @ W + b\n")],
+     r"forward computes with torch operations \(matmul, add\)"),
+    ([("        dx = d @ Wa.T\n", "        dx = torchops.as_array(dy @ W.t())\n")],
+     r"backward computes with torch operations \(matmul\)"),
+    ([("        db = d.sum(0)\n", "        db = torchops.as_array(dy.sum(0))\n")],
+     r"backward computes with torch operations \(sum\)"),
+    ([("(torchops.as_array(t) for t in (x, W, b))", "(t.detach().numpy() for t in (x, W, b))")],
+     r"forward copies tensors out of torch \(\.numpy\(\)\)"),
+    ([("        return torchops.as_tensor(xa @ Wa + ba)\n",
+       "        return torch.from_numpy(xa @ Wa + ba)\n")],
+     "not a tensor made by torchops.as_tensor|forward raised"),
+    ([("torchops.as_tensor(dx), torchops.as_tensor(dW)",
+       "torch.tensor(dx), torchops.as_tensor(dW)")],
+     "backward's dx is not a tensor made by torchops.as_tensor|backward raised"),
+    ([("        return torchops.as_tensor(dx), torchops.as_tensor(dW), torchops.as_tensor(db)\n",
+       "        return torchops.as_tensor(dx), torchops.as_tensor(dW)\n")],
+     r"backward returned 2 value\(s\)"),
+], ids=["dW-transposed", "dx-no-transpose", "db-mean", "in-place-grad-output", "no-dlpack",
+        "dummy-as-array", "torch-in-backward", "torch-sum-in-backward", "numpy-copies",
+        "from-numpy", "torch-tensor-grad", "two-grads"])
 def test_ex06_4_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex06_4(linear(*edits))
@@ -599,3 +706,41 @@ def test_ex06_4_square_transposition_is_caught_by_values():
 def test_ex06_4_stub_fails():
     with pytest.raises(GradeError, match="not implemented yet"):
         ex06_4(SOL.stub("ex06.4", "Linear"))
+
+
+# ----------------------------------------------------------------------------- the exercise page
+def _exercise_page(chapter: str) -> dict[str, tuple[list[int], list[int], list[int]]]:
+    """For each graded exercise of solutions/<chapter>_*.ipynb: the sizes its specification
+    states ("(Roughly 8 lines for the kernel, 5 for the launcher.)"), the sizes of the stubs the
+    generator writes, and the number of levels of each of its hints cells."""
+    import re
+
+    import nbformat
+    from nbtools import hint_cell_ex, render_hints, strip_solutions
+
+    cells = nbformat.read(str(SOL_PATH), as_version=4).cells
+    graded = [f"{a}.{b}" for c in cells
+              if c.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in c.source
+              for a, b in re.findall(r"\b(ex\d\d)_(\d+)\(", c.source)]
+    out = {}
+    for ex in graded:
+        spec = [c.source for c in cells if c.cell_type == "markdown"
+                and c.source.startswith(f"## {ex} ")]
+        said = sorted(int(n) for text in spec for m in re.finditer(r"\([Rr]oughly ([^)]*)\)", text)
+                      for n in re.findall(r"\d+", m.group(1)))
+        stubs = sorted(int(n) for c in cells if c.cell_type == "code"
+                       and f"BEGIN SOLUTION {ex}" in c.source
+                       for n in re.findall(rf"TODO {re.escape(ex)} \(roughly (\d+) line",
+                                           strip_solutions(c.source)))
+        levels = [render_hints(c.source).count("<details>") for c in cells
+                  if hint_cell_ex(c) == ex]
+        out[ex] = (said, stubs, levels)
+    return out
+
+
+@needs_solutions
+@pytest.mark.parametrize("ex", ["ex06.1", "ex06.2", "ex06.3", "ex06.4"])
+def test_exercise_states_its_stub_sizes_and_has_two_hints(ex):
+    said, stubs, levels = _exercise_page("06")[ex]
+    assert said and said == stubs, f"{ex}: the specification says {said} lines, the stubs {stubs}"
+    assert levels == [2], f"{ex}: one hints cell of two levels (a nudge, a closer one): {levels}"

@@ -5,10 +5,15 @@ ex05_2  an occupancy calculator (blocks per SM from threads, registers, shared m
         against stored values in the simulator, and also against the driver on a GPU
 ex05_3  capture a chain of kernel launches in a CUDA graph, GRAPH_FACTOR x faster     GPU
 ex05_4  fix a timing function: it is fed kernels whose true durations are known       GPU
+
+A wrong answer gets the evidence against it, never the right answer (ex05.1 names the counters
+that refute the label given). The rubric checks that need no GPU run first, on the source: ex05.2
+may not call an occupancy calculator, ex05.3 may not call cb.graphs.capture.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from typing import Any, Callable
@@ -22,6 +27,7 @@ from ..ncu import KernelProfile, NcuReport
 from ..occupancy import ARCHS, Limits
 from ..occupancy import occupancy as _occupancy
 from ._core import GradeError, fresh_rng, need_gpu, passed
+from ._static import mentions, python_code
 
 __all__ = ["ex05_1", "ex05_2", "ex05_3", "ex05_4", "LABELS", "NCU_CASES", "show_cases",
            "OCC_TABLE", "DRIVER_SWEEP", "sweep_cases", "GRAPH_FACTOR", "CHAIN_LENGTH",
@@ -43,24 +49,29 @@ _ANSWERS = {"A": "memory-bound", "B": "compute-bound", "C": "latency-bound",
             "D": "launch-bound", "E": "compute-bound"}
 
 
-def _evidence(case: str) -> str:
-    """The counters that decide a case, with their values."""
+def _against(case: str, label: str) -> str:
+    """Why ``label`` (a wrong answer for ``case``) does not fit: the counters of the case that
+    speak against that label. It never names the right label nor the evidence for it, so a hint
+    cannot be read as the answer."""
     c = NCU_CASES[case]
     v = c["values"]
     sm, mem, dram = v.get("sm_pct", 0), v.get("mem_pct", 0), v.get("dram_pct", 0)
-    fma, occ = v.get("fma_pct", 0), v.get("occ_pct", 0)
-    t = v.get("time_ns", 0) / 1e3
-    stall = max(c["stalls"].items(), key=lambda kv: kv[1], default=("-", 0))
-    return {
-        "memory-bound": f"memory throughput {mem:.0f}% of peak (DRAM {dram:.0f}%) against "
-                        f"compute {sm:.0f}%: the memory system is the resource near its limit",
-        "compute-bound": f"compute (SM) throughput {sm:.0f}% of peak, FMA pipe {fma:.0f}%, "
-                         f"against memory {mem:.0f}%: the arithmetic units are near their limit",
-        "latency-bound": f"compute {sm:.0f}% and memory {mem:.0f}%: nothing is near its peak; "
-                         f"achieved occupancy {occ:.1f}% and the top stall {stall[0]} "
-                         f"({stall[1]:.0f}%): warps wait and there are too few of them",
-        "launch-bound": f"the duration ({t:.1f} us) against the trace line: {c['trace']}",
-    }[_ANSWERS[case]]
+    fma, t = v.get("fma_pct", 0), v.get("time_ns", 0) / 1e3
+    if label == "memory-bound":
+        return (f"a memory-bound kernel keeps a memory unit near its peak, but memory throughput "
+                f"is {mem:.0f}% of peak here (DRAM {dram:.0f}%)")
+    if label == "compute-bound":
+        return (f"a compute-bound kernel keeps an execution pipe near its peak, but compute (SM) "
+                f"throughput is {sm:.0f}% of peak here (FMA pipe {fma:.0f}%)")
+    if label == "latency-bound":
+        if _ANSWERS[case] == "launch-bound":      # nothing is near its peak there either
+            return (f"nothing is near its peak, true; but this kernel runs {t:.1f} us: is the GPU "
+                    "busy with it at all between launches? Read the trace line")
+        return ("a latency-bound kernel has neither compute nor memory throughput near its peak, "
+                f"but here the busier of the two is at {max(sm, mem):.0f}% of its peak: read "
+                "those two rows again")
+    return (f"a launch-bound kernel is so short that the GPU waits for the next launch, but this "
+            f"one runs {t:.0f} us and the trace line says: {c['trace']}")
 
 
 def _case_report(case: str) -> NcuReport:
@@ -95,13 +106,18 @@ def ex05_1(name_bottlenecks: Callable[[], dict[str, str]]) -> None:
     missing = [c for c in NCU_CASES if c not in got]
     if missing:
         raise GradeError(f"{ex}: no answer for case(s) {missing}")
+    wrong = []
     for case in NCU_CASES:
         label = str(got[case]).strip().lower().replace("_", "-").replace(" ", "-")
         if label not in LABELS:
             raise GradeError(f"{ex}: case {case}: {got[case]!r} is not one of {list(LABELS)}")
         if label != _ANSWERS[case]:
-            raise GradeError(f"{ex}: case {case}: not {label}. Look again at "
-                             f"{_evidence(case)}")
+            wrong.append(f"case {case}: not {label}: {_against(case, label)}")
+    if len(wrong) == 1:
+        raise GradeError(f"{ex}: {wrong[0]}")
+    if wrong:
+        raise GradeError(f"{ex}: {len(wrong)} of {len(NCU_CASES)} cases wrong\n  "
+                         + "\n  ".join(wrong))
     passed(ex)
 
 
@@ -131,6 +147,8 @@ def _occ_variant(threads: int, regs: int, smem: int, lim: Limits, mistake: str) 
     if threads > lim.max_threads_per_block and mistake != "no block-size check":
         return 0
     by_warps = lim.max_warps_per_sm // warps
+    if mistake == "threads, not warps":
+        by_warps = lim.max_threads_per_sm // threads
     per_warp = regs * ws if mistake == "no register unit" else -(-regs * ws // 256) * 256
     if per_warp * -(-warps // 4) * 4 > lim.regs_per_block:
         return 0
@@ -140,7 +158,7 @@ def _occ_variant(threads: int, regs: int, smem: int, lim: Limits, mistake: str) 
         by_regs = lim.regs_per_sm // (per_warp * warps)
     else:
         by_regs = (lim.regs_per_sm // 4 // per_warp) * 4 // warps
-    if smem > lim.smem_per_block_optin:
+    if smem > (lim.smem_per_block if mistake == "no opt-in" else lim.smem_per_block_optin):
         return 0
     need = smem + (0 if mistake == "no reserved shared memory" else lim.smem_reserved_per_block)
     if mistake != "no shared-memory unit":
@@ -165,7 +183,31 @@ _MISTAKES = {
     "no block limit": "an SM holds at most lim.max_blocks_per_sm blocks, however small",
     "no block-size check": "a block of more than lim.max_threads_per_block threads cannot "
                            "launch: 0 blocks",
+    "threads, not warps": "an SM holds whole warps: a block of 100 threads takes 4 warps (128 "
+                          "thread slots), so count the warps per SM, not the threads",
+    "no opt-in": "the kernel opted in to lim.smem_per_block_optin bytes per block: a block may "
+                 "use more than lim.smem_per_block (48 KiB, the limit without opting in)",
 }
+
+#: what an answer to ex05.2 may not call: the calculator it is asked to write, or the driver's
+_OCC_LIBRARY = re.compile(r"(?<![\w.])(?:\w+\s*\.\s*)*(occupancy|blocks_per_sm|kernel_occupancy|"
+                          r"driver_blocks_per_sm|compare_with_driver|\w*OccupancyMaxActiveBlocks\w*)"
+                          r"\s*\(", re.I)
+
+
+def _refuse_library(ex: str, fn: Callable) -> None:
+    """GradeError when the answer calls an occupancy calculator instead of doing the arithmetic
+    (a function the answer defines itself, ``blocks_per_sm`` or a helper, does not count)."""
+    code = python_code(ex, fn)
+    own = set(re.findall(r"\bdef\s+(\w+)", code))       # the answer's own functions
+    code = re.sub(r"\bdef\s+\w+\s*\(", "def (", code)
+    m = next((m for m in _OCC_LIBRARY.finditer(code)
+              if not (m.group(1) in own and "." not in m.group(0))), None)
+    if m:
+        raise GradeError(f"{ex}: the answer calls {m.group(0).strip()}...): the exercise is the "
+                         "arithmetic itself (warps, registers, shared memory, the block limit), "
+                         "not a call of cb.occupancy or the driver's calculator")
+
 
 
 def _grade_occupancy(ex: str, fn: Callable, cases: list[tuple[Limits, int, int, int, int]],
@@ -218,6 +260,7 @@ def ex05_2(blocks_per_sm: Callable[[int, int, int, Limits], int]) -> None:
     kernels with several register counts and shared-memory sizes.
     """
     ex = "ex05.2"
+    _refuse_library(ex, blocks_per_sm)
     table = [(ARCHS[a], th, rg, sm, want) for a, th, rg, sm, want in OCC_TABLE]
     _grade_occupancy(ex, blocks_per_sm, table, "the calculation of cudabook.occupancy")
     _grade_occupancy(ex, blocks_per_sm, sweep_cases(), f"the driver on an {GPU}, stored")
@@ -293,22 +336,53 @@ def _wall_us(fn: Callable[[], Any], repeat: int = 30) -> float:
     return 1e6 * statistics.median(ts)
 
 
+def _capturing() -> bool | None:
+    """Whether CuPy's current stream is capturing a graph now (None: the query was refused)."""
+    import cupy
+
+    try:
+        return bool(cupy.cuda.get_current_stream().is_capturing())
+    except Exception:  # noqa: BLE001 - an illegal query (the legacy stream during a capture)
+        return None
+
+
+#: ex05.3: the work queued on the current stream ahead of the stream-order trial (ms)
+ORDER_SPIN_MS = 20.0
+
+
+def _refuse_graph_helper(ex: str, capture: Callable) -> None:
+    """GradeError when the answer hands the capture to cb.graphs instead of writing it."""
+    code = python_code(ex, capture)
+    if (mentions(code, "graphs.capture") or mentions(code, "CapturedGraph")
+            or re.search(r"from\s+cudabook(?:\.graphs)?\s+import[^\n]*\b(capture|graphs)\b",
+                         code)):
+        raise GradeError(f"{ex}: the answer calls cb.graphs.capture: the exercise is the lines it "
+                         "hides (a non-blocking stream, begin_capture(), the chain inside `with "
+                         "stream:`, end_capture(), graph.launch())")
+
+
 def ex05_3(capture: Callable[[Callable[[], None]], Callable[[], None]],
            factor: float = GRAPH_FACTOR) -> None:
     """``capture(run_chain)`` returns a function that replays, from a CUDA graph, every launch of
     one call of ``run_chain()`` (CHAIN_LENGTH small kernels on the current stream).
 
-    The replay must compute the chain on whatever data is in the input buffer at replay time
-    (two trials with fresh data, output NaN-filled before each), and one replay + synchronize must
-    be at least ``factor`` times faster than ``run_chain()`` + synchronize.
+    ``run_chain`` must run exactly once while the stream captures (a warm-up inside the capture
+    would be replayed every time). The replay must compute the chain on whatever data is in the
+    input buffer at replay time (two trials with fresh data, output NaN-filled before each), in
+    order on the stream that is current when it is called (the second trial's data lands in x
+    behind ORDER_SPIN_MS of work queued there), and one replay + synchronize must be at least
+    ``factor`` times faster than ``run_chain()`` + synchronize.
     """
     ex = "ex05.3"
+    _refuse_graph_helper(ex, capture)
     need_gpu(ex, "CUDA graphs are captured from CuPy launches")
     import cupy
 
-    from ..compile import compile_source
+    from ..compile import compile_source, load_cuda
 
     k = compile_source(chain_source(), name="ex05.3 chain").get("affine")
+    spin = load_cuda("profiling").get("spin")
+    mhz = cupy.cuda.Device().attributes["ClockRate"] / 1e3
     rng, seed = fresh_rng()
     n = CHAIN_N
     coef = [(np.float32(rng.uniform(0.9, 1.1)), np.float32(rng.uniform(-0.1, 0.1)))
@@ -316,10 +390,10 @@ def ex05_3(capture: Callable[[Callable[[], None]], Callable[[], None]],
     x = cupy.asarray(rng.standard_normal(n, dtype=np.float32))
     y = cupy.empty(n, cupy.float32)
     grid, block, ni = (ceil_div(n, 256),), (256,), np.int32(n)
-    calls = [0]
+    calls: list[bool | None] = []          # per call of run_chain: was the stream capturing?
 
     def run_chain() -> None:
-        calls[0] += 1
+        calls.append(_capturing())
         k(grid, block, (x, y, coef[0][0], coef[0][1], ni))
         for a, b in coef[1:]:
             k(grid, block, (y, y, a, b, ni))
@@ -344,25 +418,48 @@ def ex05_3(capture: Callable[[Callable[[], None]], Callable[[], None]],
     if not callable(replay):
         raise GradeError(f"{ex}: capture must return a function that replays the graph, got "
                          f"{type(replay).__name__}")
-    captured_calls = calls[0]
+    captured = sum(1 for c in calls if c)
+    if captured > 1:
+        raise GradeError(f"{ex}: run_chain() ran {captured} times while the stream was capturing: "
+                         f"the graph holds {captured} x {CHAIN_LENGTH} launches and every replay "
+                         "runs them all (a warm-up inside the capture is replayed too). Warm up "
+                         "before begin_capture(); capture one call")
+    captured_calls = len(calls)
+    x_before = None
     for trial in range(2):
         xh = rng.standard_normal(n, dtype=np.float32)
-        x[...] = cupy.asarray(xh)
         y.fill(np.nan)
-        cupy.cuda.Device().synchronize()
+        case = f"trial {trial + 1} (seed {seed})"
+        if trial == 0:
+            x[...] = cupy.asarray(xh)
+            cupy.cuda.Device().synchronize()
+        else:       # the new data lands in x behind ORDER_SPIN_MS of work on the current stream
+            xd = cupy.asarray(xh)
+            cupy.cuda.Device().synchronize()
+            spin((1,), (1,), (np.int64(ORDER_SPIN_MS * 1e3 * mhz),))
+            x[...] = xd
+            case += f", x refilled on the current stream behind {ORDER_SPIN_MS:.0f} ms of work"
         try:
             replay()
+            cupy.cuda.get_current_stream().synchronize()
             cupy.cuda.Device().synchronize()
         except Exception as e:  # noqa: BLE001
             raise GradeError(f"{ex}: the replay raised {type(e).__name__}: {e}") from None
         got = to_numpy(y).astype(np.float64)
-        case = f"trial {trial + 1} (seed {seed})"
         if np.isnan(got).all():
             raise GradeError(f"{ex}: {case}: the replay wrote nothing: the graph is empty. Were "
                              "the launches made on the capturing stream (inside `with stream:`)"
                              "? Launched elsewhere they run at once and are not recorded.")
         want = prefix(xh, CHAIN_LENGTH)
         if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+            if x_before is not None and np.allclose(got, prefix(x_before, CHAIN_LENGTH),
+                                                    rtol=1e-4, atol=1e-5):
+                raise GradeError(f"{ex}: {case}: the replay computed on x as it was before the "
+                                 "work queued on the current stream had finished: the graph ran "
+                                 "on another stream (graph.launch(stream=...) with the capture "
+                                 "stream?). Launch it on the stream current when the replay is "
+                                 "called, graph.launch() with no argument, so it runs after the "
+                                 "work queued there and before the work queued after it")
             part = next((m for m in range(CHAIN_LENGTH) if np.allclose(got, prefix(xh, m),
                                                                        rtol=1e-4, atol=1e-5)),
                         None)
@@ -372,9 +469,14 @@ def ex05_3(capture: Callable[[Callable[[], None]], Callable[[], None]],
             raise GradeError(f"{ex}: {case}: wrong output after the replay (first element "
                              f"{got[0]:.6g}, expected {want[0]:.6g}); does the replay compute "
                              "on the current contents of x (the same buffers as at capture)?")
-    if calls[0] != captured_calls:
-        raise GradeError(f"{ex}: the replay called run_chain() again ({calls[0] - captured_calls}"
+        x_before = xh
+    if len(calls) != captured_calls:
+        raise GradeError(f"{ex}: the replay called run_chain() again ({len(calls) - captured_calls}"
                          " extra calls): it must launch the captured graph instead")
+    if captured == 0 and None not in calls:
+        raise GradeError(f"{ex}: run_chain() never ran while the stream was capturing, yet the "
+                         "replay computed the chain: call it between begin_capture() and "
+                         "end_capture(), inside `with stream:`")
     t_eager = _wall_us(run_chain)
     t_graph = _wall_us(replay)
     if t_eager < factor * t_graph:
@@ -388,14 +490,48 @@ def ex05_3(capture: Callable[[Callable[[], None]], Callable[[], None]],
 # ============================================================================ ex05.4
 
 SPIN_US = (100.0, 1000.0, 3000.0)
+#: ex05.4: the work queued ahead of the last case, which the timer must not count (us)
+QUEUED_US = 20_000.0
+
+
+def _timer_verdict(ex: str, case: str, got: float, want: float, queued_ms: float = 0.0) -> None:
+    """GradeError when ``got`` (ms, from the answer) is not the kernel's ``want`` (ms)."""
+    if got < 0:
+        raise GradeError(f"{ex}: {case}: measured {got:.4f} ms, a negative time: "
+                         "cp.cuda.get_elapsed_time(start, end) takes the earlier event first")
+    if got < 0.5 * want:
+        if 0.5 * want < got * 1e3 < 1.5 * want:
+            raise GradeError(f"{ex}: {case}: got {got:.6f}: seconds instead of milliseconds?")
+        raise GradeError(f"{ex}: {case}: measured {got:.4f} ms: the timer stopped before "
+                         "the GPU finished - the launch is asynchronous; synchronize (or "
+                         "wait on an end event) before reading the clock")
+    if got > 1.15 * want + 0.03:
+        if 0.5 * want < got / 1e3 < 1.5 * want:
+            raise GradeError(f"{ex}: {case}: got {got:.1f}: microseconds instead of "
+                             "milliseconds?")
+        if queued_ms and got > 0.5 * queued_ms:
+            raise GradeError(f"{ex}: {case}: measured {got:.3f} ms: the timer counted the "
+                             f"{queued_ms:.0f} ms of work queued on the GPU before time_gpu was "
+                             "called. Wait for the GPU (synchronize) before starting the clock, "
+                             "or record a start event on the stream: the GPU stamps it only "
+                             "when the queued work is done")
+        for k in (2, 3, 5, 6):
+            if abs(got - k * want) < 0.1 * k * want:
+                raise GradeError(f"{ex}: {case}: measured {got:.3f} ms, {k} times the kernel's "
+                                 f"{want:.3f} ms: the time of several calls (a sum, or the "
+                                 "warm-up inside the timed interval)? Return one call's time")
+        raise GradeError(f"{ex}: {case}: measured {got:.4f} ms, more than the kernel takes: "
+                         "does the timed interval include work queued before fn (wait for "
+                         "the GPU before starting the clock) or several calls?")
 
 
 def ex05_4(time_gpu: Callable[..., float]) -> None:
     """``time_gpu(fn, repeat)`` returns the median time of one call of ``fn()`` in milliseconds,
-    all the GPU work that ``fn`` launched included.
+    all the GPU work that ``fn`` launched included and nothing queued before it.
 
     Fed kernels that busy-wait a known number of clock cycles (``spin`` of kernels/profiling.cu,
-    about 0.1, 1 and 3 ms), whose durations the grader measures with CUDA events first.
+    about 0.1, 1 and 3 ms), whose durations the grader measures with CUDA events first; last, the
+    1 ms kernel timed once (repeat=1) right after QUEUED_US of work was queued, unwaited.
     """
     ex = "ex05.4"
     need_gpu(ex, "it times GPU kernels")
@@ -421,12 +557,16 @@ def ex05_4(time_gpu: Callable[..., float]) -> None:
             ts.append(cupy.cuda.get_elapsed_time(a, b))
         return statistics.median(ts)
 
-    for us in SPIN_US:
+    for us, repeat, queued in [(u, 5, 0.0) for u in SPIN_US] + [(SPIN_US[1], 1, QUEUED_US)]:
         fn = launcher(us)
         want = truth_ms(fn)
         cupy.cuda.Device().synchronize()
+        case = f"a kernel that runs {want:.3f} ms"
+        if queued:
+            launcher(queued)()          # queued ahead of time_gpu, not waited for
+            case += f", timed once right after {queued / 1e3:.0f} ms of work was queued"
         try:
-            got = time_gpu(fn, 5)
+            got = time_gpu(fn, repeat)
         except NotImplementedError:
             raise GradeError(f"{ex}: not implemented yet (the stub still raises "
                              "NotImplementedError)") from None
@@ -438,19 +578,5 @@ def ex05_4(time_gpu: Callable[..., float]) -> None:
         cupy.cuda.Device().synchronize()
         if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, float, np.floating)):
             raise GradeError(f"{ex}: return the time as a float in milliseconds, got {got!r}")
-        got = float(got)
-        case = f"a kernel that runs {want:.3f} ms"
-        if got < 0.5 * want:
-            if got * 1e3 > 0.5 * want and got * 1e3 < 1.5 * want:
-                raise GradeError(f"{ex}: {case}: got {got:.6f}: seconds instead of milliseconds?")
-            raise GradeError(f"{ex}: {case}: measured {got:.4f} ms: the timer stopped before "
-                             "the GPU finished - the launch is asynchronous; synchronize (or "
-                             "wait on an end event) before reading the clock")
-        if got > 1.15 * want + 0.03:
-            if 0.5 * want < got / 1e3 < 1.5 * want:
-                raise GradeError(f"{ex}: {case}: got {got:.1f}: microseconds instead of "
-                                 "milliseconds?")
-            raise GradeError(f"{ex}: {case}: measured {got:.4f} ms, more than the kernel takes: "
-                             "does the timed interval include work queued before fn (wait for "
-                             "the GPU before starting the clock) or several calls?")
+        _timer_verdict(ex, case, float(got), want, queued / 1e3)
     passed(ex)

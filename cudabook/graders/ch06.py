@@ -5,12 +5,22 @@ ex06_2  Numba: the bias gradient, a column sum with a shared-memory block       
 ex06_3  Numba: the AdamW update (weight decay, bias correction) for arrays of any strides  simulator
 ex06_4  Python: a linear layer as a torch.autograd.Function through DLPack (gradcheck)  CPU or GPU
 
-Every reference is PyTorch autograd (or torch.optim.AdamW) in float64.
+Every reference is PyTorch autograd (or torch.optim.AdamW) in float64. Besides the values, the
+graders check that the answer is the reader's own work of the kind asked: a @cuda.jit kernel and
+not one of the book's (``_need_kernel``, ``_book_file``); an AdamW update written by a kernel, not
+by array code around one (``_watch_launches``); a Function that computes on the DLPack arrays, not
+with torch (``_Bridge``, a TorchFunctionMode). In the simulator, shared memory starts NaN-filled
+in every block and every barrier must be reached by every thread (``_strict_simulator``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -24,13 +34,14 @@ from ._core import (
     error_summary,
     fresh_rng,
     guarded,
+    need_launch,
     padded,
     passed,
     to_device,
     xp,
 )
 from ._race import simulate
-from ._static import refuse_stub
+from ._static import calls, mentions, python_code, refuse_stub
 
 __all__ = ["ex06_1", "ex06_2", "ex06_3", "ex06_4"]
 
@@ -48,8 +59,174 @@ def _same(o: np.ndarray, r: np.ndarray, atol: float, rtol: float) -> bool:
     return o.shape == r.shape and bool(close(o, r, atol, rtol).all())
 
 
+# ----------------------------------------------------------------------------- shared checks
+def _need_kernel(ex: str, kernel) -> None:
+    """GradeError unless ``kernel`` is a Numba @cuda.jit kernel of the reader's own: not a plain
+    function, and not one of the book's kernels (kernels/*.py) handed in as the answer."""
+    if not (hasattr(kernel, "py_func") and hasattr(kernel, "__getitem__")):
+        raise GradeError(f"{ex}: expected a @cuda.jit kernel, got {type(kernel).__name__} "
+                         f"{getattr(kernel, '__name__', '')!r}: decorate it with @cuda.jit")
+    book = _book_file(kernel)
+    if book:
+        raise GradeError(f"{ex}: this is the book's own kernel {kernel.__name__} ({book}): the "
+                         "exercise asks for a kernel you write")
+
+
+def _book_file(fn) -> str | None:
+    """The file under kernels/ or cudabook/ that defines ``fn`` (a kernel or function), else
+    None: an answer that is, or launches, a kernel of the book itself."""
+    f = getattr(fn, "py_func", None) or getattr(fn, "fn", None) or fn
+    code = getattr(f, "__code__", None)
+    if code is None:
+        return None
+    from ..compile import KERNELS_DIR
+
+    path = Path(code.co_filename).resolve()
+    for top in (Path(KERNELS_DIR).resolve(), Path(__file__).resolve().parents[1]):
+        if path.is_relative_to(top):
+            return f"{top.name}/{path.relative_to(top)}"
+    return None
+
+
+class _SimFinding(GradeError):
+    """A hazard the strict simulator found during a launch (the grader adds the case)."""
+
+
+_SHARED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _strict_simulator(fill: float = np.nan) -> Iterator[None]:
+    """In the CUDA simulator (nothing elsewhere): every block gets shared arrays of its own,
+    filled with ``fill`` (NaN: a read of shared memory no thread wrote gives NaN, where a GPU
+    gives whatever the last kernel left), and every block is checked to have reached the same
+    barriers in the same order with all of its threads (a cuda.syncthreads() inside a branch
+    that some threads skip is undefined behaviour on a GPU; the simulator would just let the
+    others through). A violation raises ``_SimFinding`` from the launch."""
+    if not env.SIM:
+        yield
+        return
+    from numba import types
+    from numba.cuda.simulator import kernel as simk
+    from numba.cuda.simulator import kernelapi as api
+    from numba.np import numpy_support
+
+    orig_array, orig_sync, orig_run = (api.FakeCUDAShared.array, simk.BlockThread.syncthreads,
+                                       simk.BlockManager.run)
+
+    def array(self, shape, dtype):
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        if shape == 0:                       # dynamic shared memory: as the simulator has it
+            return orig_array(self, shape, dtype)
+        caller = traceback.extract_stack(sys._getframe())[-2][0:2]
+        key = (caller, tuple(threading.current_thread().blockIdx))
+        with _SHARED_LOCK:
+            res = self._allocations.get(key)
+            if res is None:
+                res = np.empty(shape, dtype)
+                if res.dtype.kind in "fc":
+                    res.fill(fill)
+                self._allocations[key] = res
+        return res
+
+    def syncthreads(self):
+        where = sys._getframe(2)             # the kernel's line that called cuda.syncthreads()
+        sites = self._manager.__dict__.setdefault("_cb_sites", {})
+        sites.setdefault(self.thread_id, []).append(where.f_lineno)
+        return orig_sync(self)
+
+    def run(self, grid_point, *args):
+        out = orig_run(self, grid_point, *args)
+        sites = self.__dict__.pop("_cb_sites", {})
+        n = int(np.prod(self._block_dim))
+        if sites and (len(sites) < n or len({tuple(v) for v in sites.values()}) > 1):
+            most = max(len(v) for v in sites.values())
+            full = sum(1 for v in sites.values() if len(v) == most)
+            raise _SimFinding(f"in block {tuple(int(v) for v in grid_point)} only {full} of the "
+                              f"block's {n} threads reached every cuda.syncthreads(): a barrier "
+                              "inside a branch that some threads skip (or leave early)")
+        return out
+
+    api.FakeCUDAShared.array, simk.BlockThread.syncthreads = array, syncthreads
+    simk.BlockManager.run = run
+    try:
+        yield
+    finally:
+        api.FakeCUDAShared.array, simk.BlockThread.syncthreads = orig_array, orig_sync
+        simk.BlockManager.run = orig_run
+
+
+class _LaunchLog:
+    """What an answer's launcher did: the kernels it launched, and whether the watched arrays
+    changed outside those launches (array code between, before or after them)."""
+
+    def __init__(self, arrays: dict[str, Any]):
+        self.arrays = arrays
+        self.kernels: list[Any] = []
+        self.outside: list[str] = []          # names of arrays changed outside a launch
+        self._last = self._state()
+
+    def _state(self) -> dict[str, np.ndarray]:
+        return {k: np.array(to_numpy(a), copy=True) for k, a in self.arrays.items()}
+
+    def _compare(self) -> dict[str, np.ndarray]:
+        now = self._state()
+        for k, a in now.items():
+            if not np.array_equal(a, self._last[k], equal_nan=True) and k not in self.outside:
+                self.outside.append(k)
+        return now
+
+    def before(self, kernel) -> None:
+        self.kernels.append(kernel)
+        self._last = self._compare()
+
+    def after(self) -> None:
+        self._last = self._state()
+
+    def finish(self) -> None:
+        self._last = self._compare()
+
+
+@contextlib.contextmanager
+def _watch_launches(arrays: dict[str, Any]) -> Iterator[_LaunchLog]:
+    """Log every Numba kernel launch made inside the block, with the state of ``arrays`` before
+    and after each, on a GPU and in the simulator (as ``count_launches`` counts them)."""
+    log = _LaunchLog(arrays)
+    if env.SIM:
+        from numba.cuda.simulator.kernel import FakeCUDAKernel as cls
+
+        attr = "__call__"
+    else:
+        from numba.cuda.dispatcher import CUDADispatcher as cls
+
+        attr = "call"
+    orig = getattr(cls, attr)
+
+    def logged(self, *a, **k):
+        if getattr(self, "_device", False):
+            return orig(self, *a, **k)
+        log.before(self)
+        try:
+            return orig(self, *a, **k)
+        finally:
+            if not env.SIM:
+                import cupy
+
+                cupy.cuda.Device().synchronize()
+            log.after()
+
+    setattr(cls, attr, logged)
+    try:
+        yield log
+    finally:
+        setattr(cls, attr, orig)
+    log.finish()
+
+
 # ----------------------------------------------------------------------------- ex06.1
 CE_THREADS = 32
+_EPS32 = float(np.finfo(np.float32).eps)
 
 
 def _ce_reference(z: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
@@ -60,15 +237,43 @@ def _ce_reference(z: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]
     return float(loss.detach()), dz.numpy()
 
 
+#: ex06.1's cases at extreme values, each with the mistake it exposes (in this order: an answer
+#: with that mistake passes every case before its own)
+_CE_EXTREME = {
+    "logits near 1000": "exp overflowed: subtract the row's maximum before exp (z - max <= 0), "
+                        "and use the same max in the loss, log(sum) + max - z[y]",
+    "one logit 1000 above the rest, the labels elsewhere": "the label's probability underflows "
+                        "to 0 there (its logit is 1000 below the row's maximum), and log(0) is "
+                        "-inf: compute the loss as log(s) + m - z[r, y], never as log(p_y)",
+    "every logit near -1000": "with every logit near -1000, a maximum started at 0 (instead of "
+                        "z[r, 0]) stays 0, every exp(z - 0) underflows to 0 and s = 0: start "
+                        "the maximum from the row's first logit",
+}
+
+
 def _ce_cases(rng) -> list[tuple[str, np.ndarray, np.ndarray]]:
     out = []
     for M, C in ((3, 7), (37, 13), (CE_THREADS + 1, 10), (1, 40)):
         z = (rng.standard_normal((M, C)) * 3).astype(np.float32)
         out.append((f"M={M}, C={C}", z, rng.integers(0, C, M).astype(np.int32)))
-    big = (rng.standard_normal((5, 20)) * 3).astype(np.float32)
-    big[:, 3] += 1000.0                       # exp(1000) overflows float32 and float64
-    out.append(("logits near 1000 (M=5, C=20)", big, rng.integers(0, 20, 5).astype(np.int32)))
+    M, C = 5, 20
+    for what in _CE_EXTREME:
+        z = rng.standard_normal((M, C)) * 3
+        labels = rng.integers(0, C, M)
+        if what == "logits near 1000":
+            z += 1000.0                       # exp(1000) overflows float32 and float64
+        elif what.startswith("one logit"):
+            z[:, 3] += 1000.0
+            labels = (3 + rng.integers(1, C, M)) % C          # never column 3
+        else:
+            z -= 1000.0                       # exp(-1000) underflows to 0
+        out.append((f"{what} (M={M}, C={C})", z.astype(np.float32), labels.astype(np.int32)))
     return out
+
+
+def _ce_hint(what: str) -> str | None:
+    """The mistake an extreme case exposes (None for the ordinary cases)."""
+    return next((h for k, h in _CE_EXTREME.items() if what.startswith(k)), None)
 
 
 def ex06_1(kernel) -> None:
@@ -76,15 +281,26 @@ def ex06_1(kernel) -> None:
     float32 logits ``z``, launched [ceil(M / 32), 32]. It adds the row's loss divided by M to
     ``loss[0]`` (zeroed by the grader) with ``cuda.atomic.add`` and writes the gradient of the
     MEAN loss, (softmax(z_r) - onehot(y_r)) / M, to ``dz``. ``z`` must not change.
+
+    Ordinary cases (ragged M and C, one row, more rows than a block), then extreme logits: near
+    1000 (exp overflows), one logit 1000 above the label's (its probability underflows), all near
+    -1000 (a maximum started at 0 makes every exp underflow).
     """
     ex = "ex06.1"
+    _need_kernel(ex, kernel)
     refuse_stub(ex, kernel)
+    code = python_code(ex, kernel)
+    if not calls(code, "atomic.add"):
+        raise GradeError(f"{ex}: the kernel never calls cuda.atomic.add: every row's thread adds "
+                         "its share to loss[0], and a plain loss[0] += ... (or =) from many "
+                         "threads loses updates; use cuda.atomic.add(loss, 0, value)")
     rng, seed = fresh_rng()
     m = xp()
     for rep in range(2):
         for what, z, labels in _ce_cases(rng):
             M, C = z.shape
             case = f"{what} (seed {seed}, call {rep + 1})"
+            hint = _ce_hint(what)
             ref_loss, ref_dz = _ce_reference(z, labels)
             # padded to the rows the launch covers: a kernel without its guard reads zeros
             # (labels 0) on a GPU instead of faulting; its writes land in dz's canary
@@ -93,13 +309,18 @@ def ex06_1(kernel) -> None:
             loss = m.zeros(1, dtype=np.float32)
             dz, buf = guarded((M, C))
 
-            def run(z_d=z_d, loss=loss, dz=dz, y_d=y_d, M=M, case=case):
+            def run(z_d=z_d, loss=loss, dz=dz, y_d=y_d, M=M, case=case, hint=hint):
                 try:
                     kernel[ceil_div(M, CE_THREADS), CE_THREADS](z_d, y_d, loss, dz)
                 except OverflowError:   # the simulator's math.exp raises where a GPU gives inf
                     raise GradeError(f"{ex}: {case}: exp overflowed: subtract the row's maximum "
                                      "before exp (z - max <= 0), and use the same max in the "
                                      "loss, log(sum) + max - z[y]") from None
+                except (ValueError, ZeroDivisionError) as e:   # log(0), x / 0 in the simulator
+                    if hint is None:
+                        raise
+                    raise GradeError(f"{ex}: {case}: raised {type(e).__name__} ({e}): "
+                                     f"{hint}") from None
             call(ex, case, run)
             if not np.array_equal(to_numpy(z_d), z):
                 raise GradeError(f"{ex}: {case}: the logits z changed: the kernel writes into "
@@ -112,22 +333,19 @@ def ex06_1(kernel) -> None:
             o = to_numpy(dz).astype(np.float64)
             lv = float(to_numpy(loss)[0])
             nan = np.isnan(o)
-            if nan.all():
+            if nan.all() and hint is None:
                 raise GradeError(f"{ex}: {case}: dz never written (all NaN): the stub's body, "
                                  "or no thread reached the write?")
-            if nan.any() and "1000" in what:    # the small cases before it were all written
-                raise GradeError(f"{ex}: {case}: NaN in dz where the logits are near 1000: "
-                                 "exp overflowed to inf and inf / inf is NaN: subtract the row's "
-                                 "maximum before exp (z - max <= 0)")
+            if (nan.any() or not np.isfinite(o).all() or not np.isfinite(lv)) and hint:
+                raise GradeError(f"{ex}: {case}: inf or NaN in the result: {hint}")
             if nan.any():
                 r, j = (int(v) for v in np.argwhere(nan)[0])
                 raise GradeError(f"{ex}: {case}: dz[{r}, {j}] never written ({int(nan.sum())} "
                                  "of dz's elements): every element of the row gets "
                                  "p - [j == y], the label's column too")
             if not np.isfinite(o).all() or not np.isfinite(lv):
-                hint = ("subtract the row's maximum before exp (z - max <= 0)"
-                        if "1000" in what else "a division by a zero sum?")
-                raise GradeError(f"{ex}: {case}: inf or NaN in the result: {hint}")
+                raise GradeError(f"{ex}: {case}: inf or NaN in the result: a division by a zero "
+                                 "sum?")
             atol, rtol = GRAD_TOL
             if not _same(o, ref_dz, atol, rtol):
                 if M > 1 and _same(o, ref_dz * M, atol * M, rtol):
@@ -143,11 +361,18 @@ def ex06_1(kernel) -> None:
                 bad = ~close(o, ref_dz, atol, rtol)
                 raise GradeError(f"{ex}: {case}: dz wrong: {error_summary(o, ref_dz, bad)}; "
                                  "dz[r, j] = (exp(z[r, j] - max) / sum - [j == y[r]]) / M")
-            tol = 1e-6 + 1e-5 * abs(ref_loss)
+            # float32 rounds log(s) + m at the logits' magnitude (6e-5 near 1000)
+            tol = 1e-6 + 1e-5 * abs(ref_loss) + 2 * _EPS32 * float(np.abs(z).max())
             if abs(lv - ref_loss) > tol:
                 if M > 1 and abs(lv - M * ref_loss) <= M * tol:
                     raise GradeError(f"{ex}: {case}: loss {lv:.6g} is the SUM of the row losses "
                                      f"(the mean is {ref_loss:.6g}): add each row's loss / M")
+                shift = float(z.astype(np.float64).max(1).mean())
+                if abs(shift) > 10 * tol and abs(lv - (ref_loss - shift)) <= tol + 1e-5 * abs(
+                        shift):
+                    raise GradeError(f"{ex}: {case}: loss {lv:.6g}, expected {ref_loss:.6g}: off "
+                                     "by the mean of the rows' maxima; a row's loss is "
+                                     "log(sum of exp(z - m)) + m - z[y]: add m back")
                 raise GradeError(f"{ex}: {case}: loss {lv:.6g}, expected {ref_loss:.6g}: a row "
                                  "adds (log(sum of exp(z - max)) + max - z[y]) / M to loss[0] "
                                  "with cuda.atomic.add (a plain += races between threads)")
@@ -160,13 +385,39 @@ _BG_SYNC_HINT = ("a cuda.syncthreads() between writing the partial sums to share
                  "reading them")
 
 
+_BG_BARRIER_HINT = ("every thread of the block must reach every cuda.syncthreads(): keep it "
+                    "outside `if j < N` (a thread of a column past N writes a partial of 0)")
+_BG_UNINIT_HINT = ("the sums are right only if shared memory starts at 0, and it does not (the "
+                   "grader fills it with NaN; a GPU leaves whatever was there): start each "
+                   "partial from 0 in a register, or set part[ty, tx] = 0 before adding to it")
+_BG_EARLY_HINT = ("thread row 0 reads partials before the other rows have written them (the grader "
+                  "fills shared memory with NaN; a GPU leaves whatever was there): is "
+                  f"{_BG_SYNC_HINT} missing, or placed after the reads?")
+
+
 def ex06_2(kernel) -> None:
     """``kernel(dz, db)``: a @cuda.jit kernel launched [ceil(N / 32), (32, 4)] on the (M, N)
     float32 ``dz``: db[j] = sum over the M rows of dz[:, j]. Thread (tx, ty) of block bx owns
     column j = 32 bx + tx and rows ty, ty + 4, ...; the 4 partial sums meet in shared memory.
+
+    In the simulator, shared memory starts NaN-filled in every block and every barrier must be
+    reached by all of the block's threads (``_strict_simulator``); on a GPU the same checks run
+    in a simulator subprocess after the value checks (``simulate``).
     """
     ex = "ex06.2"
+    _need_kernel(ex, kernel)
     refuse_stub(ex, kernel)
+    code = python_code(ex, kernel)
+    if not mentions(code, "shared.array"):
+        raise GradeError(f"{ex}: the kernel has no shared array: the 4 thread rows of a block "
+                         "add their partial sums of a column through part = "
+                         "cuda.shared.array((4, 32), float32), not through atomics on db or "
+                         "one thread walking the whole column")
+    if not calls(code, "syncthreads"):
+        raise GradeError(f"{ex}: the kernel never calls cuda.syncthreads(): thread row 0 would "
+                         f"read partials the other rows have not written yet; add "
+                         f"{_BG_SYNC_HINT}")
+    atomics = calls(code, "atomic.add") > 0
     rng, seed = fresh_rng()
     # square first: a transposed index gives the row sums there (on other shapes it reads out
     # of range); then non-square shapes, more columns than one block, a single row
@@ -178,25 +429,46 @@ def ex06_2(kernel) -> None:
             case = f"dz of M={M} rows x N={N} columns (seed {seed}, call {rep + 1})"
             dz = rng.standard_normal((M, N)).astype(np.float32)
             ref = dz.astype(np.float64).sum(0)
-            db, buf = guarded((N,))
             # a missing column guard or a transposed index reads the zero tail on a GPU
             big = max(M, N)
             dz_d = padded(dz, big * (big + BG_BLOCK[0]))
 
-            def run(dz_d=dz_d, db=db, N=N, case=case):
-                try:
-                    kernel[ceil_div(N, BG_BLOCK[0]), BG_BLOCK](dz_d, db)
-                except IndexError as e:
-                    raise GradeError(f"{ex}: {case}: index out of range ({e}): missing guard "
-                                     "(j < N) on the column, or dz indexed [column, row]? dz "
-                                     "is (M, N): dz[i, j] with i the row, j = the column") \
-                        from None
-            call(ex, case, run)
+            def launch(fill: float, dz_d=dz_d, N=N, case=case):
+                db, buf = guarded((N,))
+
+                def run():
+                    try:
+                        with _strict_simulator(fill):
+                            kernel[ceil_div(N, BG_BLOCK[0]), BG_BLOCK](dz_d, db)
+                    except _SimFinding as e:
+                        raise GradeError(f"{ex}: {case}: {e}; {_BG_BARRIER_HINT}") from None
+                    except IndexError as e:
+                        raise GradeError(f"{ex}: {case}: index out of range ({e}): missing "
+                                         "guard (j < N) on the column, or dz indexed [column, "
+                                         "row]? dz is (M, N): dz[i, j] with i the row, j = the "
+                                         "column") from None
+                call(ex, case, run)
+                return db, buf
+
+            db, buf = launch(np.nan)
             if not canary_ok(buf, N):
                 raise GradeError(f"{ex}: {case}: wrote past the end of db: missing guard "
                                  "(if j < N) before the write?")
             o = to_numpy(db).astype(np.float64)
             nan = np.isnan(o)
+            if nan.any() and env.SIM:
+                zero = to_numpy(launch(0.0)[0]).astype(np.float64)
+                if not np.isnan(zero).any():
+                    j = int(np.argmax(nan))
+                    why = (_BG_UNINIT_HINT if _same(zero, ref, 1e-4 * max(1.0, np.sqrt(M)), 1e-5)
+                           else _BG_EARLY_HINT)
+                    raise GradeError(f"{ex}: {case}: db[{j}] is NaN, but not when shared memory "
+                                     f"starts at 0: {why}")
+            if nan.all() and atomics:
+                raise GradeError(f"{ex}: {case}: db stays NaN: cuda.atomic.add adds to what db "
+                                 "holds, and db is not zeroed (the grader fills it with NaN; a "
+                                 "GPU buffer holds garbage). Let thread row 0 write db[j] = the "
+                                 "sum of the 4 partials")
             if nan.all():
                 raise GradeError(f"{ex}: {case}: db never written (all NaN)")
             if nan.any():
@@ -220,9 +492,14 @@ def ex06_2(kernel) -> None:
                 raise GradeError(f"{ex}: {case}: db is the partial sum of one thread row only: "
                                  "add the 4 partials from shared memory before writing; or is "
                                  f"{_BG_SYNC_HINT} missing?")
+            if M > 1 and _same(o, ref + part[0], atol, rtol):
+                raise GradeError(f"{ex}: {case}: db counts the partial of thread row 0 twice: "
+                                 "the total starts from part[0, tx] and the loop over the "
+                                 "partials starts at 0 again?")
             raise GradeError(f"{ex}: {case}: db wrong: {error_summary(o, ref, bad)}. Rows "
                              "skipped or counted twice (thread row ty adds rows ty, ty + 4, ...), "
-                             f"or {_BG_SYNC_HINT} missing?")
+                             "shared memory read before it was written, or "
+                             f"{_BG_SYNC_HINT} missing?")
     simulate(ex, "ex06_2", [("bias_grad", kernel)], hint=_BG_SYNC_HINT)
     passed(ex)
 
@@ -243,9 +520,11 @@ def _adamw_torch(p0: np.ndarray, grads: list[np.ndarray], **hp) -> list[np.ndarr
     return out
 
 
-def _adamw_variant(p0, grads, *, correct=True, decoupled=True, decay=True, keep=True, lr, betas,
-                   eps, weight_decay):
-    """AdamW by hand with one thing changed (the mistakes ex06.3 names)."""
+def _adamw_variant(p0, grads, *, correct=True, decoupled=True, decay=True, keep=True,
+                   eps_at="after", lr, betas, eps, weight_decay):
+    """AdamW by hand with one thing changed (the mistakes ex06.3 names). ``eps_at``: where eps
+    goes, "after" the bias-corrected square root (torch), "inside" it, or "before" the
+    correction."""
     b1, b2 = betas
     p, m, v, out = p0.copy(), np.zeros_like(p0), np.zeros_like(p0), []
     wd = weight_decay if decay else 0.0
@@ -259,129 +538,256 @@ def _adamw_variant(p0, grads, *, correct=True, decoupled=True, decay=True, keep=
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
         if correct:
-            p = p - lr / (1 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps)
+            bc2 = 1 - b2 ** t
+            denom = {"after": np.sqrt(v) / np.sqrt(bc2) + eps,
+                     "inside": np.sqrt(v / bc2 + eps),
+                     "before": (np.sqrt(v) + eps) / np.sqrt(bc2)}[eps_at]
+            p = p - lr / (1 - b1 ** t) * m / denom
         else:
             p = p - lr * m / (np.sqrt(v) + eps)
         out.append(p)
     return out
 
 
+#: ex06.3's cases: (rows, columns, layout, gradient scale); "mixed" draws each gradient element
+#: from 1e-9 to 1e3, where sqrt(v) falls below eps and the place of eps decides the step
+_ADAMW_CASES = [(7, 5, "contiguous", "normal"), (3, 40, "transposed view", "normal"),
+                (5, 18, "contiguous", "mixed")]
+
+_ADAMW_HINTS = [
+    (dict(correct=False), "no bias correction: divide m by 1 - beta1^t and v by 1 - beta2^t (at "
+     "step 1 m is 10x too small without it)"),
+    (dict(decoupled=False), "the weight decay is added to the gradient (Adam + L2); AdamW decays "
+     "the parameter itself: p *= 1 - lr * weight_decay"),
+    (dict(decay=False), "no weight decay: p *= 1 - lr * weight_decay first"),
+    (dict(eps_at="inside"), "eps is inside the square root: torch adds it after, to "
+     "sqrt(v) / sqrt(1 - beta2^t) (it matters where sqrt(v) is below eps)"),
+    (dict(eps_at="before"), "eps is added before the bias correction: torch divides sqrt(v) by "
+     "sqrt(1 - beta2^t) first and adds eps to the result (it matters where sqrt(v) is below "
+     "eps)"),
+]
+
+
+def _grads(rng, shape, scale: str) -> np.ndarray:
+    g = rng.standard_normal(shape)
+    return g * 10.0 ** rng.uniform(-9, 3, shape) if scale == "mixed" else g
+
+
 def ex06_3(adamw_update: Callable) -> None:
     """``adamw_update(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay)`` updates the 2D
     float64 arrays p, m, v in place at step t (1 at the first step), as torch.optim.AdamW
-    does; the arrays may be views with any strides (a transposed weight). Three steps from the
-    same start, step 1 included, against torch.optim.AdamW in float64.
+    does, with a Numba kernel that writes p, m and v itself (array code in the launcher that
+    changes them, a copy written back included, does not count; nor does a kernel of the book);
+    the arrays may be views with any strides (a transposed weight). Three steps from the same
+    start, step 1 included, against torch.optim.AdamW in float64, on gradients of ordinary size
+    and on gradients from 1e-9 to 1e3 (where the place of eps matters).
     """
     ex = "ex06.3"
     rng, seed = fresh_rng()
     hp = ADAMW_HP
     args = dict(lr=hp["lr"], beta1=hp["betas"][0], beta2=hp["betas"][1], eps=hp["eps"],
                 weight_decay=hp["weight_decay"])
-    for layout in ("contiguous", "transposed view"):
-        for R, C in ((7, 5), (3, 40)):
-            case = f"{R}x{C} parameters, {layout} (seed {seed})"
-            p0 = rng.standard_normal((R, C))
-            grads = [rng.standard_normal((R, C)) for _ in range(3)]
-            ref = _adamw_torch(p0, grads, **hp)
-            if layout == "contiguous":
-                dev = [to_device(a.copy()) for a in (p0, np.zeros((R, C)), np.zeros((R, C)))]
-                views = dev
-            else:   # arrays stored (C, R), handed over as their transposes: (R, C) views
-                dev = [to_device(np.ascontiguousarray(a.T)) for a in
-                       (p0, np.zeros((R, C)), np.zeros((R, C)))]
-                views = [a.T for a in dev]
-            p, m, v = views
-            for t, g in enumerate(grads, start=1):
-                gd = to_device(g) if layout == "contiguous" else \
-                    to_device(np.ascontiguousarray(g.T)).T
-                def run(t=t, gd=gd, case=case):
-                    try:
-                        adamw_update(p, gd, m, v, t, **args)
-                    except ZeroDivisionError:
-                        raise GradeError(f"{ex}: {case}, step {t}: division by zero: at step "
-                                         "t = 1 the corrections are 1 - beta^1, not 1 - beta^0 "
-                                         "= 0: t counts from 1") from None
-                call(ex, f"{case}, step {t}", run)
-                o = to_numpy(p).astype(np.float64)
-                r = ref[t - 1]
-                if _same(o, r, 1e-12, 1e-9):
+    for R, C, layout, scale in _ADAMW_CASES:
+        case = f"{R}x{C} parameters, {layout}" + (
+            ", gradients from 1e-9 to 1e3" if scale == "mixed" else "") + f" (seed {seed})"
+        p0 = rng.standard_normal((R, C))
+        grads = [_grads(rng, (R, C), scale) for _ in range(3)]
+        ref = _adamw_torch(p0, grads, **hp)
+        if layout == "contiguous":
+            views = [to_device(a.copy()) for a in (p0, np.zeros((R, C)), np.zeros((R, C)))]
+        else:   # arrays stored (C, R), handed over as their transposes: (R, C) views
+            dev = [to_device(np.ascontiguousarray(a.T)) for a in
+                   (p0, np.zeros((R, C)), np.zeros((R, C)))]
+            views = [a.T for a in dev]
+        p, m, v = views
+        for t, g in enumerate(grads, start=1):
+            gd = to_device(g) if layout == "contiguous" else \
+                to_device(np.ascontiguousarray(g.T)).T
+            where = f"{case}, step {t}"
+
+            def run(t=t, gd=gd, where=where):
+                try:
+                    adamw_update(p, gd, m, v, t, **args)
+                except ZeroDivisionError:
+                    raise GradeError(f"{ex}: {where}: division by zero: at step t = 1 the "
+                                     "corrections are 1 - beta^1, not 1 - beta^0 = 0: t counts "
+                                     "from 1") from None
+            with _watch_launches({"p": p, "m": m, "v": v}) as log:
+                call(ex, where, run)
+            if not log.kernels and "p" not in log.outside:
+                raise GradeError(f"{ex}: {where}: p did not change, and no kernel was launched: "
+                                 "launch adamw_kernel on a 2D grid that covers p")
+            need_launch(ex, where, len(log.kernels), "a Numba kernel that updates p, m and v "
+                        "(one element per thread)")
+            book = next((f for f in map(_book_file, log.kernels) if f), None)
+            if book:
+                raise GradeError(f"{ex}: {where}: the update launches a kernel of the book "
+                                 f"({book}): the exercise asks for a kernel you write")
+            o = to_numpy(p).astype(np.float64)
+            r = ref[t - 1]
+            if _same(o, r, 1e-12, 1e-9):
+                if log.outside:
+                    raise GradeError(f"{ex}: {where}: {', '.join(log.outside)} changed outside "
+                                     "the kernel (array code in the launcher, or a copy written "
+                                     "back): the kernel must update p, m and v itself, in place "
+                                     "on the 2D views (cuda.grid(2), p[i, j]), which works for "
+                                     "any strides")
+                continue
+            before = p0 if t == 1 else ref[t - 2]
+            if np.array_equal(o, before):
+                if layout != "contiguous":
+                    raise GradeError(f"{ex}: {where}: p did not change. It is a transposed "
+                                     "view (not C-contiguous): p.ravel() / reshape(-1) of it "
+                                     "is a COPY, and the update went into the copy. Index "
+                                     "the 2D arrays (cuda.grid(2), p[i, j]), which works for "
+                                     "any strides")
+                raise GradeError(f"{ex}: {where}: p did not change: is the kernel launched, "
+                                 "and does it write p in place?")
+            if not np.isfinite(o).all():
+                raise GradeError(f"{ex}: {where}: inf or NaN in p: at step t = 1 the "
+                                 "corrections are 1 - beta^1 (not 1 - beta^0 = 0): t "
+                                 "counts from 1")
+            hist = grads[:t]
+            fits = [hint for kw, hint in _ADAMW_HINTS
+                    if _same(o, _adamw_variant(p0, hist, **kw, **hp)[-1], 1e-12, 1e-9)]
+            if len(fits) == 1:
+                raise GradeError(f"{ex}: {where}: {fits[0]}")
+            if len(fits) > 1:
+                # at step 1 Adam's step is about lr * sign(g), so Adam + L2 and no decay can
+                # give the same p; the moments they carry differ, and so does the next step
+                if t < len(grads):
                     continue
-                where = f"{case}, step {t}"
-                before = p0 if t == 1 else ref[t - 2]
-                if np.array_equal(o, before):
-                    if layout != "contiguous":
-                        raise GradeError(f"{ex}: {where}: p did not change. It is a transposed "
-                                         "view (not C-contiguous): p.ravel() / reshape(-1) of it "
-                                         "is a COPY, and the update went into the copy. Index "
-                                         "the 2D arrays (cuda.grid(2), p[i, j]), which works for "
-                                         "any strides")
-                    raise GradeError(f"{ex}: {where}: p did not change: is the kernel launched, "
-                                     "and does it write p in place?")
-                if not np.isfinite(o).all():
-                    raise GradeError(f"{ex}: {where}: inf or NaN in p: at step t = 1 the "
-                                     "corrections are 1 - beta^1 (not 1 - beta^0 = 0): t "
-                                     "counts from 1")
-                hints = [
-                    (dict(correct=False), "no bias correction: divide m by 1 - beta1^t and v by "
-                     "1 - beta2^t (at step 1 m is 10x too small without it)"),
-                    (dict(decoupled=False), "the weight decay is added to the gradient (Adam + "
-                     "L2); AdamW decays the parameter itself: p *= 1 - lr * weight_decay"),
-                    (dict(decay=False), "no weight decay: p *= 1 - lr * weight_decay first"),
-                ]
-                hist = grads[:t]
-                fits = [hint for kw, hint in hints
-                        if _same(o, _adamw_variant(p0, hist, **kw, **hp)[-1], 1e-12, 1e-9)]
-                if len(fits) == 1:
-                    raise GradeError(f"{ex}: {where}: {fits[0]}")
-                if len(fits) > 1:
-                    # at step 1 Adam's step is about lr * sign(g), so Adam + L2 and no decay can
-                    # give the same p; the moments they carry differ, and so does the next step
-                    if t < len(grads):
-                        continue
-                    raise GradeError(f"{ex}: {where}: one of: " + "; or ".join(fits))
-                if t > 1 and _same(o, _adamw_variant(p0, hist, keep=False, **hp)[-1], 1e-12,
-                                   1e-9):
-                    raise GradeError(f"{ex}: {where}: p is what AdamW gives when m and v restart "
-                                     "from zero at every step: are m and v updated in place "
-                                     "(the moments carry over between steps)?")
-                bad = ~close(o, r, 1e-12, 1e-9)
-                raise GradeError(f"{ex}: {where}: p wrong: {error_summary(o, r, bad)}")
+                raise GradeError(f"{ex}: {where}: one of: " + "; or ".join(fits))
+            if t > 1 and _same(o, _adamw_variant(p0, hist, keep=False, **hp)[-1], 1e-12,
+                               1e-9):
+                raise GradeError(f"{ex}: {where}: p is what AdamW gives when m and v restart "
+                                 "from zero at every step: are m and v updated in place "
+                                 "(the moments carry over between steps)?")
+            bad = ~close(o, r, 1e-12, 1e-9)
+            raise GradeError(f"{ex}: {where}: p wrong: {error_summary(o, r, bad)}")
     passed(ex)
 
 
 # ----------------------------------------------------------------------------- ex06.4
-def _spy_dlpack():
-    """Count calls of torchops.as_array / as_tensor while the block runs."""
-    import contextlib
+#: torch functions that compute (the Function must compute on arrays), by name without
+#: underscores: torch.matmul, Tensor.__matmul__ (shown as matmul), x.sum(), a + b ...
+_TORCH_COMPUTE = {"matmul", "rmatmul", "imatmul", "mm", "addmm", "bmm", "baddbmm", "mv", "addmv",
+                  "dot", "vdot", "einsum", "tensordot", "linear", "outer", "inner", "add", "radd",
+                  "iadd", "sub", "rsub", "isub", "mul", "rmul", "imul", "div", "truediv",
+                  "rtruediv", "itruediv", "neg", "sum", "nansum", "mean", "cumsum", "addcmul",
+                  "addcdiv", "chainmatmul", "multidot"}
+#: torch functions that copy a tensor out of torch (the Function must see it through DLPack)
+_TORCH_COPY = {"numpy", "tolist", "cpu", "array", "item"}
 
-    from .. import torchops
+
+class _Bridge:
+    """While active: every call of torchops.as_array / as_tensor (their arguments and results),
+    and every torch function the answer calls outside them (a TorchFunctionMode on this
+    thread)."""
+
+    def __init__(self):
+        self.arrays_of: list[Any] = []       # the tensors handed to as_array
+        self.made: list[Any] = []            # the tensors as_tensor returned
+        self.compute: list[str] = []         # torch functions that compute, in call order
+        self.copies: list[str] = []          # torch functions that copy out of torch
+        self._inside = 0
+
+    def saw(self, t) -> bool:
+        """as_array was called on ``t`` (or on a tensor equal to it)."""
+        torch = _torch()
+        return any(a is t or (tuple(a.shape) == tuple(t.shape) and a.device == t.device
+                              and torch.equal(a.detach(), t.detach())) for a in self.arrays_of)
+
+    def made_by_as_tensor(self, t) -> bool:
+        return any(m.data_ptr() == t.data_ptr() and m.numel() == t.numel() for m in self.made)
 
     @contextlib.contextmanager
-    def spy():
-        counts = {"as_array": 0, "as_tensor": 0}
-        orig = {k: getattr(torchops, k) for k in counts}
+    def active(self) -> Iterator[None]:
+        from torch.overrides import TorchFunctionMode
 
-        def wrap(k):
-            def f(*a, **kw):
-                counts[k] += 1
-                return orig[k](*a, **kw)
-            return f
-        for k in counts:
-            setattr(torchops, k, wrap(k))
+        from .. import torchops
+
+        bridge = self
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if not bridge._inside:
+                    name = getattr(func, "__name__", "").strip("_").rstrip("_").lower()
+                    if name in _TORCH_COMPUTE:
+                        bridge.compute.append(name)
+                    elif name in _TORCH_COPY:
+                        bridge.copies.append(name)
+                return func(*args, **(kwargs or {}))
+
+        orig = {k: getattr(torchops, k) for k in ("as_array", "as_tensor")}
+
+        def as_array(t, *a, **kw):
+            self.arrays_of.append(t)
+            self._inside += 1
+            try:
+                return orig["as_array"](t, *a, **kw)
+            finally:
+                self._inside -= 1
+
+        def as_tensor(arr, *a, **kw):
+            self._inside += 1
+            try:
+                out = orig["as_tensor"](arr, *a, **kw)
+            finally:
+                self._inside -= 1
+            self.made.append(out)
+            return out
+
+        torchops.as_array, torchops.as_tensor = as_array, as_tensor
         try:
-            yield counts
+            with Mode():
+                yield
         finally:
-            for k, f in orig.items():
-                setattr(torchops, k, f)
-    return spy()
+            torchops.as_array, torchops.as_tensor = orig["as_array"], orig["as_tensor"]
+
+
+def _bridge_rubric(ex: str, case: str, where: str, br: _Bridge, need: dict[str, Any],
+                   results: dict[str, Any]) -> None:
+    """GradeError unless ``where`` (forward or backward) computed on arrays: no torch arithmetic,
+    no copies out of torch, as_array on each tensor of ``need``, and each tensor of ``results``
+    made by as_tensor."""
+    if br.compute:
+        ops = ", ".join(dict.fromkeys(br.compute))
+        raise GradeError(f"{ex}: {case}: {where} computes with torch operations ({ops}): the "
+                         "exercise asks for the arithmetic on the arrays torchops.as_array "
+                         "gives (NumPy or CuPy: xa @ Wa + ba, d.sum(0)); calling as_array as "
+                         "well does not make torch arithmetic count")
+    if br.copies:
+        ops = ", ".join(f".{c}()" if c != "array" else "np.asarray" for c in
+                        dict.fromkeys(br.copies))
+        raise GradeError(f"{ex}: {case}: {where} copies tensors out of torch ({ops}): see "
+                         "their memory through DLPack with torchops.as_array (no copy; "
+                         ".numpy() cannot even read a GPU tensor)")
+    missing = [k for k, t in need.items() if not br.saw(t)]
+    if missing:
+        raise GradeError(f"{ex}: {case}: {where} never called torchops.as_array on "
+                         f"{', '.join(missing)}: compute on arrays seen through DLPack "
+                         "(as_array), not with torch operations")
+    for k, t in results.items():
+        if t is not None and isinstance(t, _torch().Tensor) and not br.made_by_as_tensor(t):
+            raise GradeError(f"{ex}: {case}: {where}'s {k} is not a tensor made by "
+                             "torchops.as_tensor from your array (torch.from_numpy, "
+                             "torch.tensor or torch.as_tensor copy or bypass the bridge): "
+                             "return torchops.as_tensor(result)")
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def ex06_4(Linear: Any) -> None:
     """``Linear``: a torch.autograd.Function with forward(ctx, x, W, b) = x @ W + b for x (M, K),
     W (K, N), b (N,), computed on arrays from ``torchops.as_array`` (DLPack, no copy) and
-    returned with ``torchops.as_tensor``; backward returns dx, dW, db. Checked against autograd
-    in float64 on non-square shapes (with transposed inputs and a non-contiguous grad_output),
-    inputs and grad_output unchanged, and torch.autograd.gradcheck.
+    returned with ``torchops.as_tensor``; backward returns dx, dW, db, computed the same way.
+    Checked against autograd in float64 on non-square shapes (with transposed inputs and a
+    non-contiguous grad_output), inputs and grad_output unchanged, the bridge used for real (no
+    torch arithmetic and no copies out of torch inside the Function, as_array on x, W, b and
+    dy, results from as_tensor), and torch.autograd.gradcheck.
     """
     ex = "ex06.4"
     torch = _torch()
@@ -406,58 +812,72 @@ def ex06_4(Linear: Any) -> None:
         keep = [t.detach().clone() for t in (x, W, b)]
         gyd = gy.to(dev) if dev == "cpu" else gy.to(dev).t().contiguous().t()
         gy_keep = gyd.clone()
-        with _spy_dlpack() as counts:
-            try:
+        fwd = _Bridge()
+        try:
+            with fwd.active():
                 y = apply(x, W, b)
-            except NotImplementedError:
-                raise GradeError(f"{ex}: not implemented yet (the stub still raises "
-                                 "NotImplementedError)") from None
-            except Exception as e:  # noqa: BLE001
-                raise GradeError(f"{ex}: {case}: forward raised {type(e).__name__}: "
-                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
-            fwd_calls = dict(counts)
-            if not isinstance(y, torch.Tensor) or tuple(y.shape) != (M, N):
-                raise GradeError(f"{ex}: {case}: forward returned "
-                                 f"{tuple(getattr(y, 'shape', ())) or type(y).__name__}, "
-                                 f"expected a tensor of shape ({M}, {N})")
-            if any(not torch.equal(a.detach(), k) for a, k in zip((x, W, b), keep)):
-                raise GradeError(f"{ex}: {case}: forward changed one of its inputs in place "
-                                 "(x, W or b): compute the result into a new array "
-                                 "(xa @ Wa + ba), never xa += ... on the input's memory")
-            ref_y = x0 @ W0 + b0
-            if not torch.allclose(y.detach().cpu(), ref_y, atol=1e-12, rtol=1e-10):
-                raise GradeError(f"{ex}: {case}: forward wrong: expected x @ W + b")
-            try:
-                y.backward(gyd)
-            except NotImplementedError:
-                raise GradeError(f"{ex}: backward not implemented yet (the stub still raises "
-                                 "NotImplementedError)") from None
-            except (RuntimeError, ValueError) as e:
-                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-                if any(w in msg for w in ("invalid gradient", "shape", "mismatch", "dimension",
-                                          "aligned")):
-                    raise GradeError(f"{ex}: {case}: backward returned a gradient of the wrong "
-                                     f"shape ({msg}): a transposition? dx = dy @ W^T is "
-                                     f"({M}, {K}), dW = x^T @ dy is ({K}, {N}), db = the column "
-                                     f"sums of dy ({N},)") from None
-                raise GradeError(f"{ex}: {case}: backward raised {type(e).__name__}: {msg}") \
-                    from None
-            except Exception as e:  # noqa: BLE001
-                raise GradeError(f"{ex}: {case}: backward raised {type(e).__name__}: "
-                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
-            bwd_calls = {k: counts[k] - fwd_calls[k] for k in counts}
+        except NotImplementedError:
+            raise GradeError(f"{ex}: not implemented yet (the stub still raises "
+                             "NotImplementedError)") from None
+        except Exception as e:  # noqa: BLE001
+            if fwd.compute or fwd.copies:     # .numpy() of a GPU tensor raises: say why
+                _bridge_rubric(ex, case, "forward", fwd, {}, {})
+            raise GradeError(f"{ex}: {case}: forward raised {type(e).__name__}: "
+                             f"{_first_line(e)}") from None
+        if not isinstance(y, torch.Tensor) or tuple(y.shape) != (M, N):
+            raise GradeError(f"{ex}: {case}: forward returned "
+                             f"{tuple(getattr(y, 'shape', ())) or type(y).__name__}, "
+                             f"expected a tensor of shape ({M}, {N})")
+        if any(not torch.equal(a.detach(), k) for a, k in zip((x, W, b), keep)):
+            raise GradeError(f"{ex}: {case}: forward changed one of its inputs in place "
+                             "(x, W or b): compute the result into a new array "
+                             "(xa @ Wa + ba), never xa += ... on the input's memory")
+        _bridge_rubric(ex, case, "forward", fwd, {"x": x, "W": W, "b": b}, {"result": y})
+        ref_y = x0 @ W0 + b0
+        if not torch.allclose(y.detach().cpu(), ref_y, atol=1e-12, rtol=1e-10):
+            raise GradeError(f"{ex}: {case}: forward wrong: expected x @ W + b")
+        if y.grad_fn is None:
+            raise GradeError(f"{ex}: {case}: the result has no grad_fn: return it from forward "
+                             "(Linear.apply records the backward)")
+        bwd = _Bridge()
+        try:
+            with bwd.active():   # the Function's backward, called as autograd would call it
+                grads = y.grad_fn.apply(gyd)
+        except NotImplementedError:
+            raise GradeError(f"{ex}: backward not implemented yet (the stub still raises "
+                             "NotImplementedError)") from None
+        except Exception as e:  # noqa: BLE001
+            if bwd.compute or bwd.copies:
+                _bridge_rubric(ex, case, "backward", bwd, {}, {})
+            msg = _first_line(e)
+            if any(w in msg for w in ("shape", "mismatch", "dimension", "aligned")):
+                raise GradeError(f"{ex}: {case}: backward raised {type(e).__name__} ({msg}): "
+                                 f"a wrong shape, a transposition? dx = dy @ W^T is ({M}, {K}), "
+                                 f"dW = x^T @ dy is ({K}, {N}), db = the column sums of dy "
+                                 f"({N},)") from None
+            raise GradeError(f"{ex}: {case}: backward raised {type(e).__name__}: {msg}") \
+                from None
         if not torch.equal(gyd, gy_keep):
             raise GradeError(f"{ex}: {case}: backward changed grad_output in place: autograd "
                              "may hand the same tensor to other Functions; compute new arrays")
-        if fwd_calls["as_array"] == 0 or bwd_calls["as_array"] == 0:
-            where = "forward" if fwd_calls["as_array"] == 0 else "backward"
-            raise GradeError(f"{ex}: {case}: {where} never called torchops.as_array: compute on "
-                             "arrays seen through DLPack (as_array), not with torch operations")
+        grads = tuple(grads) if isinstance(grads, (tuple, list)) else (grads,)
+        if len(grads) != 3:
+            raise GradeError(f"{ex}: {case}: backward returned {len(grads)} value(s); it "
+                             "returns one gradient per input of forward: dx, dW, db")
+        named = dict(zip(("dx", "dW", "db"), grads))
+        _bridge_rubric(ex, case, "backward", bwd, {"dy": gyd}, named)
         dx_r, dW_r, db_r = gy @ W0.t(), x0.t() @ gy, gy.sum(0)
-        for name, got, want in (("dx", x.grad, dx_r), ("dW", W.grad, dW_r), ("db", b.grad, db_r)):
+        for name, got, want in (("dx", named["dx"], dx_r), ("dW", named["dW"], dW_r),
+                                ("db", named["db"], db_r)):
             if got is None:
                 raise GradeError(f"{ex}: {case}: backward returned None for {name}")
             got = got.detach().cpu()
+            if tuple(got.shape) != tuple(want.shape):
+                raise GradeError(f"{ex}: {case}: backward returned {name} of shape "
+                                 f"{tuple(got.shape)}, expected {tuple(want.shape)}: a wrong "
+                                 f"shape, a transposition? dx = dy @ W^T is ({M}, {K}), "
+                                 f"dW = x^T @ dy is ({K}, {N}), db = the column sums of dy "
+                                 f"({N},)")
             if torch.allclose(got, want, atol=1e-12, rtol=1e-10):
                 continue
             if name == "db" and torch.allclose(got, want / M, atol=1e-12, rtol=1e-10):

@@ -34,7 +34,11 @@ def test_ex01_1_reference_passes(capsys):
     # sizes hard-coded for small inputs: one block of 1024 threads (n = 2051 in the simulator)
     ([("    threads = 256\n    blocks = (out.size + threads - 1) // threads",
        "    threads = 1024\n    blocks = 1")], "the grid is too small"),
-], ids=["no-guard", "grid-rounded-down", "x-y-swapped", "one-block-of-1024"])
+    # a NumPy expression inside the kernel: every thread computes the whole array (right in
+    # the simulator, no GPU code)
+    ([("    if i < out.size:\n        out[i] = a * x[i] + y[i]", "    out[:] = a * x + y")],
+     "uses what runs only on the host: .*the whole array x in arithmetic"),
+], ids=["no-guard", "grid-rounded-down", "x-y-swapped", "one-block-of-1024", "array-expression"])
 def test_ex01_1_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex01_1(saxpy_launcher(*edits))
@@ -100,7 +104,9 @@ def test_ex01_3_reference_passes(capsys):
     (("b[col]", "b[row % b.size]"), "the bias is indexed by row"),
     (("if row < out.shape[0] and col < out.shape[1]:", "if col < out.shape[1]:"),
      "missing bounds guard"),
-], ids=["swapped", "bias-by-row", "column-guard-only"])
+    (("        out[row, col] = x[row, col] + b[col]", "        out[row] = x[row] + b"),
+     "uses what runs only on the host: line \\d+: the whole array b in arithmetic"),
+], ids=["swapped", "bias-by-row", "column-guard-only", "row-as-array"])
 def test_ex01_3_wrong_answers_fail(edit, hint):
     with pytest.raises(GradeError, match=hint):
         ex01_3(SOL.get("ex01.3", "add_row_bias", edits=[edit]))

@@ -99,7 +99,15 @@ def test_ex02_4_reference_passes(capsys):
       ("tile[t + BLOCK + R] = x[j] if j < n else 0.0", "tile[t + BLOCK + R] = 0.0")],
      "the halo. Load the 2 elements"),
     ([NO_GUARD], "missing bounds guard"),
-], ids=["no-barrier", "no-halo", "no-guard"])
+    # the barrier inside the guard: the threads past n never reach it (fine in the simulator)
+    ([("    cuda.syncthreads()\n    if i < n:\n", "    if i < n:\n        cuda.syncthreads()\n")],
+     "a barrier that not every thread of the block reaches: line \\d+: cuda.syncthreads\\(\\) "
+     "inside the branch"),
+    # NumPy inside the kernel: right in the simulator, no GPU code
+    ([("        acc = 0.0\n        for k in range(2 * R + 1):\n            acc += tile[t + k]\n",
+       "        acc = tile[t:t + 2 * R + 1].sum()\n")],
+     "uses what runs only on the host: line \\d+: .sum"),
+], ids=["no-barrier", "no-halo", "no-guard", "barrier-in-guard", "numpy-sum"])
 def test_ex02_4_rejects(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex02_4(moving_average(*edits))
@@ -261,11 +269,30 @@ def test_ex02_3_rejects(edit, hint):
 
 @gpu
 def test_ex02_3_serial_pipeline_fails_on_speed():
-    """Right values, streams used, but a wait inside the loop: nothing overlaps."""
+    """Right values, streams used, but a wait inside the loop that the source check cannot
+    see (called through getattr): nothing overlaps, and the timing says so."""
     serial = pipeline(("rt.memcpyDeviceToHost, s.ptr)\n",
-                       "rt.memcpyDeviceToHost, s.ptr)\n        s.synchronize()\n"))
+                       "rt.memcpyDeviceToHost, s.ptr)\n        getattr(s, 'synchronize')()\n"))
     with pytest.raises(GradeError, match="nothing overlaps"):
         ex02_3(serial)
+
+
+# blocking calls inside the loop over chunks: refused from the source, before anything runs
+# (so on a CPU too)
+@pytest.mark.parametrize("edit, hint", [
+    (("rt.memcpyDeviceToHost, s.ptr)\n",
+      "rt.memcpyDeviceToHost, s.ptr)\n        s.synchronize()\n"), r"s\.synchronize\(\) \(waits"),
+    (("        rt.memcpyAsync(x_dev[lo:].data.ptr, x_host.ctypes.data + 4 * lo, nbytes,\n"
+      "                       rt.memcpyHostToDevice, s.ptr)\n",
+      "        x_dev[lo:hi] = cupy.asarray(x_host[lo:hi])\n"),
+     r"cupy\.asarray\(\) \(a synchronous host-to-device copy"),
+    (("        rt.memcpyAsync(y_host.ctypes.data + 4 * lo, y_dev[lo:].data.ptr, nbytes,\n"
+      "                       rt.memcpyDeviceToHost, s.ptr)\n",
+      "        y_host[lo:hi] = y_dev[lo:hi].get()\n"), r"\.get\(\) \(a synchronous device-to-host"),
+], ids=["sync-in-loop", "asarray-in-loop", "get-in-loop"])
+def test_ex02_3_blocking_call_in_the_loop_fails(edit, hint):
+    with pytest.raises(GradeError, match="waits for the GPU inside the loop over chunks.*" + hint):
+        ex02_3(pipeline(edit))
 
 
 @gpu

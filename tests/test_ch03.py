@@ -293,8 +293,21 @@ def test_ex03_1_reference_passes(capsys):
     # sizes hard-coded for small inputs: exactly two passes (the simulator runs this launcher at
     # 128^3 + 1 elements with the kernel computed exactly; a GPU runs the real kernel there)
     ([FIXED_TWO_PASSES], "the sum of the first 16384 elements only: 2 passes"),
+    # one launch, then the partial sums added on the host: right numbers, half the exercise
+    ([("        if blocks == 1:\n            return float(partial.copy_to_host()[0])\n",
+       "        return float(partial.copy_to_host().sum(dtype=np.float64))\n")],
+     "1 launch of the kernel made it where 2 are needed .* added on the host"),
+    # the barrier inside the branch of the tree: the idle half of the block never reaches it
+    ([("            s[tid] += s[tid + stride]\n        cuda.syncthreads()\n",
+       "            s[tid] += s[tid + stride]\n            cuda.syncthreads()\n")],
+     "a barrier that not every thread of the block reaches: line \\d+: cuda.syncthreads\\(\\) "
+     "inside the branch"),
+    # NumPy in the kernel: thread 0 sums the block's slice
+    ([("    if tid == 0:\n        partial[cuda.blockIdx.x] = s[0]",
+       "    if tid == 0:\n        partial[cuda.blockIdx.x] = s.sum()")],
+     "uses what runs only on the host: line \\d+: \\.sum"),
 ], ids=["grid-rounded-down", "no-guard", "no-barrier-between-levels", "one-level",
-        "two-fixed-passes"])
+        "two-fixed-passes", "host-finish", "barrier-in-branch", "numpy-in-kernel"])
 def test_ex03_1_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex03_1(sum_all(*edits))
@@ -370,7 +383,14 @@ def test_ex03_3_reference_passes(capsys):
     ([("d = d * math.exp(m - v) + float32(1)", "d = d + float32(1)")],
      "is the old sum rescaled by exp\\(m_old - m_new\\)"),
     ([("    if r < x.shape[0]:\n", "    if True:\n")], "missing bounds guard"),
-], ids=["no-max", "textbook-update", "no-rescale", "no-guard"])
+    # the running max starts at 0: right until every score of a row is very negative
+    ([("        m, d = NEG_INF, float32(0)", "        m, d = float32(0), float32(0)")],
+     "very negative scores .*the running max must start at -inf"),
+    # NumPy in the kernel: the row's max taken with an array method
+    ([("        m, d = NEG_INF, float32(0)", "        m, d = x[r].max(), float32(0)")],
+     "uses what runs only on the host: line \\d+: .max"),
+], ids=["no-max", "textbook-update", "no-rescale", "no-guard", "max-starts-at-0",
+        "numpy-max"])
 def test_ex03_3_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex03_3(softmax_online(*edits))
@@ -404,7 +424,13 @@ def test_ex03_4_reference_passes(capsys):
     # the barrier before the shared total is reused: the race that passed on the H100
     ([("    cuda.syncthreads()                     # everyone has read s[0] before it is "
        "reused\n", "")], "one after every thread has read the shared total"),
-], ids=["one-pass-variance", "unbiased", "no-eps", "no-affine", "no-barrier-before-reuse"])
+    # the barrier of the tree inside its branch (both trees)
+    ([("            s[tid] += s[tid + stride]\n        cuda.syncthreads()\n",
+       "            s[tid] += s[tid + stride]\n            cuda.syncthreads()\n", 2)],
+     "a barrier that not every thread of the block reaches: line \\d+: cuda.syncthreads\\(\\) "
+     "inside the branch"),
+], ids=["one-pass-variance", "unbiased", "no-eps", "no-affine", "no-barrier-before-reuse",
+        "barrier-in-branch"])
 def test_ex03_4_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex03_4(layernorm(*edits))

@@ -213,8 +213,22 @@ def test_ex04_1_reference(capsys):
        "float32(0.0)", "        if n0 + ty < N and k0 + tx < K:\n"
                        "            Bs[ty, tx] = Bt[n0 + ty, k0 + tx]")],
      "zero-fill|load zeros for k >= K"),
+    # loads and the first barrier under the store's guard: the edge threads skip the barrier
+    ([("        As[ty, tx] = A[row, k0 + tx] if row < M and k0 + tx < K else float32(0.0)\n"
+       "        Bs[ty, tx] = Bt[n0 + ty, k0 + tx] if n0 + ty < N and k0 + tx < K else "
+       "float32(0.0)\n        cuda.syncthreads()\n",
+       "        if row < M and col < N:\n"
+       "            As[ty, tx] = A[row, k0 + tx] if k0 + tx < K else float32(0.0)\n"
+       "            Bs[ty, tx] = Bt[n0 + ty, k0 + tx] if n0 + ty < N and k0 + tx < K else "
+       "float32(0.0)\n            cuda.syncthreads()\n")],
+     "a barrier that not every thread of the block reaches: line \\d+: cuda.syncthreads\\(\\) "
+     "inside the branch"),
+    # NumPy in the kernel: the dot product of a row and a column, no tiles
+    ([("    if row < M and col < N:\n        C[row, col] = acc",
+       "    if row < M and col < N:\n        C[row, col] = np.dot(A[row], Bt[col])")],
+     "uses what runs only on the host: line \\d+: np\\.dot"),
 ], ids=["no-barriers", "second-barrier-missing", "no-store-guard", "early-return",
-        "no-zero-fill"])
+        "no-zero-fill", "barrier-in-guard", "numpy-dot"])
 def test_ex04_1_wrong(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex04_1(matmul_abt(*edits))
@@ -268,7 +282,14 @@ def test_ex04_3_reference(capsys):
     ([("    for i in range(RT):\n        for j in range(RT):\n            r, c = m0",
        "    for i in range(1):\n        for j in range(RT):\n            r, c = m0")],
      "only part of C is written"),
-], ids=["unguarded", "whole-tiles-only", "first-row-only"])
+    # the loads skipped, not zero-filled: stale values (NaN in the simulator's fresh shared
+    # memory) enter the sum, the same on every run
+    ([("A[m0 + ar, k0 + ac] if m0 + ar < M and k0 + ac < K else float32(0.0)",
+       "A[m0 + ar, k0 + ac] if m0 + ar < M and k0 + ac < K else As[ar, ac]"),
+      ("B[k0 + br, n0 + bc] if k0 + br < K and n0 + bc < N else float32(0.0)",
+       "B[k0 + br, n0 + bc] if k0 + br < K and n0 + bc < N else Bs[br, bc]")],
+     "zero-fill every tile element that lies outside A or B"),
+], ids=["unguarded", "whole-tiles-only", "first-row-only", "skipped-loads"])
 def test_ex04_3_wrong(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex04_3(matmul_ragged(*edits))

@@ -28,7 +28,8 @@ __all__ = ["GradeError", "passed", "fresh_rng", "ragged_sizes", "guarded", "cana
            "call", "diagnose_1d", "xp", "to_device", "sync", "need_gpu", "compile_kernel",
            "count_launches", "need_launch", "close", "error_summary", "looks_like_low_precision",
            "ceil_div", "CANARY", "check_numbers", "padded",
-           "ELEMENTWISE_TOL", "SIM_BEYOND_ONE_BLOCK"]
+           "ELEMENTWISE_TOL", "SIM_BEYOND_ONE_BLOCK", "poisoned_memory", "launched_kernels",
+           "POISON_INT"]
 
 CANARY = 4096  # NaN elements after each output: a write past the end lands here
 
@@ -293,3 +294,77 @@ def check_numbers(ex: str, got: dict[str, Any], want: dict[str, float],
     if msgs:
         raise GradeError(f"{ex}: {len(msgs)} of {len(want)} answers wrong\n  "
                          + "\n  ".join(msgs))
+
+
+#: what ``poisoned_memory`` fills a new integer shared or local array with
+POISON_INT = -1_000_003
+
+
+class _PoisonedNumpy:
+    """NumPy, except that ``empty`` fills the array: NaN (floats) or ``POISON_INT`` (ints)."""
+
+    def __init__(self, np_module):
+        self._np = np_module
+
+    def __getattr__(self, name):
+        return getattr(self._np, name)
+
+    def empty(self, shape, dtype=float, *a, **k):
+        out = self._np.empty(shape, dtype, *a, **k)
+        kind = out.dtype.kind
+        if kind in "fc":
+            out.fill(self._np.nan)
+        elif kind in "iu":
+            out.fill(POISON_INT if kind == "i" else self._np.iinfo(out.dtype).max // 2)
+        return out
+
+
+@contextlib.contextmanager
+def poisoned_memory() -> Iterator[None]:
+    """Simulator only (elsewhere it does nothing): every ``cuda.shared.array`` and
+    ``cuda.local.array`` made inside the block starts as NaN (ints: ``POISON_INT``) instead of
+    whatever ``np.empty`` left there. A kernel that reads an element before any thread wrote it
+    then gives the same wrong answer on every run and every seed, instead of a verdict that
+    depends on leftover memory."""
+    if not env.SIM:
+        yield
+        return
+    from numba.cuda.simulator import kernelapi
+
+    orig = kernelapi.np
+    if isinstance(orig, _PoisonedNumpy):      # nested: already poisoned
+        yield
+        return
+    kernelapi.np = _PoisonedNumpy(orig)
+    try:
+        yield
+    finally:
+        kernelapi.np = orig
+
+
+@contextlib.contextmanager
+def launched_kernels() -> Iterator[list[tuple[Any, tuple]]]:
+    """Record the Numba kernels launched inside the block: ``with launched_kernels() as k:``
+    then ``k`` holds ``(kernel, args)`` per launch (on a GPU and in the simulator). Device
+    functions are not recorded."""
+    got: list[tuple[Any, tuple]] = []
+    if env.SIM:
+        from numba.cuda.simulator.kernel import FakeCUDAKernel as cls
+
+        attr = "__call__"
+    else:
+        from numba.cuda.dispatcher import CUDADispatcher as cls
+
+        attr = "call"
+    orig = getattr(cls, attr)
+
+    def recorded(self, *a, **k):
+        if not getattr(self, "_device", False):
+            got.append((self, tuple(a) if env.SIM else tuple(a[0] if a else k.get("args", ()))))
+        return orig(self, *a, **k)
+
+    setattr(cls, attr, recorded)
+    try:
+        yield got
+    finally:
+        setattr(cls, attr, orig)

@@ -28,14 +28,17 @@ from ._core import (
     diagnose_1d,
     fresh_rng,
     guarded,
+    launched_kernels,
     need_gpu,
     need_launch,
     passed,
+    poisoned_memory,
     ragged_sizes,
     to_device,
 )
 from ._core import compile_kernel as _compile
 from ._race import explain, first_launch
+from ._static import refuse_host_code
 
 __all__ = ["ex01_1", "ex01_2", "ex01_3", "ex01_4", "ex01_5", "ex01_6"]
 
@@ -50,6 +53,13 @@ def ex01_1(launch_saxpy: Callable) -> None:
     """
     ex = "ex01.1"
     rng, seed = fresh_rng()
+    with poisoned_memory(), launched_kernels() as kernels:
+        _saxpy_cases(ex, launch_saxpy, rng, seed, kernels)
+    passed(ex)
+
+
+def _saxpy_cases(ex: str, launch_saxpy: Callable, rng, seed: int, kernels: list) -> None:
+    checked: set[int] = set()
     for n in ragged_sizes(256, big=(1 << 20) + 3):
         for rep in range(2):
             a = np.float32(rng.uniform(-2, 2))
@@ -73,7 +83,11 @@ def ex01_1(launch_saxpy: Callable) -> None:
                                          shared=shared)) from None
             need_launch(ex, case, launches[0], "the @cuda.jit kernel saxpy, launched as "
                         "saxpy[blocks, threads](a, x, y, out)")
-    passed(ex)
+            # the kernels it launched, once each: GPU code, not NumPy run by every thread
+            for kernel, args in kernels:
+                if id(kernel) not in checked:
+                    checked.add(id(kernel))
+                    refuse_host_code(ex, kernel, args)
 
 
 def ex01_2(src: str) -> None:
@@ -111,6 +125,12 @@ def ex01_3(add_row_bias) -> None:
     """
     ex = "ex01.3"
     rng, seed = fresh_rng()
+    with poisoned_memory():
+        _row_bias_cases(ex, add_row_bias, rng, seed)
+    passed(ex)
+
+
+def _row_bias_cases(ex: str, add_row_bias, rng, seed: int) -> None:
     shapes = [(1, 1), (3, 17), (17, 3), (33, 65)] + ([(1000, 777), (129, 4099)]
                                                      if not env.SIM else [])
     for m, n in shapes:
@@ -118,12 +138,12 @@ def ex01_3(add_row_bias) -> None:
         b = rng.standard_normal(n, dtype=np.float32)
         case = f"M={m}, N={n} (seed {seed})"
         grid, block = (ceil_div(n, 16), ceil_div(m, 16)), (16, 16)
+        refuse_host_code(ex, add_row_bias, (x, b, x))
         try:
             _row_bias_case(ex, case, add_row_bias, grid, block, x, b)
         except GradeError as e:   # explained by a trace of the same launch (failures only)
             raise GradeError(explain(ex, case, str(e), add_row_bias, grid, block, x, b,
                                      np.full((m, n), np.nan, np.float32))) from None
-    passed(ex)
 
 
 def _row_bias_case(ex: str, case: str, add_row_bias, grid, block, x: np.ndarray,

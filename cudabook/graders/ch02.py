@@ -34,12 +34,14 @@ from ._core import (
     guarded,
     need_gpu,
     passed,
+    poisoned_memory,
     ragged_sizes,
+    sync,
     to_device,
 )
 from ._core import compile_kernel as _compile
 from ._race import explain, racecheck, simulate
-from ._static import calls, cuda_code, mentions, python_code
+from ._static import calls, cuda_code, mentions, python_code, refuse_host_code
 
 __all__ = ["ex02_1", "ex02_2", "ex02_3", "ex02_4", "ex02_5", "ex02_6", "axpy_speed",
            "pipeline_times"]
@@ -259,7 +261,8 @@ def _axpy_worker(src_path: str, seed: int) -> None:
     src = open(src_path).read()
     k = _compile("ex02.2", src, "axpy_vec")
     cases = [(n, off, g) for off in (1, 2, 3) for n, g in
-             [(1, 1), (3, 1), (6, 1), (1023, 2), (1025, 300), ((1 << 20) + 1, 1024)]]
+             [(1, 1), (2, 1), (3, 1), (5, 1), (6, 1), (7, 1), (1023, 2), (1025, 300),
+              ((1 << 20) + 1, 1024)]]   # n < 8: only a head and a tail, or no whole vector
     msg = _axpy_cases("ex02.2", k, cases, seed)
     print(json.dumps({"error": msg}))
 
@@ -283,7 +286,8 @@ def ex02_2(src: str) -> None:
     rng, seed = fresh_rng()
     for rep in range(2):   # twice, with different data: an answer cached from a warm-up fails
         cases = [(n, 0, g) for n, g in [(4099, 64), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1),
-                                        (7, 1), (255, 1), (1023, 1), (1025, 2), (4099, 5),
+                                        (6, 1), (7, 1), (9, 1), (255, 1), (1023, 1), (1025, 2),
+                                        (4099, 5),
                                         ((1 << 20) + 3, 1024), ((1 << 22) + 2, 8)]]
         msg = _axpy_cases(ex, k, cases, seed + rep)
         if msg:
@@ -361,9 +365,19 @@ def ex02_3(run_pipeline: Callable) -> None:
     ``compute(x_dev, y_dev)`` is given by the grader (a kernel on the current CuPy stream,
     with fresh coefficients per call). Checked: the result, read as soon as run_pipeline
     returns (so it must synchronise); chunk sizes that cover all n elements when n_chunks
-    does not divide n; that the chunks' kernels ran on at least two non-default streams.
+    does not divide n; that the chunks' kernels ran on at least two non-default streams. Before
+    anything runs (so on a CPU too) the source is searched for calls that block the host inside
+    the loop over chunks (a synchronize, cupy.asarray, .get() without a stream).
     """
     ex = "ex02.3"
+    blocking = _blocking_in_loop(ex, run_pipeline)
+    if blocking:
+        raise GradeError(f"{ex}: a call that waits for the GPU inside the loop over chunks: "
+                         + "; ".join(blocking[:3]) + ". The host then stops at every chunk "
+                         "until the copies before it are done, so nothing overlaps. Queue "
+                         "every chunk's copies (cupy.cuda.runtime.memcpyAsync on the chunk's "
+                         "stream, from pinned memory) and its kernel inside the loop; wait for "
+                         "the streams once, after the loop")
     _need_gpu(ex)
     import cupy
     import cupyx
@@ -451,6 +465,52 @@ extern "C" __global__ void affine(const float* x, float* y, int n, float a, floa
     passed(ex)
 
 
+#: calls that make the host wait for the GPU (or copy synchronously), and why
+_BLOCKING = {"synchronize": "waits for the GPU", "asarray": "a synchronous host-to-device copy",
+             "array": "a synchronous host-to-device copy", "asnumpy": "a synchronous "
+             "device-to-host copy", "get": "a synchronous device-to-host copy (no stream=)",
+             "memcpy": "a synchronous copy (memcpyAsync takes a stream)",
+             "deviceSynchronize": "waits for the whole GPU",
+             "copy_to_host": "a synchronous device-to-host copy (no stream=)",
+             "to_device": "a synchronous host-to-device copy (no stream=)"}
+
+
+def _blocking_in_loop(ex: str, fn) -> list[str]:
+    """The calls inside a ``for`` or ``while`` loop of ``fn`` that block the host (each as
+    ``"line N: what"``): a synchronize, cupy.asarray / cupy.array, .get() or .copy_to_host()
+    without a stream, runtime.memcpy. Empty list: none, or the source cannot be read."""
+    import ast
+
+    try:
+        tree = ast.parse(python_code(ex, fn))
+    except (GradeError, SyntaxError):
+        return []
+    found: list[str] = []
+    for loop in ast.walk(tree):
+        if not isinstance(loop, (ast.For, ast.While)):
+            continue
+        for n in [m for st in loop.body for m in ast.walk(st)]:
+            if not isinstance(n, ast.Call):
+                continue
+            name = n.func.attr if isinstance(n.func, ast.Attribute) else (
+                n.func.id if isinstance(n.func, ast.Name) else "")
+            if name not in _BLOCKING:
+                continue
+            if name in ("get", "copy_to_host", "to_device") and any(
+                    k.arg == "stream" for k in n.keywords):
+                continue
+            if name == "get" and (n.args or not isinstance(n.func, ast.Attribute)):
+                continue                  # dict.get(key): not a device array's .get()
+            if name in ("asarray", "array") and not (
+                    isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                    and n.func.value.id in ("cupy", "cp")):
+                continue                  # np.asarray: no copy to the device
+            item = f"line {n.lineno}: {ast.unparse(n.func)}() ({_BLOCKING[name]})"
+            if item not in found:
+                found.append(item)
+    return found
+
+
 #: ex02.3 on a GPU: 8 chunks must take at most this fraction of the time of 1 chunk
 PIPELINE_MAX_RATIO = 0.85
 
@@ -505,17 +565,10 @@ def ex02_4(moving_average) -> None:
         # on a GPU a raise inside a kernel is not propagated: say it here
         raise GradeError(f"{ex}: not implemented yet (the stub still raises "
                          "NotImplementedError)")
-    sizes = ragged_sizes(MA_BLOCK, big=(1 << 20) + 5, sim_big=None)   # the grader launches
-    for n in sizes:
-        for rep in range(2):
-            x = rng.standard_normal(n, dtype=np.float32)
-            case = f"n={n} (seed {seed}, call {rep + 1})"
-            grid = ceil_div(n, MA_BLOCK)
-            try:
-                _ma_case(ex, case, moving_average, x, uses_tile, has_sync)
-            except GradeError as e:   # explained by a trace of the same launch (failures only)
-                raise GradeError(explain(ex, case, str(e), moving_average, grid, MA_BLOCK, x,
-                                         np.full(n, np.nan, np.float32))) from None
+    x0 = np.zeros(2 * MA_BLOCK + 7, np.float32)
+    refuse_host_code(ex, moving_average, (x0, x0))    # before running: a GPU may hang on it
+    with poisoned_memory():
+        _ma_cases(ex, moving_average, rng, seed, uses_tile, has_sync)
     if not uses_tile:
         raise GradeError(f"{ex}: the kernel must stage x through cuda.shared.array (the rubric "
                          "of this exercise); no shared array in its source")
@@ -528,6 +581,20 @@ def ex02_4(moving_average) -> None:
             MA_BLOCK, rng.standard_normal(n, dtype=np.float32), np.full(n, np.nan, np.float32)))
     simulate(ex, "ex02_4", [("moving_average", moving_average)], hint=_MA_SYNC_HINT)
     passed(ex)
+
+
+def _ma_cases(ex: str, moving_average, rng, seed: int, uses_tile: bool, has_sync: bool) -> None:
+    sizes = ragged_sizes(MA_BLOCK, big=(1 << 20) + 5, sim_big=None)   # the grader launches
+    for n in sizes:
+        for rep in range(2):
+            x = rng.standard_normal(n, dtype=np.float32)
+            case = f"n={n} (seed {seed}, call {rep + 1})"
+            grid = ceil_div(n, MA_BLOCK)
+            try:
+                _ma_case(ex, case, moving_average, x, uses_tile, has_sync)
+            except GradeError as e:   # explained by a trace of the same launch (failures only)
+                raise GradeError(explain(ex, case, str(e), moving_average, grid, MA_BLOCK, x,
+                                         np.full(n, np.nan, np.float32))) from None
 
 
 def _ma_case(ex: str, case: str, moving_average, x: np.ndarray, uses_tile: bool,
@@ -548,16 +615,32 @@ def _ma_case(ex: str, case: str, moving_average, x: np.ndarray, uses_tile: bool,
         return
     idx = np.flatnonzero(bad)
     nan = np.isnan(o)
+    if uses_tile and not has_sync:
+        raise GradeError(f"{ex}: {case}: {idx.size} of {n} wrong, first at {idx[0]}, "
+                         "and the kernel never calls cuda.syncthreads(): values read "
+                         "from the tile before another thread wrote them (a race)")
+    if nan.any():                 # written as NaN (a tile entry nobody loaded), or not written?
+        again, _ = guarded(n)
+        again.fill(1234.5)
+        try:
+            moving_average[grid, MA_BLOCK](to_device(x), again)
+            sync()
+            computed = nan & np.isnan(to_numpy(again))
+        except Exception:  # noqa: BLE001 - the first run's diagnosis stands
+            computed = np.zeros(n, bool)
+        if computed.any():
+            first = int(np.argmax(computed))
+            why = ("load every entry of the tile, the halo included (0.0 outside the array), "
+                   "before the barrier")
+            raise GradeError(f"{ex}: {case}: out[{first}] was written but is NaN "
+                             f"({int(computed.sum())} of {n}): the kernel read shared-memory "
+                             f"entries that no thread had written (uninitialised memory): {why}")
     if nan.all():
         raise GradeError(f"{ex}: {case}: output never written (all NaN): still the "
                          "stub?")
     if nan.any():
         raise GradeError(f"{ex}: {case}: {int(nan.sum())} outputs never written, first "
                          f"at {int(np.argmax(nan))}: grid or guard wrong?")
-    if uses_tile and not has_sync:
-        raise GradeError(f"{ex}: {case}: {idx.size} of {n} wrong, first at {idx[0]}, "
-                         "and the kernel never calls cuda.syncthreads(): values read "
-                         "from the tile before another thread wrote them (a race)")
     t = idx % MA_BLOCK
     at_edge_of_array = (idx < MA_RADIUS) | (idx >= n - MA_RADIUS)
     if at_edge_of_array.all():

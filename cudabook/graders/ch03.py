@@ -39,15 +39,17 @@ from ._core import (
     error_summary,
     fresh_rng,
     guarded,
+    launched_kernels,
     need_gpu,
     passed,
+    poisoned_memory,
     ragged_sizes,
     sync,
     to_device,
 )
 from ._core import compile_kernel as _compile
 from ._race import racecheck, simulate
-from ._static import cuda_code, mentions, refuse_stub
+from ._static import cuda_code, mentions, refuse_host_code, refuse_stub
 
 __all__ = ["ex03_1", "ex03_2", "ex03_3", "ex03_4", "ex03_5", "ex03_6", "ex03_7", "ex03_8",
            "fusion_speed",
@@ -74,6 +76,14 @@ SUM_TPB = 128                                  # the block size of ex03.1 (TPB i
 SUM_PASSES_N = SUM_TPB ** 3 + 1                # needs four passes: a fixed number of launches fails
 _SUM_SYNC_HINT = ("a cuda.syncthreads() after loading the shared array and after every level "
                   "of the tree, so no level reads a partial before it is written")
+
+
+def _passes(n: int) -> int:
+    """Launches of a 128-thread tree until one value is left: n -> ceil(n / 128), at least 1."""
+    p = 1
+    while n > SUM_TPB:
+        n, p = ceil_div(n, SUM_TPB), p + 1
+    return p
 
 
 def _sum_tol(ref: float) -> float:
@@ -128,6 +138,13 @@ def _sum_case(ex: str, sum_all: Callable, x: np.ndarray, case: str,
         raise GradeError(f"{ex}: {case}: the sum is NaN: a partial read before it was "
                          "written, or elements past the end read (load 0 when i >= n)?")
     if abs(s - ref) <= tol:
+        if launches[0] < _passes(n):
+            raise GradeError(f"{ex}: {case}: the sum is right, but {launches[0]} launch"
+                             f"{'es' if launches[0] != 1 else ''} of the kernel made it where "
+                             f"{_passes(n)} are needed to bring {n} values down to one: the "
+                             "last partial sums were added on the host (NumPy, CuPy, sum() or a "
+                             "Python loop). The exercise asks for the kernel to be launched "
+                             "again on the partial sums until one value is left")
         prev[n] = ref
         if n % SUM_TPB and n > SUM_TPB:
             prev[-1] = 1.0                      # the grid rounds up: partial blocks are summed
@@ -195,17 +212,25 @@ def ex03_1(sum_all: Callable) -> None:
     the total; every length is run twice with different data. Lengths that need three or four
     passes run on a GPU; in the simulator (too slow for them) the launcher is run once more at
     128^3 + 1 elements with every launch computing exact block sums in NumPy, so a launcher
-    with a fixed number of passes fails there too.
+    with a fixed number of passes fails there too. The launches are counted (a sum finished on
+    the host makes too few), and the kernel's source must be GPU code with every barrier
+    reached by the whole block; shared memory starts as NaN in the simulator.
     """
     ex = "ex03.1"
     rng, seed = fresh_rng()
     sizes = ragged_sizes(SUM_TPB, big=(1 << 20) + 3, sim_big=None) + \
         ([SUM_TPB * SUM_TPB + 1] if not env.SIM else [])
     prev: dict[int, float] = {}
-    for n in sorted(set(sizes)):
-        for rep in range(2):
-            x = rng.uniform(0.5, 1.5, n).astype(np.float32)
-            _sum_case(ex, sum_all, x, f"n={n} (seed {seed}, call {rep + 1})", prev)
+    checked: set[int] = set()
+    with poisoned_memory(), launched_kernels() as kernels:
+        for n in sorted(set(sizes)):
+            for rep in range(2):
+                x = rng.uniform(0.5, 1.5, n).astype(np.float32)
+                _sum_case(ex, sum_all, x, f"n={n} (seed {seed}, call {rep + 1})", prev)
+                for kernel, args in kernels:      # each kernel it launched, once: GPU code?
+                    if id(kernel) not in checked:
+                        checked.add(id(kernel))
+                        refuse_host_code(ex, kernel, args)
     if env.SIM:
         x = rng.uniform(0.5, 1.5, SUM_PASSES_N).astype(np.float32)
         case = (f"n={SUM_PASSES_N} (4 passes; each launch computed as exact block sums, the "
@@ -362,6 +387,8 @@ def _softmax_cases(rng):
     big = rng.standard_normal((6, 50)) * 30
     big[:, 5] = 1000.0 + rng.uniform(0, 50, 6)   # exp(1000) overflows float32 (and float64)
     cases.append(("large magnitudes (values near 1000)", big))
+    low = rng.standard_normal((3, 17)) * 3 - 1000.0   # exp(x) underflows to 0 in any precision
+    cases.append(("very negative scores (values near -1000)", low))
     neg = rng.standard_normal((5, 20)) * 3
     neg[:, :4] = -np.inf                      # the running max starts at -inf for 4 elements
     neg[2, 10:] = -np.inf
@@ -380,7 +407,15 @@ def ex03_3(softmax_online) -> None:
     """
     ex = "ex03.3"
     refuse_stub(ex, softmax_online)
+    x0 = np.zeros((3, 5), np.float32)
+    refuse_host_code(ex, softmax_online, (x0, x0))
     rng, seed = fresh_rng()
+    with poisoned_memory():
+        _softmax_online_cases(ex, softmax_online, rng, seed)
+    passed(ex)
+
+
+def _softmax_online_cases(ex: str, softmax_online, rng, seed: int) -> None:
     for rep in range(2):
         for what, x in _softmax_cases(rng):
             M, N = x.shape
@@ -408,6 +443,10 @@ def ex03_3(softmax_online) -> None:
             if "large" in what and (np.isnan(o[r, c]) or np.isinf(o[r, c])):
                 hint = ("exp overflowed: subtract the running max before exp (x - m <= 0), and "
                         "rescale the sum by exp(m_old - m_new) when the max grows")
+            elif "very negative" in what:
+                hint = ("every score of the row is very negative, and exp of it underflows to 0 "
+                        "(a sum of 0, then 0 or NaN): the running max must start at -inf (not "
+                        "0 or another constant), so x - m is 0 for the row's largest element")
             elif "only -inf" in what and r == 1:
                 hint = ("a row of only -inf must give zeros: when the max is -inf use 0 instead "
                         "(exp(-inf - (-inf)) is NaN), and write 0 when the sum is 0")
@@ -424,7 +463,6 @@ def ex03_3(softmax_online) -> None:
                         "max appears, and y = exp(x - m) / d?")
             raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
                              f"{ref[r, c]:.6g}: {hint}")
-    passed(ex)
 
 
 # ----------------------------------------------------------------------------- ex03.4
@@ -441,7 +479,16 @@ def ex03_4(layernorm) -> None:
     """
     ex = "ex03.4"
     refuse_stub(ex, layernorm)
+    x0, g0 = np.zeros((2, 5), np.float32), np.zeros(5, np.float32)
+    refuse_host_code(ex, layernorm, (x0, g0, g0, np.float32(1e-5), x0))
     rng, seed = fresh_rng()
+    with poisoned_memory():
+        _layernorm_cases(ex, layernorm, rng, seed)
+    simulate(ex, "ex03_4", [("layernorm", layernorm)], hint=_LN_SYNC_HINT)
+    passed(ex)
+
+
+def _layernorm_cases(ex: str, layernorm, rng, seed: int) -> None:
     shapes = [(1, 1), (3, 7), (2, 65), (2, 200)] + ([(4, 64), (300, 1000), (64, 4099)]
                                                     if not env.SIM else [])
     for rep in range(2):
@@ -523,8 +570,6 @@ def ex03_4(layernorm) -> None:
                 raise GradeError(f"{ex}: {case}: {hint}")
             raise GradeError(f"{ex}: {case}: wrong at ({r}, {c}): got {o[r, c]:.6g}, expected "
                              f"{ref[r, c]:.6g}: {hint}")
-    simulate(ex, "ex03_4", [("layernorm", layernorm)], hint=_LN_SYNC_HINT)
-    passed(ex)
 
 
 # ----------------------------------------------------------------------------- ex03.5

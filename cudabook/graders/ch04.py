@@ -34,12 +34,13 @@ from ._core import (
     looks_like_low_precision,
     need_gpu,
     passed,
+    poisoned_memory,
     sync,
     to_device,
 )
 from ._core import compile_kernel as _compile
 from ._race import racecheck, simulate
-from ._static import calls, cuda_code, python_code, refuse_stub
+from ._static import calls, cuda_code, python_code, refuse_host_code, refuse_stub
 
 __all__ = ["ex04_1", "ex04_2", "ex04_3", "ex04_4", "ex04_5", "ex04_6", "FAST_FRACTION",
            "diagnose_2d"]
@@ -256,6 +257,17 @@ def ex04_1(matmul_abt) -> None:
     """
     ex = "ex04.1"
     refuse_stub(ex, matmul_abt)
+    a0 = np.zeros((3, 4), np.float32)
+    # before running (a GPU may hang on a divergent barrier); an early return has its own hint
+    refuse_host_code(ex, matmul_abt, (a0, a0, a0),
+                     barriers=not _returns_before_barrier(ex, matmul_abt))
+    with poisoned_memory():
+        _matmul_abt_cases(ex, matmul_abt)
+    simulate(ex, "ex04_1", [("matmul_abt", matmul_abt)], hint=_TILE_SYNC)
+    passed(ex)
+
+
+def _matmul_abt_cases(ex: str, matmul_abt) -> None:
     rng, seed = fresh_rng()
     shapes = _sim_shapes([(1, 1, 1), (16, 16, 16), (17, 33, 20), (35, 3, 40)],
                          [(1000, 777, 129), (4096, 17, 300), (123, 2049, 1000)])
@@ -275,8 +287,6 @@ def ex04_1(matmul_abt) -> None:
                 rerun=_rerun(lambda o: matmul_abt[grid, block](dA, dBt, o), (M, N)),
                 early_return=early))
     held.raise_if_any()
-    simulate(ex, "ex04_1", [("matmul_abt", matmul_abt)], hint=_TILE_SYNC)
-    passed(ex)
 
 
 # --------------------------------------------------------------------------------- CUDA C
@@ -390,6 +400,16 @@ def ex04_3(matmul_ragged) -> None:
     """
     ex = "ex04.3"
     refuse_stub(ex, matmul_ragged)
+    a0 = np.zeros((3, 4), np.float32)
+    refuse_host_code(ex, matmul_ragged, (a0, a0, a0),
+                     barriers=not _returns_before_barrier(ex, matmul_ragged))
+    with poisoned_memory():
+        _matmul_ragged_cases(ex, matmul_ragged)
+    simulate(ex, "ex04_3", [("matmul_ragged", matmul_ragged)], hint=_TILE_SYNC)
+    passed(ex)
+
+
+def _matmul_ragged_cases(ex: str, matmul_ragged) -> None:
     rng, seed = fresh_rng()
     shapes = _sim_shapes([(32, 32, 8), (1, 1, 1), (33, 31, 9), (5, 70, 17), (70, 3, 3)],
                          [(1023, 1025, 517), (4096, 20, 36), (3, 4099, 100)])
@@ -406,8 +426,6 @@ def ex04_3(matmul_ragged) -> None:
             diagnose_2d(ex, case, out, ref, buf, tile=(32, 32), K=K, ktile=8, syncs=syncs,
                         rerun=_rerun(lambda o: matmul_ragged[grid, 64](dA, dB, o), (M, N)),
                         early_return=early)
-    simulate(ex, "ex04_3", [("matmul_ragged", matmul_ragged)], hint=_TILE_SYNC)
-    passed(ex)
 
 
 def ex04_5(blocks_127, blocks_130, occupancy_130) -> None:

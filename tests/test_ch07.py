@@ -241,6 +241,15 @@ def test_ex07_1_reference_passes(capsys):
     ([("        out[r, h, i + half] = b * c + a * s\n", "")], "second half of each head"),
     pytest.param([("    if t < R * H * half:\n", "    if True:\n")], "guard|index out of range",
                  marks=SIM_ONLY),
+    # a variable overwritten before its second use: y[i + D/2] from the rotated y[i]
+    ([("        out[r, h, i] = a * c - b * s\n        out[r, h, i + half] = b * c + a * s",
+       "        a = a * c - b * s\n        b = b * c + a * s\n        out[r, h, i] = a\n"
+       "        out[r, h, i + half] = b")], "already rotated y.i."),
+    ([("base ** (-2.0 * i / D)", "base ** (-2.0 * i / half)")], r"not D/2"),
+    ([("base ** (-2.0 * i / D)", "base ** (-2 * i // D)")], "integer division"),
+    # a library call inside the kernel: runs in the simulator, does not compile on a GPU
+    ([("c, s = math.cos(ang), math.sin(ang)", "c, s = np.cos(ang), np.sin(np.array([ang]))[0]")],
+     r"np.array \(NumPy\).*GPU cannot compile"),
 ])
 def test_ex07_1_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
@@ -275,6 +284,23 @@ def test_ex07_2_reference_passes(capsys):
     ([("    out[b, h, t] = acc / l", "    if t > 0:\n        out[b, h, t] = acc / l")],
      "some elements of out never written"),
     pytest.param([("    cuda.syncthreads()\n", "")], "syncthreads|old row", marks=SIM_ONLY),
+    # extreme scores: the max must start at -inf, and be subtracted before exp
+    ([("    m = -math.inf\n", "    m = 0.0\n")], r"near -1000.*start it at -inf"),
+    ([("        p = math.exp(s * scale - m)", "        p = math.exp(s * scale)")],
+     r"overflowed .*subtract\s+the largest score"),
+    # a barrier inside divergent code: thread 0 writes the row, and only it waits
+    ([("    kc[b, h, pos, t] = k_new[b, h, t]\n    vc[b, h, pos, t] = v_new[b, h, t]\n"
+       "    cuda.syncthreads()\n",
+       "    if t == 0:\n        for c in range(D):\n            kc[b, h, pos, c] = k_new[b, h, c]\n"
+       "            vc[b, h, pos, c] = v_new[b, h, c]\n        cuda.syncthreads()\n")],
+     r"inside an if.*Every thread of the block must reach"),
+    ([("    cuda.syncthreads()\n", "    if t >= D:\n        return\n    cuda.syncthreads()\n")],
+     "after an early return"),
+    # a library call for the dot product
+    ([("        s = 0.0\n        for c in range(D):\n            s += q[b, h, c] * kc[b, h, j, c]\n"
+       "        m = max(m, s * scale)",
+       "        s = np.dot(q[b, h], kc[b, h, j])\n        m = max(m, s * scale)")],
+     r"np.dot \(NumPy\)"),
 ])
 def test_ex07_2_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
@@ -307,6 +333,18 @@ def test_ex07_3_reference_passes(capsys):
      "some rows never written"),
     pytest.param([("    if b < z.shape[0]:\n", "    if True:\n")], "guard|index out of range",
                  marks=SIM_ONLY),
+    # logits x 1/T beyond the range of exp: no z_max subtracted
+    ([("p[r] = math.exp((p[r] - zmax) * inv_temp)", "p[r] = math.exp(p[r] * inv_temp)")],
+     r"about \+-1200.*subtract the largest logit"),
+    ([("p[r] = math.exp((p[r] - zmax) * inv_temp)",
+       "p[r] = math.exp((p[r] - zmax) / inv_temp)")],
+     "divided by inv_temp"),
+    ([("after = v < last_v or (v == last_v and j > last_i)", "after = v < last_v")],
+     "equal logits were skipped"),
+    # the library sorts: works in the simulator only
+    ([("        last_v, last_i = math.inf, -1\n",
+       "        order = np.argsort(-z[b])\n        last_v, last_i = math.inf, -1\n")],
+     r"np.argsort \(NumPy\)"),
 ])
 def test_ex07_3_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):

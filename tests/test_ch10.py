@@ -189,6 +189,24 @@ def test_ex10_1_stub_fails():
      [("v = round(w[r, k] / s)", "v = math.floor(w[r, k] / s)"),
       ("from numba import cuda, float32", "import math\nfrom numba import cuda, float32")],
      "rounded down"),
+    # a precomputed reciprocal: off by one step next to the halfway points the grader plants
+    ([("v = round(w[r, k] / s)", "v = round(w[r, k] * (float32(1) / s))")],
+     "multiplication by a rounded reciprocal"),
+    ([("v = round(w[r, k] / s)",
+       "v = round(w[r, k] * (float32(127) / amax if amax > 0 else float32(1)))")],
+     "multiplication by a rounded reciprocal"),
+    # the largest weight, not the largest magnitude
+    ([("amax = max(amax, abs(w[r, k]))", "amax = max(amax, w[r, k])")],
+     "not the largest magnitude"),
+    # round half up, by hand
+    ([("v = round(w[r, k] / s)", "v = int(w[r, k] / s + float32(0.5))")],
+     r"int\(v \+ 0.5\) rounds negative values"),
+    ([("v = round(w[r, k] / s)", "v = math.floor(w[r, k] / s + float32(0.5))"),
+      ("from numba import cuda, float32", "import math\nfrom numba import cuda, float32")],
+     "ties to the even neighbour"),
+    # the library finds the maximum: runs in the simulator only
+    ([("    for k in range(w.shape[1]):\n        amax = max(amax, abs(w[r, k]))\n",
+       "    amax = float32(abs(w[r]).max())\n")], r"\.max \(an array method of NumPy\)"),
 ])
 def test_ex10_1_wrong_answers(edits, hint):
     with pytest.raises(GradeError, match=hint):
@@ -222,6 +240,14 @@ def test_ex10_2_stub_fails():
     ([("nib = (int32(p[i // 2]) >> (4 * (i % 2))) & 0xF",
        "nib = (int32(p[i // 2]) >> (4 * (1 - i % 2))) & 0xF")], "nibble order swapped"),
     ([("    if i >= p.shape[0]:\n        return\n", "")], "out of range|bounds guard"),
+    # operator precedence: 4 * i % 2 is always 0
+    ([("nib = (int32(p[i // 2]) >> (4 * (i % 2))) & 0xF",
+       "nib = (int32(p[i // 2]) >> (4 * i % 2)) & 0xF")], "operator precedence"),
+    # off by one in the sign extension
+    ([("q[i] = nib - 16 if nib >= 8 else nib", "q[i] = nib - 16 if nib > 8 else nib")],
+     "-8 came back as 8"),
+    ([("q[i] = nib - 16 if nib >= 8 else nib", "q[i] = nib - 15 if nib >= 8 else nib")],
+     "not nib - 15"),
 ])
 def test_ex10_2_wrong_answers(edits, hint):
     with pytest.raises(GradeError, match=hint):
@@ -254,6 +280,15 @@ def test_ex10_3_stub_fails():
        "")], "sign extension"),
     ([("    if n >= y.shape[0]:\n        return\n", "")], "out of range|bounds guard"),
     ([("    y[n] = acc\n", "    if n > 0:\n        y[n] = acc\n")], "never written"),
+    # odd group sizes: the two weights of a byte in different groups
+    ([("scales[n, (k + 1) // G]", "scales[n, k // G]")], "with an odd G"),
+    ([("scales[n, k // G]", "scales[n, i // G]"), ("scales[n, (k + 1) // G]", "scales[n, i // G]")],
+     "indexed by the byte index|taken from the byte index"),
+    ([("for i in range(p.shape[1]):", "for i in range(p.shape[1] - 1):")],
+     "last byte of each row was left out"),
+    ([("        acc += x[k] * float32(lo) * scales[n, k // G]\n",
+       "        acc += np.float32(np.dot(x[k:k + 1], np.array([lo]))) * scales[n, k // G]\n")],
+     r"np.dot .*GPU cannot compile"),
 ])
 def test_ex10_3_wrong_answers(edits, hint):
     with pytest.raises(GradeError, match=hint):
@@ -274,6 +309,15 @@ def test_ex10_4_answers(capsys):
         ex10_4(48)
     with pytest.raises(GradeError, match="as an int"):
         ex10_4("64")
+    # the smallest error (not the fewest bits), the fewest bits (over the budget), a float
+    with pytest.raises(GradeError, match="fewer bits"):
+        ex10_4(16)
+    with pytest.raises(GradeError, match="over the budget"):
+        ex10_4(1024)
+    with pytest.raises(GradeError, match="as an int"):
+        ex10_4(64.0)
+    with pytest.raises(GradeError, match="as an int"):
+        ex10_4(True)
 
 
 def test_numba_gemv_twins():

@@ -340,3 +340,100 @@ def test_cupy_nccl_or_a_reason(capsys):
         assert "skipped: CuPy finds no NCCL" in capsys.readouterr().out
     else:
         assert hasattr(nccl, "NcclCommunicator")
+
+
+# ============================================================================ wrong answers that
+# passed an earlier grader: each is rejected with the hint of its mistake (batched: each
+# grader call spawns its gloo groups, about a second each)
+
+_RING_WRONG = [
+    # all of the remainder in the last chunk: right sums, but a chunk beyond ceil(n / world)
+    ([("starts = [c * base + min(c, extra) for c in range(w + 1)]",
+       "starts = [c * base for c in range(w)] + [n]"),
+      ("buf = torch.empty(base + 1, dtype=x.dtype)", "buf = torch.empty(n, dtype=x.dtype)")],
+     r"more than ceil\(n / world\).*not all to the last"),
+    # the same chunking with the book's buffer, and a scratch buffer one element short
+    ([("starts = [c * base + min(c, extra) for c in range(w + 1)]",
+       "starts = [c * base for c in range(w)] + [n]")],
+     r"another size than it expected.*not the last chunk all of the remainder"),
+    ([("buf = torch.empty(base + 1, dtype=x.dtype)", "buf = torch.empty(base, dtype=x.dtype)")],
+     r"scratch buffer must hold the largest chunk"),
+    # the mean computed into a new tensor: the caller's x keeps the sum
+    ([("        x /= w", "        x = x / w")], r"in place: x /= world"),
+]
+
+
+def test_ex11_1_more_wrong_answers():
+    for edits, match in _RING_WRONG:
+        with pytest.raises(GradeError, match=match):
+            ex11_1(SOL.get("ex11.1", "ring_allreduce", edits=edits))
+
+
+_BUCKET_WRONG = [
+    # closes at > bucket_bytes: differs only when a running size hits the limit exactly
+    ([("if size >= bucket_bytes:", "if size > bucket_bytes:")], r"\(>=, not >\)"),
+    # a frozen parameter's bytes counted
+    ([("        if not p.requires_grad:\n            continue\n        current.append(i)\n"
+       "        size += p.numel() * p.element_size()\n",
+       "        size += p.numel() * p.element_size()\n        if not p.requires_grad:\n"
+       "            continue\n        current.append(i)\n")], "frozen parameter .* were counted"),
+    # the last, smaller bucket dropped
+    ([("    if current:\n        buckets.append(current)\n", "")], "the last bucket is missing"),
+    # 4 bytes per element whatever the dtype
+    ([("size += p.numel() * p.element_size()", "size += p.numel() * 4")],
+     "every element counted as 4 bytes"),
+]
+
+
+def test_ex11_2_more_wrong_answers():
+    for edits, match in _BUCKET_WRONG:
+        with pytest.raises(GradeError, match=match):
+            ex11_2(SOL.get("ex11.2", "make_buckets", edits=edits))
+
+
+_OVERLAP_WRONG = [
+    # the handle waited for in the hook: non-blocking in name, blocking in effect
+    ([("state[\"pending\"].append((b, flat, comm.all_reduce(flat, async_op=True)))",
+       "h = comm.all_reduce(flat, async_op=True)\n            h.wait()\n"
+       "            state[\"pending\"].append((b, flat, h))")], "wait.. ran before the backward"),
+    # finish() never waits: reads a flat tensor whose all-reduce may still run
+    ([("            handle.wait()\n", "")], r"0 wait\(\) calls"),
+    # the all-reduced values never copied back
+    ([("                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))\n",
+       "                q.grad.div_(comm.world)\n")], "own gradient / world: the all-reduced"),
+]
+
+
+def test_ex11_3_more_wrong_answers():
+    for edits, match in _OVERLAP_WRONG:
+        with pytest.raises(GradeError, match=match):
+            ex11_3(SOL.get("ex11.3", "attach_overlap", edits=edits))
+
+
+def _overlap_hook_on_last_listed(model, buckets, comm):
+    """A wrong answer: launches each bucket from a hook on its last-listed parameter, assuming
+    that this gradient arrives last (true for a Sequential, not in general)."""
+    state = {"pending": []}
+
+    def launch(b):
+        flat = torch.cat([q.grad.reshape(-1) for q in buckets[b]])
+        state["pending"].append((b, flat, comm.all_reduce(flat, async_op=True)))
+
+    for b, bk in enumerate(buckets):
+        bk[-1].register_post_accumulate_grad_hook(lambda p, b=b: launch(b))
+
+    def finish():
+        for b, flat, h in state["pending"]:
+            h.wait()
+            flat /= comm.world
+            o = 0
+            for q in buckets[b]:
+                q.grad.copy_(flat[o:o + q.numel()].view_as(q.grad))
+                o += q.numel()
+        state["pending"] = []
+    return finish
+
+
+def test_ex11_3_refuses_a_hook_on_the_last_listed_parameter_only():
+    with pytest.raises(GradeError, match="layers registered last first.*count the bucket's"):
+        ex11_3(_overlap_hook_on_last_listed)

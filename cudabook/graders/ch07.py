@@ -6,7 +6,11 @@ ex07_3  Numba: top-k sampling with temperature, inverse CDF of a given uniform n
 
 Every grader compares with a float64 NumPy reference, runs ragged sizes twice with a fresh seed,
 fills outputs with NaN (a canary after them), and, when an answer is wrong, compares it with the
-answers of the usual mistakes to name the one it made.
+answers of the usual mistakes to name the one it made. ex07_2 and ex07_3 also run extreme inputs
+(scores near +-1000, logits x 1/T beyond float32's exp range), where only a softmax that
+subtracts the maximum stays finite; every grader refuses library calls inside the kernel (the
+simulator runs them, a GPU cannot compile them) and ex07_2 a barrier that not every thread
+reaches.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ._core import (
     to_device,
 )
 from ._race import simulate
-from ._static import calls, python_code, refuse_stub
+from ._static import calls, divergent_barriers, foreign_calls, python_code, refuse_stub
 
 __all__ = ["ex07_1", "ex07_2", "ex07_3", "rope_reference", "decode_reference",
            "topk_reference", "TPB", "KMAX"]
@@ -37,6 +41,16 @@ TPB = 32       # threads per block of the launches of ex07_1 and ex07_3
 KMAX = 16      # ex07_3: the largest k
 RTOL = 1e-4    # float32 results against float64 references
 ATOL = 1e-5
+
+
+def _refuse_library(ex: str, kernel, what: str) -> None:
+    """GradeError when a Numba answer hands the work to a library (``foreign_calls``)."""
+    found = foreign_calls(ex, kernel)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise GradeError(f"{ex}: the kernel uses {found[0]}{more}: the CUDA simulator runs a "
+                         "kernel as Python, so that works here, but a GPU cannot compile it, and "
+                         f"the exercise asks for the kernel itself: {what}")
 
 
 def _bad(o, r, rtol=RTOL, atol=ATOL) -> np.ndarray:
@@ -50,22 +64,25 @@ def _close(o, r, rtol=RTOL, atol=ATOL) -> bool:
 
 # ----------------------------------------------------------------------------- ex07.1
 def rope_reference(x, pos, base: float = 10000.0, pairs: str = "half", sign: float = 1.0,
-                   freq: float = 2.0):
+                   freq: float = 2.0, inv=None, chained: bool = False):
     """RoPE of x (R, H, D) with row r at position pos[r], in float64. ``pairs="half"`` rotates
     (i, i + D/2) (the book's convention), ``"interleaved"`` (2i, 2i + 1); ``sign`` -1 rotates
-    the other way and ``freq`` replaces the 2 of theta_i = base^(-2i/D) (both are mistakes the
-    grader recognises)."""
+    the other way and ``freq`` replaces the 2 of theta_i = base^(-2i/D); ``inv`` (D/2,) replaces
+    theta_i altogether; ``chained`` computes y[i + D/2] from the rotated y[i] instead of x[i]
+    (all mistakes the grader recognises)."""
     x = np.asarray(x, np.float64)
     D = x.shape[-1]
     h = D // 2
-    inv = base ** (-freq * np.arange(h) / D)
+    if inv is None:
+        inv = base ** (-freq * np.arange(h) / D)
     ang = np.asarray(pos, np.float64)[:, None] * inv[None]          # (R, D/2)
     c, s = np.cos(ang)[:, None], sign * np.sin(ang)[:, None]
     if pairs == "half":
         a, b = x[..., :h], x[..., h:]
     else:
         a, b = x[..., 0::2], x[..., 1::2]
-    ya, yb = a * c - b * s, b * c + a * s
+    ya = a * c - b * s
+    yb = b * c + (ya if chained else a) * s
     y = np.empty_like(x)
     if pairs == "half":
         y[..., :h], y[..., h:] = ya, yb
@@ -97,6 +114,16 @@ def _rope_hint(got, x, pos, base) -> str:
          "x[i] sin"),
         (rope_reference(x, pos, base, freq=1.0),
          "theta_i = base^(-i/D): the exponent is -2i/D"),
+        (rope_reference(x, pos, base, freq=4.0),
+         "theta_i = base^(-2i/(D/2)): the exponent is -2i/D, with D the whole head dimension "
+         "(not D/2)"),
+        (rope_reference(x, pos, base, inv=base ** np.floor(-2 * np.arange(x.shape[2] // 2)
+                                                            / x.shape[2])),
+         "the exponent is an integer division (-2 * i // D is 0 or -1): divide as floats, "
+         "-2.0 * i / D"),
+        (rope_reference(x, pos, base, chained=True),
+         "y[i + D/2] was computed from the already rotated y[i] (a variable overwritten "
+         "before its second use): keep both x values until both outputs are computed"),
         (rope_reference(x, np.arange(R) % max(1, R), base),
          "the angle uses the row index, not pos[row]"),
         (rope_reference(x, np.zeros(R), base), "no rotation at all (angle 0): pos * theta_i"),
@@ -114,6 +141,7 @@ def ex07_1(rope) -> None:
     vectors are at position pos[r]; pairs (i, i + D/2) rotate by pos[r] * base^(-2i/D)."""
     ex = "ex07.1"
     refuse_stub(ex, rope)
+    _refuse_library(ex, rope, "one thread per pair, math.cos and math.sin of its angle")
     rng, seed = fresh_rng()
     for rep in range(2):
         for R, H, D, base in [(1, 1, 2, 10000.0), (3, 2, 6, 10000.0), (5, 3, 16, 10000.0),
@@ -157,6 +185,32 @@ def decode_reference(q, kc, vc, k_new, v_new, pos: int, scale: float, see: int |
 _DECODE_GENERIC = "softmax over the scores of keys 0..pos, then the weighted sum of their values"
 _DECODE_SYNC = ("cuda.syncthreads() after writing the new row into the cache and before "
                 "reading the cache: other threads read the row this thread wrote")
+_DECODE_OVERFLOW = ("exp of a large score overflowed (the scores here are near +1000): subtract "
+                    "the largest score m before exp, p = exp(s * scale - m)")
+_DECODE_UNDERFLOW = ("every exp(s * scale - m) underflowed to 0, so the softmax sum is 0 (the "
+                     "scores here are all near -1000): m must be the largest score itself; "
+                     "start it at -inf, not at 0")
+#: (B, H, L, D, pos, sign) of the extreme cases: scores 10 * (sign * 100 + 0.3 N(0, 1))
+_DECODE_EXTREME = [(2, 2, 7, 8, 4, 1.0), (1, 3, 6, 4, 5, -1.0)]
+
+
+def _decode_inputs(rng, B, H, L, D, pos, sign=None):
+    """q, k_new, v_new, kc, vc, scale. With ``sign`` the scores of keys 0..pos are all near
+    sign * 1000 (q is a multiple of e_0, the keys' element 0 near sign * 100)."""
+    q = rng.standard_normal((B, H, D)).astype(np.float32)
+    kn = rng.standard_normal((B, H, D)).astype(np.float32)
+    vn = rng.standard_normal((B, H, D)).astype(np.float32)
+    kc = rng.standard_normal((B, H, L, D)).astype(np.float32)
+    vc = rng.standard_normal((B, H, L, D)).astype(np.float32)
+    kc[:, :, pos:] = 3.0 * rng.standard_normal((B, H, L - pos, D))   # the future: large
+    vc[:, :, pos:] = 5.0 + rng.standard_normal((B, H, L - pos, D))   # and different
+    scale = 1 / math.sqrt(D)
+    if sign is not None:
+        q[:] = 0.0
+        q[..., 0] = np.float32(10.0 / scale)
+        kc[:, :, :pos, 0] = sign * 100.0 + 0.3 * rng.standard_normal((B, H, pos))
+        kn[..., 0] = sign * 100.0 + 0.3 * rng.standard_normal((B, H))
+    return q, kn, vn, kc, vc, scale
 
 
 def ex07_2(decode_step) -> None:
@@ -167,45 +221,65 @@ def ex07_2(decode_step) -> None:
     over the cached positions 0..pos (the new token included, nothing after it)."""
     ex = "ex07.2"
     refuse_stub(ex, decode_step)
+    _refuse_library(ex, decode_step, "loops over the keys and the head dimension, with "
+                    "math.exp and scalars")
+    found = divergent_barriers(ex, decode_step)
+    if found:
+        raise GradeError(f"{ex}: {found[0]}. Every thread of the block must reach "
+                         "cuda.syncthreads(): on a GPU a barrier that some threads skip is "
+                         "undefined (a hang, or a barrier that waits for nobody). Let every "
+                         "thread write its own element, then call cuda.syncthreads() outside "
+                         "any if")
     rng, seed = fresh_rng()
-    for rep in range(2):
-        for B, H, L, D, pos in [(1, 1, 4, 2, 0), (2, 3, 9, 8, 5), (1, 2, 13, 16, 11),
-                                (3, 1, 20, 6, 19)]:
-            q = rng.standard_normal((B, H, D)).astype(np.float32)
-            kn = rng.standard_normal((B, H, D)).astype(np.float32)
-            vn = rng.standard_normal((B, H, D)).astype(np.float32)
-            kc = rng.standard_normal((B, H, L, D)).astype(np.float32)
-            vc = rng.standard_normal((B, H, L, D)).astype(np.float32)
-            kc[:, :, pos:] = 3.0 * rng.standard_normal((B, H, L - pos, D))   # the future: large
-            vc[:, :, pos:] = 5.0 + rng.standard_normal((B, H, L - pos, D))   # and different
-            scale = 1 / math.sqrt(D)
-            ref, kref, vref = decode_reference(q, kc, vc, kn, vn, pos, scale)
-            case = f"B={B}, H={H}, L={L}, D={D}, pos={pos} (seed {seed}, call {rep + 1})"
-            out, buf = guarded((B, H, D))
-            dkc, dvc = to_device(kc), to_device(vc)
-            try:
-                call(ex, case, lambda: decode_step[(H, B), D](to_device(q), to_device(kn),
-                                                              to_device(vn), dkc, dvc, pos, out,
-                                                              np.float32(scale)))
-            except GradeError as e:
-                if "division by zero" in str(e):
-                    raise GradeError(f"{ex}: {case}: division by zero: the softmax sum is 0, so "
-                                     "no key was attended; keys 0..pos: the new token must "
-                                     "also see itself") from None
-                raise
-            if not canary_ok(buf, B * H * D):
-                raise GradeError(f"{ex}: {case}: wrote past the end of out")
-            gk, gv = to_numpy(dkc).astype(np.float64), to_numpy(dvc).astype(np.float64)
-            _check_cache(ex, case, gk, gv, kref, vref, kc, kn, vn, pos)
-            got = to_numpy(out).astype(np.float64)
-            bad = _bad(got, ref, 1e-4, 1e-5)
-            if bad.any():
-                hint = _decode_hint(got, q, kc, vc, kn, vn, pos, L, scale)
-                if hint == _DECODE_GENERIC and not calls(python_code(ex, decode_step),
-                                                         "cuda.syncthreads"):
-                    hint = "the cache is right but out is not: " + _DECODE_SYNC
-                raise GradeError(f"{ex}: {case}: out is wrong ({error_summary(got, ref, bad)}): "
-                                 f"{hint}")
+    cases = [(B, H, L, D, pos, None, rep) for rep in range(2)
+             for B, H, L, D, pos in [(1, 1, 4, 2, 0), (2, 3, 9, 8, 5), (1, 2, 13, 16, 11),
+                                     (3, 1, 20, 6, 19)]]
+    cases += [(B, H, L, D, pos, sign, 0) for B, H, L, D, pos, sign in _DECODE_EXTREME]
+    for B, H, L, D, pos, sign, rep in cases:
+        q, kn, vn, kc, vc, scale = _decode_inputs(rng, B, H, L, D, pos, sign)
+        ref, kref, vref = decode_reference(q, kc, vc, kn, vn, pos, scale)
+        case = f"B={B}, H={H}, L={L}, D={D}, pos={pos} (seed {seed}, call {rep + 1})"
+        if sign is not None:
+            case = (f"B={B}, H={H}, L={L}, D={D}, pos={pos}, every score near "
+                    f"{sign * 1000:+.0f} (seed {seed})")
+        out, buf = guarded((B, H, D))
+        dkc, dvc = to_device(kc), to_device(vc)
+        try:
+            call(ex, case, lambda: decode_step[(H, B), D](to_device(q), to_device(kn),
+                                                          to_device(vn), dkc, dvc, pos, out,
+                                                          np.float32(scale)))
+        except GradeError as e:
+            if sign is not None and ("OverflowError" in str(e)
+                                     or "math range error" in str(e)):
+                raise GradeError(f"{ex}: {case}: {_DECODE_OVERFLOW}") from None
+            if "division by zero" in str(e):
+                if sign is not None:
+                    raise GradeError(f"{ex}: {case}: division by zero: "
+                                     f"{_DECODE_UNDERFLOW}") from None
+                raise GradeError(f"{ex}: {case}: division by zero: the softmax sum is 0, so "
+                                 "no key was attended; keys 0..pos: the new token must "
+                                 "also see itself") from None
+            raise
+        if not canary_ok(buf, B * H * D):
+            raise GradeError(f"{ex}: {case}: wrote past the end of out")
+        gk, gv = to_numpy(dkc).astype(np.float64), to_numpy(dvc).astype(np.float64)
+        _check_cache(ex, case, gk, gv, kref, vref, kc, kn, vn, pos)
+        got = to_numpy(out).astype(np.float64)
+        # extreme scores: float32 rounding of scores near 1000 moves the weights by ~1e-4
+        bad = _bad(got, ref, 1e-4, 1e-5) if sign is None else _bad(got, ref, 2e-3, 2e-3)
+        if bad.any() and sign is not None:
+            hint = (_DECODE_OVERFLOW if sign > 0 else _DECODE_UNDERFLOW) \
+                if not np.isfinite(got).all() else \
+                _decode_hint(got, q, kc, vc, kn, vn, pos, L, scale)
+            raise GradeError(f"{ex}: {case}: out is wrong ({error_summary(got, ref, bad)}): "
+                             f"{hint}")
+        if bad.any():
+            hint = _decode_hint(got, q, kc, vc, kn, vn, pos, L, scale)
+            if hint == _DECODE_GENERIC and not calls(python_code(ex, decode_step),
+                                                     "cuda.syncthreads"):
+                hint = "the cache is right but out is not: " + _DECODE_SYNC
+            raise GradeError(f"{ex}: {case}: out is wrong ({error_summary(got, ref, bad)}): "
+                             f"{hint}")
     simulate(ex, "ex07_2", [("decode_step", decode_step)], hint=_DECODE_SYNC)
     passed(ex)
 
@@ -273,19 +347,23 @@ def _decode_hint(got, q, kc, vc, kn, vn, pos, L, scale) -> str:
 # ----------------------------------------------------------------------------- ex07.3
 def topk_reference(z, u, inv_temp: float, k: int, ties: str = "low"):
     """The token of each row: the k largest logits in order (larger first, equal ones by lower
-    id; ``ties="high"`` by higher id), p_r ~ exp((z_r - z_max) inv_temp), the first r whose
-    cumulative probability exceeds u * total. Also returns the (ids, probabilities) of row 0."""
+    id; ``ties="high"`` by higher id; ``ties="drop"`` keeps one token per distinct value, a
+    mistake), p_r ~ exp((z_r - z_max) inv_temp), the first r whose cumulative probability
+    exceeds u * total. Also returns the (ids, probabilities) of row 0."""
     z = np.asarray(z, np.float64)
     out = np.empty(z.shape[0], np.int64)
     info = None
     for b in range(z.shape[0]):
         ids = np.arange(z.shape[1])
-        key = ids if ties == "low" else -ids
-        order = np.lexsort((key, -z[b]))[:k]
+        key = -ids if ties == "high" else ids
+        order = np.lexsort((key, -z[b]))
+        if ties == "drop":
+            order = order[np.r_[True, np.diff(z[b, order]) != 0]]
+        order = order[:k]
         p = np.exp((z[b, order] - z[b, order[0]]) * inv_temp)
         c = np.cumsum(p)
         r = int(np.searchsorted(c, u[b] * c[-1], side="right"))
-        out[b] = order[min(r, k - 1)]
+        out[b] = order[min(r, len(order) - 1)]
         if b == 0:
             info = (order, p / c[-1])
     return out, info
@@ -306,37 +384,57 @@ def ex07_3(sample_topk) -> None:
     numbers in [0, 1), inv_temp = 1 / temperature, k <= 16, out (B,) int32 the chosen ids."""
     ex = "ex07.3"
     refuse_stub(ex, sample_topk)
+    _refuse_library(ex, sample_topk, "k passes over the row, then the cumulative weights, in "
+                    "scalars and the local arrays ids and p")
     rng, seed = fresh_rng()
-    for rep in range(2):
-        for B, V, k, temp, tied in [(1, 5, 1, 1.0, False), (33, 40, 4, 0.7, False),
-                                    (40, 50, 8, 2.0, True), (5, 16, 16, 1.3, True),
-                                    (37, 23, 3, 0.5, True)]:
-            z = (rng.standard_normal((B, V)) * 2).astype(np.float32)
-            if tied:                       # ties inside the top k and across its boundary
-                top = np.sort(z, 1)[:, -1]
-                z[:, 3] = z[:, 7] = z[:, 11 % V] = top
-            while True:
-                u = rng.random(B).astype(np.float32)
-                if _boundaries_ok(z, u, 1 / temp, k):
-                    break
-            ref, _ = topk_reference(z, u, 1 / temp, k)
-            case = (f"B={B}, V={V}, k={k}, temperature={temp}{', tied logits' if tied else ''} "
-                    f"(seed {seed}, call {rep + 1})")
-            out, buf = guarded((B,), np.int32)
-            grid = ceil_div(B, TPB)
+    cases = [(B, V, k, temp, tied, 0.0, rep) for rep in range(2)
+             for B, V, k, temp, tied in [(1, 5, 1, 1.0, False), (33, 40, 4, 0.7, False),
+                                         (40, 50, 8, 2.0, True), (5, 16, 16, 1.3, True),
+                                         (37, 23, 3, 0.5, True)]]
+    # extreme logits: z * inv_temp near +-1200, beyond float32's (and float64's) exp range
+    cases += [(9, 30, 6, 0.25, True, 300.0, 0), (9, 30, 6, 0.25, False, -300.0, 0)]
+    for B, V, k, temp, tied, shift, rep in cases:
+        z = (rng.standard_normal((B, V)) * (2 if not shift else 0.5) + shift)
+        z = z.astype(np.float32)
+        if tied:                       # ties inside the top k and across its boundary
+            top = np.sort(z, 1)[:, -1]
+            z[:, 3] = z[:, 7] = z[:, 11 % V] = top
+        while True:
+            u = rng.random(B).astype(np.float32)
+            if _boundaries_ok(z, u, 1 / temp, k):
+                break
+        ref, _ = topk_reference(z, u, 1 / temp, k)
+        case = (f"B={B}, V={V}, k={k}, temperature={temp}{', tied logits' if tied else ''}"
+                f"{f', logits near {shift:+g}' if shift else ''} (seed {seed}, call {rep + 1})")
+        out, buf = guarded((B,), np.int32)
+        grid = ceil_div(B, TPB)
+        try:
             call(ex, case, lambda: sample_topk[grid, TPB](to_device(z), to_device(u),
                                                            np.float32(1 / temp), k, out))
-            if not canary_ok(buf, B):
-                raise GradeError(f"{ex}: {case}: wrote past the end of out: guard the row "
-                                 "index (the last block has more threads than rows)")
-            got = to_numpy(out).astype(np.int64)
-            bad = got != ref
-            if bad.any():
-                b = int(np.argmax(bad))
-                raise GradeError(f"{ex}: {case}: row {b} chose token {got[b]}, expected "
-                                 f"{ref[b]} ({int(bad.sum())} of {B} rows wrong): "
-                                 f"{_topk_hint(got, z, u, temp, k, V)}")
+        except GradeError as e:
+            if shift and ("OverflowError" in str(e) or "math range error" in str(e)
+                          or "division by zero" in str(e)):
+                raise GradeError(f"{ex}: {case}: {_TOPK_RANGE}") from None
+            raise
+        if not canary_ok(buf, B):
+            raise GradeError(f"{ex}: {case}: wrote past the end of out: guard the row "
+                             "index (the last block has more threads than rows)")
+        got = to_numpy(out).astype(np.int64)
+        bad = got != ref
+        if bad.any():
+            b = int(np.argmax(bad))
+            hint = _topk_hint(got, z, u, temp, k, V)
+            if shift and hint == _TOPK_GENERIC:
+                hint = _TOPK_RANGE
+            raise GradeError(f"{ex}: {case}: row {b} chose token {got[b]}, expected "
+                             f"{ref[b]} ({int(bad.sum())} of {B} rows wrong): {hint}")
     passed(ex)
+
+
+_TOPK_GENERIC = "compare with the specification's order and inverse CDF"
+_TOPK_RANGE = ("the logits times inv_temp here reach about +-1200, beyond the range of exp (it "
+               "overflows to inf or underflows to 0): subtract the largest logit first, "
+               "w_r = exp((z_r - z_max) * inv_temp)")
 
 
 def _topk_hint(got, z, u, temp, k, V) -> str:
@@ -347,6 +445,11 @@ def _topk_hint(got, z, u, temp, k, V) -> str:
     for alt, hint in [
             (topk_reference(z, u, 1.0, k)[0],
              "sampling ignores temperature: p_r ~ exp((z_r - z_max) * inv_temp)"),
+            (topk_reference(z, u, temp, k)[0],
+             "divided by inv_temp: it is already 1 / T, so multiply, (z_r - z_max) * inv_temp"),
+            (topk_reference(z, u, 1 / temp, k, ties="drop")[0],
+             "equal logits were skipped: each tied token is a candidate of its own; a token "
+             "comes after the previous winner (lv, li) when v < lv or (v == lv and j > li)"),
             (topk_reference(z, u, 1 / temp, k, ties="high")[0],
              "equal logits must be ordered by the lower id first"),
             (topk_reference(z, u, 1 / temp, V)[0],
@@ -359,4 +462,4 @@ def _topk_hint(got, z, u, temp, k, V) -> str:
     ]:
         if np.array_equal(got, alt):
             return hint
-    return "compare with the specification's order and inverse CDF"
+    return _TOPK_GENERIC

@@ -9,6 +9,11 @@ The conventions are cudabook.quant's (kernels/quant.cu): scale = max|w| / 127 pe
 all-zero row), q = clamp(round(w / scale), -127, 127) rounded to nearest (ties to even: Python's
 and Numba's round); int4 packs element 2i in the low nibble of byte i, 2i + 1 in the high
 nibble, two's complement, an odd length leaving the last high nibble 0.
+
+The graders plant the inputs that only the exact rule gets right (weights exactly halfway between
+two steps, weights where a multiplication by the reciprocal rounds the other way, a row whose
+largest magnitude is negative, odd group sizes) and refuse library calls inside a kernel (the
+simulator runs them; a GPU cannot compile them).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from ._core import (
     to_device,
     xp,
 )
-from ._static import refuse_stub
+from ._static import foreign_calls, refuse_stub
 
 __all__ = ["ex10_1", "ex10_2", "ex10_3", "ex10_4", "group_table", "GROUP_BUDGET",
            "GROUP_SIZES"]
@@ -81,7 +86,45 @@ def _heavy(rng, rows: int, K: int) -> np.ndarray:
     return w.astype(np.float32)
 
 
+def _refuse_library(ex: str, kernel, what: str) -> None:
+    """GradeError when a Numba answer hands the work to a library (``foreign_calls``)."""
+    found = foreign_calls(ex, kernel)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise GradeError(f"{ex}: the kernel uses {found[0]}{more}: the CUDA simulator runs a "
+                         "kernel as Python, so that works here, but a GPU cannot compile it, and "
+                         f"the exercise asks for the kernel itself: {what}")
+
+
 # ----------------------------------------------------------------------------- ex10.1
+def _traps(rng, K: int) -> np.ndarray:
+    """4 rows of K >= 16 weights that only the exact rule quantizes right: row 0 has the scale
+    2^-6 and weights exactly halfway between two steps (round ties to even), rows 1 and 2
+    weights where w / s and w * (1 / s) (or w * (127 / amax)) round to different integers, row 3
+    its largest magnitude negative."""
+    w = _heavy(rng, 4, K)
+    s0 = np.float32(2.0 ** -6)
+    half = (rng.integers(-126, 126, K) + 0.5).astype(np.float32) * s0
+    half[0] = 127 * s0
+    w[0] = half
+    for r in (1, 2):
+        amax = np.float32(np.abs(w[r]).max())
+        s = np.float32(amax / np.float32(127))
+        inv, mul = np.float32(np.float32(1) / s), np.float32(np.float32(127) / amax)
+        cand = ((np.arange(-126, 126) + 0.5).astype(np.float32) * s).astype(np.float32)
+        cand = np.concatenate([np.nextafter(cand, np.float32(np.inf) * k) for k in (1, -1)]
+                              + [cand])
+        cand = cand[np.abs(cand) < amax]
+        exact = np.rint(cand / s)
+        diff = cand[(np.rint(cand * inv) != exact) | (np.rint(cand * mul) != exact)]
+        if diff.size:
+            pick = rng.choice(diff, min(diff.size, K // 4), replace=False)
+            w[r, 1:1 + pick.size] = pick
+    w[3] = np.abs(w[3])
+    w[3, K // 2] = -2 * np.abs(w[3]).max()
+    return w
+
+
 _ZERO_HINT = ("an all-zero row gives max|w| = 0, so scale = 0 and w / scale = 0 / 0 = NaN: "
               "use scale = 1 (any positive number) when the row's max|w| is 0")
 
@@ -96,12 +139,15 @@ def ex10_1(quantize_rows) -> None:
     """
     ex = "ex10.1"
     refuse_stub(ex, quantize_rows)
+    _refuse_library(ex, quantize_rows, "two loops over the row, abs, max and round")
     rng, seed = fresh_rng()
     shapes = [(1, 5), (3, 64), (67, 33), (130, 17)] + ([(1000, 257)] if not env.SIM else [])
     for rows, K in shapes:
         for rep in range(2):
             w = _heavy(rng, rows, K)
             w[rng.random(rows) < 0.2] = 0.0
+            if K >= 16 and rows >= 4:   # ties, reciprocal traps, a negative largest |w|
+                w[:4] = _traps(rng, K)
             w[rows // 2] = 0.0                             # at least one all-zero row
             case = f"rows={rows}, K={K} (seed {seed}, call {rep + 1})"
             qv, qbuf = _filled(rows * K, np.int8, NOT_WRITTEN)
@@ -139,7 +185,13 @@ def _diagnose_10_1(ex, case, w, q, s, qbuf, sbuf, n, rows) -> None:
                              "max|w| of the whole matrix / 127: that is per-tensor; per-channel "
                              "takes max|w[r, :]| of each row r")
     if not np.array_equal(s, sr):
+        pos = np.maximum(w.max(axis=1), 0) / np.float32(127)
+        pos = np.where(pos > 0, pos, np.float32(1)).astype(np.float32)
         r = int(np.argmax(s != sr))
+        if np.array_equal(s, pos):
+            raise GradeError(f"{ex}: {case}: scale[{r}] = {float(s[r]):.6g} is the largest "
+                             "weight of the row / 127, not the largest magnitude: row "
+                             f"{r}'s largest |w| is negative; take max(amax, abs(w[r, k]))")
         raise GradeError(f"{ex}: {case}: scale[{r}] = {float(s[r]):.6g}, expected "
                          f"{float(sr[r]):.6g} = max|w[{r}, :]| / 127")
     if (q == NOT_WRITTEN).any():
@@ -152,6 +204,24 @@ def _diagnose_10_1(ex, case, w, q, s, qbuf, sbuf, n, rows) -> None:
     if np.array_equal(q, t):
         raise GradeError(f"{ex}: {case}: q is rounded toward zero (int(v) drops the fraction: "
                          "2.7 -> 2): round to the nearest integer with round(v)")
+    s32 = sr[:, None].astype(np.float32)
+    amax = np.abs(w).max(1, keepdims=True)
+    mul = np.where(amax > 0, np.float32(127) / np.maximum(amax, np.float32(1e-30)),
+                   np.float32(1)).astype(np.float32)
+    for alt in (w * (np.float32(1) / s32), w * mul):
+        if np.array_equal(q, np.clip(np.rint(alt.astype(np.float32)), -127, 127)):
+            raise GradeError(f"{ex}: {case}: q is off by one step at a few weights that lie "
+                             "almost halfway between two steps: it was computed as a "
+                             "multiplication by a rounded reciprocal (w * (1 / s) or "
+                             "w * (127 / amax)); divide, w[r, k] / s, so that q is exact")
+    v = w / s32
+    if np.array_equal(q, np.clip(np.trunc(v + np.float32(0.5)), -127, 127)):
+        raise GradeError(f"{ex}: {case}: int(v + 0.5) rounds negative values the wrong way "
+                         "(-2.7 + 0.5 = -2.2 -> -2): round to the nearest integer with round(v)")
+    if np.array_equal(q, np.clip(np.floor(v + np.float32(0.5)), -127, 127)):
+        raise GradeError(f"{ex}: {case}: weights exactly halfway between two steps (v = 2.5) "
+                         "were rounded up; round(v) rounds ties to the even neighbour (2.5 -> "
+                         "2, 3.5 -> 4), as the GPU's rint does")
     f = np.clip(np.floor(w / sr[:, None].astype(np.float32)), -127, 127).astype(np.int8)
     if np.array_equal(q, f):
         raise GradeError(f"{ex}: {case}: q is rounded down (floor): round to the nearest "
@@ -181,10 +251,14 @@ def ex10_2(pack_int4, unpack_int4) -> None:
     ex = "ex10.2"
     refuse_stub(ex, pack_int4)
     refuse_stub(ex, unpack_int4)
+    _refuse_library(ex, pack_int4, "& 0xF, << 4 and | on the two values of the byte")
+    _refuse_library(ex, unpack_int4, ">>, & 0xF and the sign extension of one nibble")
     rng, seed = fresh_rng()
     for n in (1, 2, 7, 64, 127, 128, 129, 301, 1001):
         q = rng.integers(-8, 8, n).astype(np.int8)
-        q[: min(n, 16)] = np.arange(-8, 8)[: min(n, 16)]   # every value at least once
+        # every value at least once, -3 first: at n = 1 the usual unpacking mistakes (no
+        # sign, swapped nibbles, nib - 15) give three different values
+        q[: min(n, 16)] = np.roll(np.arange(-8, 8), -5)[: min(n, 16)]
         nb = (n + 1) // 2
         case = f"n={n} (seed {seed})"
         # pack
@@ -247,12 +321,23 @@ def _diagnose_unpack(ex, case, q, p, u, buf, n) -> None:
         return
     if (u == NOT_WRITTEN).all():
         raise GradeError(f"{ex}: {case}: q never written: is the kernel body still the stub?")
+    if (q != -8).any() and np.array_equal(u, np.where(q == -8, 8, q)):
+        raise GradeError(f"{ex}: {case}: -8 came back as 8: nibble 8 is negative too (-8); "
+                         "the sign extension covers every nibble >= 8 (nib - 16 if nib >= 8)")
     if np.array_equal(u, np.where(q < 0, q.astype(np.int64) + 16, q)):
         raise GradeError(f"{ex}: {case}: {_SIGN_HINT}")
+    low = unpack_int4_reference(p, 2 * p.size)[0::2]
+    if np.array_equal(u, np.repeat(low, 2)[:n]):
+        raise GradeError(f"{ex}: {case}: both values of a byte came from its low nibble (the "
+                         "shift is always 0): operator precedence, 4 * i % 2 is (4 * i) % 2 = 0; "
+                         "write 4 * (i % 2)")
     sw = unpack_int4_reference(((p & 0xF) << 4 | (p >> 4)).astype(np.uint8), n)
     sw_nosign = np.where(sw < 0, sw.astype(np.int64) + 16, sw)
     if np.array_equal(u, sw) or np.array_equal(u, sw_nosign):
         raise GradeError(f"{ex}: {case}: {_ORDER_HINT}")
+    if np.array_equal(u, np.where(q < 0, q.astype(np.int64) + 1, q)):
+        raise GradeError(f"{ex}: {case}: every negative value came back one too large (-1 as "
+                         "0): a nibble 8..15 stands for nib - 16, not nib - 15")
     if (u == NOT_WRITTEN).any():
         i = int(np.argmax(u == NOT_WRITTEN))
         raise GradeError(f"{ex}: {case}: q[{i}] never written: one thread per value, "
@@ -274,9 +359,13 @@ def ex10_3(w4_gemv) -> None:
     """
     ex = "ex10.3"
     refuse_stub(ex, w4_gemv)
+    _refuse_library(ex, w4_gemv, "a loop over the bytes of the row, two nibbles each, in "
+                    "float32 scalars")
     rng, seed = fresh_rng()
-    # N = 1 last: with one row, a per-tensor scale and a per-channel one are the same mistake
-    cases = [(5, 64, 32), (67, 96, 32), (130, 128, 64), (1, 8, 4)] + (
+    # N = 1 last: with one row, a per-tensor scale and a per-channel one are the same mistake;
+    # odd G: the two weights of a byte fall in different groups
+    cases = [(5, 64, 32), (67, 96, 32), (130, 128, 64), (7, 42, 7), (4, 18, 3), (3, 6, 1),
+             (1, 8, 4)] + (
         [(1000, 1024, 128)] if not env.SIM else [])
     for N, K, G in cases:
         q = rng.integers(-8, 8, (N, K)).astype(np.int8)
@@ -323,8 +412,11 @@ def _diagnose_10_3(ex, case, x, q, s, G, y, buf) -> None:
         raise GradeError(f"{ex}: {case}: every weight scaled by scales[0, 0]: that is one scale "
                          "per tensor; this weight has one per group: scales[n, k // G]")
     if ng > 1 and same(gemv(q, np.repeat(s[:, :1], ng, axis=1))):
+        also = (" (or the group was taken from the byte index i, and i // G is 0 in this row)"
+                if K // 2 <= G else "")
         raise GradeError(f"{ex}: {case}: each row uses scales[n, 0] for all its columns: that is "
-                         "per-channel; the scale of column k is scales[n, k // G] (per group)")
+                         f"per-channel{also}; the scale of column k is scales[n, k // G] (per "
+                         "group)")
     p = pack_int4_reference(q).reshape(N, K // 2)
     sw = unpack_int4_reference(((p & 0xF) << 4 | (p >> 4)).astype(np.uint8), N * K)
     sw = sw.reshape(N, K)
@@ -332,6 +424,21 @@ def _diagnose_10_3(ex, case, x, q, s, G, y, buf) -> None:
         raise GradeError(f"{ex}: {case}: {_ORDER_HINT}")
     if same(gemv(np.where(q < 0, q.astype(np.int64) + 16, q), s)):
         raise GradeError(f"{ex}: {case}: {_SIGN_HINT}")
+    k = np.arange(K)
+
+    def by_col(col_group):        # y with the scale of column k taken from group col_group[k]
+        return (q.astype(np.float64) * s.astype(np.float64)[:, col_group]) @ x64
+    if G % 2 and same(by_col((k - k % 2) // G)):
+        raise GradeError(f"{ex}: {case}: both weights of byte i were scaled by the group of "
+                         "k = 2i: with an odd G the weights 2i and 2i + 1 can be in different "
+                         "groups; take each weight's scale from its own column, "
+                         "scales[n, k // G] and scales[n, (k + 1) // G]")
+    if same(by_col((k // 2) // G)):
+        raise GradeError(f"{ex}: {case}: the scale was indexed by the byte index i: the group "
+                         "of a weight is its column k (2i or 2i + 1) // G")
+    if K > 2 and same(gemv(np.concatenate([q[:, :-2], np.zeros_like(q[:, -2:])], 1), s)):
+        raise GradeError(f"{ex}: {case}: the last byte of each row was left out: the loop "
+                         "runs over all K // 2 bytes, range(p.shape[1])")
     bad = ~ok
     raise GradeError(f"{ex}: {case}: {error_summary(y.astype(np.float64), ref, bad)}")
 

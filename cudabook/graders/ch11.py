@@ -40,11 +40,20 @@ def _run(ex: str, fn: Callable, world: int, *args: Any, what: str) -> list:
                              "machine with CUDA: PyTorch then refuses backward passes in forked "
                              "processes. Restart the kernel and run the grader before any "
                              "backward in the notebook itself") from None
-        if "'NoneType' object" in msg and ".grad" in msg:
+        if ex == "ex11.1" and "sizes differ between ranks" in msg:
+            raise GradeError(f"{ex}: {what}: world size {world}: a rank received a chunk of "
+                             "another size than it expected: every chunk holds base or base + 1 "
+                             "elements (base, extra = divmod(n, world); the first extra chunks "
+                             "get one more, not the last chunk all of the remainder), and a "
+                             "scratch buffer must hold the largest chunk, ceil(n / world) "
+                             f"elements ({msg.strip().splitlines()[-1][:200]})") from None
+        if "'NoneType' object" in msg and (".grad" in msg or ex == "ex11.3"):
             raise GradeError(f"{ex}: {what}: world size {world}: a parameter's .grad was still "
                              "None when the answer read it: the all-reduce started before the "
-                             "gradient of that parameter was ready (count the bucket's "
-                             "gradients; launch when the last one arrives)") from None
+                             "gradient of that parameter was ready. The order of parameters() "
+                             "need not be the order in which the backward produces their "
+                             "gradients: count the bucket's gradients in a hook on every "
+                             "parameter and launch when the count is complete") from None
         raise GradeError(f"{ex}: {what}: world size {world}: {msg.strip()}") from None
 
 
@@ -76,8 +85,11 @@ def ex11_1(ring_allreduce: Callable) -> None:
     ex = "ex11.1"
     _, seed = fresh_rng()
     for world in WORLDS:
-        cases = [(n, avg) for n in (world + 1, 1000 + world + 1 + (world == 2), 4 * world)
-                 for avg in (False, True)]
+        # n % world takes every value from 0 to world - 1 over the sizes (2 world - 1: the
+        # largest remainder, which a chunking that gives it all to one chunk gets wrong)
+        sizes = dict.fromkeys((world + 1, 1000 + world + 1 + (world == 2), 4 * world,
+                               2 * world - 1))
+        cases = [(n, avg) for n in sizes for avg in (False, True)]
         res = _run(ex, _ring_worker, world, ring_allreduce, cases, seed,
                    what=f"sizes {sorted({c[0] for c in cases})}")
         for k, (n, average) in enumerate(cases):
@@ -93,6 +105,12 @@ def ex11_1(ring_allreduce: Callable) -> None:
                     raise GradeError(f"{ex}: {case}: rank {r} called comm.all_reduce: the "
                                      "exercise asks for the ring built from sendrecv/send/recv")
                 chunk = -(-n // world)
+                if len(sends) == 2 * (world - 1) and max(sends, default=0) > chunk:
+                    raise GradeError(
+                        f"{ex}: {case}: rank {r} sent a chunk of {max(sends)} elements, more "
+                        f"than ceil(n / world) = {chunk}: the chunk sizes must differ by at most "
+                        "one; give the n % world leftover elements one each to the first "
+                        "chunks, not all to the last")
                 if len(sends) != 2 * (world - 1) or max(sends, default=0) > chunk:
                     raise GradeError(
                         f"{ex}: {case}: rank {r} sent {len(sends)} messages of up to "
@@ -128,7 +146,8 @@ def _diagnose_ring(ex, case, out, ref, total, x0, n, world, average, r) -> None:
                          "sum (divide by world only when average=True)")
     if average and np.allclose(out, total, rtol=1e-4, atol=tol):
         raise GradeError(f"{ex}: {case}: rank {r} holds the sum; average=True asks for the mean "
-                         "(divide the sum by world)")
+                         "(divide the sum by world, in place: x /= world; x = x / world makes "
+                         "a new tensor that the caller never sees)")
     if average and np.allclose(out, total / world**2, rtol=1e-4, atol=tol):
         raise GradeError(f"{ex}: {case}: rank {r} holds the sum / world^2: divided twice")
     if world > 2:
@@ -178,7 +197,14 @@ def _param_sets(g):
                 p.requires_grad_(False)        # a frozen parameter
             ps.append(p)
         sizes = [p.numel() * p.element_size() for p in ps]
-        for cap in (int(np.median(sizes)) + 1, 3 * int(np.mean(sizes)), 1):
+        # limits that running sums hit exactly (a bucket of exactly bucket_bytes is full), and
+        # one just above the running sum after the frozen parameter (its bytes must not count)
+        tb = [sizes[i] for i in range(m - 1, -1, -1) if ps[i].requires_grad]
+        caps = [int(np.median(sizes)) + 1, 3 * int(np.mean(sizes)), 1, tb[0], tb[0] + tb[1],
+                sum(tb[:3])]
+        if k >= 2:
+            caps.append(sum(sizes[i] for i in range(m // 2 - 1, m) if i != m // 2) + 1)
+        for cap in dict.fromkeys(caps):
             sets.append((ps, cap))
     return sets
 
@@ -205,6 +231,10 @@ def ex11_2(make_buckets: Callable) -> None:
             continue
         flat = [i for b in got for i in b]
         frozen = [i for i, p in enumerate(ps) if not p.requires_grad]
+        if want and got == want[:-1]:
+            raise GradeError(f"{ex}: {desc}: got {got}, expected {want}: the last bucket is "
+                             "missing; after the loop, keep the current bucket when it is not "
+                             "empty (the last bucket may hold less than bucket_bytes)")
         if any(i in frozen for i in flat):
             raise GradeError(f"{ex}: {desc}: parameter {frozen[0]} has requires_grad=False (no "
                              "gradient, nothing to all-reduce) but is in a bucket: skip it")
@@ -222,6 +252,18 @@ def ex11_2(make_buckets: Callable) -> None:
             raise GradeError(f"{ex}: {desc}: the buckets are sized in elements, not bytes: "
                              "count p.numel() * p.element_size() (a bfloat16 element is 2 "
                              "bytes, a float32 one 4)")
+        if got == _buckets_by(ps, cap, lambda p: 4 * p.numel()):
+            raise GradeError(f"{ex}: {desc}: every element counted as 4 bytes: a bucket's bytes "
+                             "are p.numel() * p.element_size() (2 for bfloat16 and float16)")
+        if got == _buckets_by(ps, cap, lambda p: p.numel() * p.element_size(), strict=True):
+            raise GradeError(f"{ex}: {desc}: got {got}, expected {want}: a bucket that holds "
+                             "exactly bucket_bytes is full; close it when its size is at least "
+                             "bucket_bytes (>=, not >)")
+        if frozen and got == _buckets_by(ps, cap, lambda p: p.numel() * p.element_size(),
+                                         count_frozen=True):
+            raise GradeError(f"{ex}: {desc}: got {got}, expected {want}: the bytes of the frozen "
+                             f"parameter {frozen[0]} were counted towards a bucket; skip a "
+                             "parameter with requires_grad=False before adding its size")
         if got == _buckets_before(ps, cap):
             raise GradeError(f"{ex}: {desc}: got {got}, expected {want}: a bucket closes once it "
                              "holds at least bucket_bytes, so the parameter that crosses the "
@@ -230,14 +272,18 @@ def ex11_2(make_buckets: Callable) -> None:
     passed(ex)
 
 
-def _buckets_by(ps, cap, size):
+def _buckets_by(ps, cap, size, strict=False, count_frozen=False):
+    """The buckets of the rule with ``size(p)`` bytes per parameter; ``strict`` closes at
+    > cap, ``count_frozen`` adds a frozen parameter's size without the parameter (mistakes)."""
     out, cur, s = [], [], 0
     for i in range(len(ps) - 1, -1, -1):
         if not ps[i].requires_grad:
+            if count_frozen:
+                s += size(ps[i])
             continue
         cur.append(i)
         s += size(ps[i])
-        if s >= cap:
+        if s > cap if strict else s >= cap:
             out.append(cur)
             cur, s = [], 0
     return out + ([cur] if cur else [])
@@ -260,12 +306,27 @@ def _buckets_before(ps, cap):
 
 # ============================================================================ ex11.3
 
-def _model():
+def _model(shuffled: bool = False):
+    """The graded MLP. ``shuffled``: the same layers registered last first (so parameters()
+    lists them in another order than the backward produces their gradients, as in a model
+    whose __init__ and forward disagree): an answer must count a bucket's gradients, not
+    assume which one arrives last."""
     import torch
 
     torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(7, 33), torch.nn.ReLU(), torch.nn.Linear(33, 17),
-                               torch.nn.Tanh(), torch.nn.Linear(17, 5))
+    layers = [torch.nn.Linear(7, 33), torch.nn.ReLU(), torch.nn.Linear(33, 17), torch.nn.Tanh(),
+              torch.nn.Linear(17, 5)]
+    if not shuffled:
+        return torch.nn.Sequential(*layers)
+
+    class Shuffled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.b, self.a = layers[4], layers[2], layers[0]
+
+        def forward(self, x):
+            return self.c(torch.tanh(self.b(torch.relu(self.a(x)))))
+    return Shuffled()
 
 
 def _batch(seed, rank, it):
@@ -279,8 +340,8 @@ def _loss(model, x, y):
     return ((model(x) - y) ** 2).mean()
 
 
-def _overlap_worker(comm, attach, cap, seed, iters):
-    model = _model()
+def _overlap_worker(comm, attach, cap, seed, iters, shuffled=False):
+    model = _model(shuffled)
     params = list(model.parameters())
     buckets = [[params[i] for i in b] for b in reference_buckets(params, cap)]
     for i, p in enumerate(params):            # the grader's hooks run first: "ready i"
@@ -303,19 +364,21 @@ def _overlap_worker(comm, attach, cap, seed, iters):
     # process: a backward in the grading process would stop forked children from running theirs
     ref = None
     if comm.rank == 0:
-        ref = [_reference_grads(comm.world, seed, it) for it in range(iters)]
+        ref = [_reference_grads(comm.world, seed, it, shuffled) for it in range(iters)]
     return grads, list(comm.events), reference_buckets(params, cap), ref
 
 
-def _reference_grads(world, seed, it):
-    acc = None
+def _reference_grads(world, seed, it, shuffled=False):
+    """(the gradients summed over the ranks, each rank's own gradients), in float64."""
+    acc, own = None, []
     for r in range(world):
-        model = _model()
+        model = _model(shuffled)
         x, y = _batch(seed, r, it)
         _loss(model, x, y).backward()
         gs = [p.grad.detach().double().numpy() for p in model.parameters()]
+        own.append(gs)
         acc = gs if acc is None else [a + b for a, b in zip(acc, gs)]
-    return acc
+    return acc, own
 
 
 def ex11_3(attach_overlap: Callable) -> None:
@@ -324,14 +387,16 @@ def ex11_3(attach_overlap: Callable) -> None:
     ex = "ex11.3"
     _, seed = fresh_rng()
     iters = 2
-    for world, cap in ((2, 600), (3, 1), (2, 10**9)):
-        what = f"bucket_bytes = {cap}"
-        res = _run(ex, _overlap_worker, world, attach_overlap, cap, seed, iters, what=what)
+    # the last group: one bucket of a model whose parameters() order is not the backward's
+    for world, cap, shuffled in ((2, 600, False), (3, 1, False), (2, 10**9, True)):
+        what = f"bucket_bytes = {cap}" + (", layers registered last first" if shuffled else "")
+        res = _run(ex, _overlap_worker, world, attach_overlap, cap, seed, iters, shuffled,
+                   what=what)
         buckets = res[0][2]
         for r in range(world):
             _check_events(ex, f"world size {world}, {what}, rank {r}", res[r][1], buckets)
         for it in range(iters):
-            tot = res[0][3][it]
+            tot, own = res[0][3][it]
             for r in range(world):
                 for j, (got, t) in enumerate(zip(res[r][0][it], tot)):
                     case = (f"world size {world}, {what}, iteration {it + 1}, rank {r}, "
@@ -344,6 +409,13 @@ def ex11_3(attach_overlap: Callable) -> None:
                         raise GradeError(f"{ex}: {case}: the gradient is the sum over ranks; "
                                          "data-parallel training averages (divide by "
                                          "comm.world), as DDP does")
+                    for what, v in (("this rank's own gradient", own[r][j]),
+                                    ("this rank's own gradient / world", own[r][j] / world)):
+                        if np.allclose(got, v, atol=tol, rtol=1e-4):
+                            raise GradeError(f"{ex}: {case}: .grad holds {what}: the all-reduced "
+                                             "values never reached it; after handle.wait(), copy "
+                                             "each slice of the flat tensor back into its "
+                                             "parameter's .grad (q.grad.copy_(...))")
                     raise GradeError(f"{ex}: {case}: the gradient differs from the average "
                                      "over ranks (max error "
                                      f"{np.abs(got - mean).max():.3g}): were all of the "
@@ -361,7 +433,13 @@ def _check_events(ex, case, events, buckets) -> None:
         done = ops.index("backward done") if "backward done" in ops else len(evs)
         ready_at = {e[2]: k for k, e in enumerate(evs) if e[1] == "ready"}
         launches = [k for k, e in enumerate(evs) if e[1].startswith("all_reduce")]
+        waits = [k for k, e in enumerate(evs) if e[1] == "wait"]
         c = f"{case}, iteration {n_it + 1}"
+        if any(k < done for k in waits):
+            raise GradeError(f"{ex}: {c}: a handle's wait() ran before the backward ended: "
+                             "waiting in the gradient hook stops the backward until the network "
+                             "is done, so nothing overlaps. Keep the handles and wait for them "
+                             "in finish()")
         if len(launches) != len(buckets):
             hint = (" (the first iteration was right: reset the per-bucket counters in "
                     "finish(), for the next backward)" if n_it else "")
@@ -389,3 +467,8 @@ def _check_events(ex, case, events, buckets) -> None:
                 raise GradeError(f"{ex}: {c}: bucket {b}'s all-reduce is blocking: it stops "
                                  "the backward until the network is done. Use "
                                  "comm.all_reduce(flat, async_op=True) and wait in finish()")
+        if len(waits) != len(launches):
+            raise GradeError(f"{ex}: {c}: {len(waits)} wait() calls for {len(launches)} "
+                             "non-blocking all-reduces: finish() must wait for every handle "
+                             "before it reads the flat tensor (an all-reduce that was only "
+                             "started may not have finished, and its values are then partial)")

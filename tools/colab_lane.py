@@ -12,7 +12,10 @@
    next to the newest ``numba`` the bounds admit: the pair that breaks without the bound).
 3. Each lesson ``lessons/*.ipynb`` is copied alone into an empty folder and run there with
    ``pytest --nbval-lax``, ``CUDABOOK_SRC`` pointing at this clone: the first one's setup cell
-   installs cudabook (as a wheel, not the clone); without a GPU, cudabook picks simulator mode.
+   installs cudabook (as a wheel, not the clone), and the %%gpu cells of that first run fail and
+   ask for a second run (pytest loaded its plugins before cudabook existed), which the lane does,
+   as a reader is told to; without a GPU, cudabook picks simulator mode. After the first lesson,
+   the notebooks run one per core (``JOBS`` overrides), each alone in its own folder.
 4. Each exercise ``exercises/*.ipynb`` is copied alone and graded twice, as a reader would: as
    given, every grader cell fails (or is skipped, for a ``%%gpu`` grader without a GPU); with the
    solution's code put back, every cell passes or is skipped. The skips come from the plugin the
@@ -24,6 +27,7 @@ is started with.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import shutil
@@ -178,32 +182,29 @@ def main(chapters: list[str]) -> int:
         if bad:
             return report(bad, t0)
 
-        for i, p in enumerate(lessons):
+        def lesson(i: int, p: Path) -> tuple[list[str], str]:
             t1 = time.time()
+            out, problems = [], []
             try:
                 st, log = nbval(vpy, nbformat.read(str(p), as_version=4), p.name, env)
                 if i == 0 and "Run the same pytest command again" in log:
                     # the setup cell installed cudabook after pytest loaded its plugins, so
                     # %%gpu cells failed and asked for a second run, as a reader is asked
-                    print(f"  lessons/{p.name}: first run installed cudabook; run again")
+                    out.append(f"  lessons/{p.name}: first run installed cudabook; run again")
                     st, log = nbval(vpy, nbformat.read(str(p), as_version=4), p.name, env)
             except Exception as e:  # noqa: BLE001  (unreadable, or past the time limit)
                 st, log = {}, f"{type(e).__name__}: {e}"
             failed = [k for k, v in st.items() if v == "failed"]
             if not st or failed:
-                bad.append(f"lessons/{p.name}: cells {failed} failed alone\n{log}")
-            print(f"  lessons/{p.name}: {sum(v == 'passed' for v in st.values())} passed, "
-                  f"{sum(v == 'skipped' for v in st.values())} skipped, {len(failed)} failed "
-                  f"({time.time() - t1:.0f} s)")
-            if i == 0:
-                where = run([str(vpy), "-c", "import cudabook; print(cudabook.__file__)"], env=env,
-                            cwd=work).stdout.strip()
-                if not where.startswith(str(venv)):
-                    bad.append(f"the setup cell did not install cudabook into the fresh "
-                               f"environment (import finds {where or 'nothing'})")
+                problems.append(f"lessons/{p.name}: cells {failed} failed alone\n{log}")
+            out.append(f"  lessons/{p.name}: {sum(v == 'passed' for v in st.values())} passed, "
+                       f"{sum(v == 'skipped' for v in st.values())} skipped, {len(failed)} "
+                       f"failed ({time.time() - t1:.0f} s)")
+            return problems, "\n".join(out)
 
-        for p in exercises:
+        def exercise(p: Path) -> tuple[list[str], str]:
             t1 = time.time()
+            problems = []
             try:
                 ex = nbformat.read(str(p), as_version=4)
                 sol = nbformat.read(str(ROOT / "solutions" / p.name), as_version=4)
@@ -213,24 +214,44 @@ def main(chapters: list[str]) -> int:
                 st_u, log_u = nbval(vpy, ex, p.name, env)
                 st_s, log_s = nbval(vpy, solved, p.name, env)
             except Exception as e:  # noqa: BLE001  (no solution, cells out of step, time limit)
-                bad.append(f"exercises/{p.name}: {type(e).__name__}: {e}")
-                continue
+                return [f"exercises/{p.name}: {type(e).__name__}: {e}"], \
+                    f"  exercises/{p.name}: not graded"
             code = [c for c in ex.cells if c.cell_type == "code"]
             for k, c in enumerate(code):
                 u, s = st_u.get(k, "not run"), st_s.get(k, "not run")
                 if GRADER_MARK in c.source and u not in ("failed", "skipped"):
-                    bad.append(f"exercises/{p.name} cell {k}: the unsolved grader {u} alone")
+                    problems.append(f"exercises/{p.name} cell {k}: the unsolved grader {u} alone")
                 if is_gpu(c) and (u != "skipped" or s != "skipped"):
-                    bad.append(f"exercises/{p.name} cell {k}: a %%gpu cell {u}/{s} alone "
-                               "(must be skipped without a GPU)")
+                    problems.append(f"exercises/{p.name} cell {k}: a %%gpu cell {u}/{s} alone "
+                                    "(must be skipped without a GPU)")
                 if s not in ("passed", "skipped"):
-                    bad.append(f"exercises/{p.name} cell {k}: with the solution put back it {s} "
-                               f"alone\n{log_s}")
+                    problems.append(f"exercises/{p.name} cell {k}: with the solution put back it "
+                                    f"{s} alone\n{log_s}")
             gr = [k for k, c in enumerate(code) if GRADER_MARK in c.source]
-            print(f"  exercises/{p.name}: {len(gr)} graders; unsolved "
-                  f"{sum(st_u.get(k) == 'failed' for k in gr)} fail, solved "
-                  f"{sum(st_s.get(k) == 'passed' for k in gr)} pass, "
-                  f"{sum(st_s.get(k) == 'skipped' for k in gr)} skipped ({time.time() - t1:.0f} s)")
+            return problems, (f"  exercises/{p.name}: {len(gr)} graders; unsolved "
+                              f"{sum(st_u.get(k) == 'failed' for k in gr)} fail, solved "
+                              f"{sum(st_s.get(k) == 'passed' for k in gr)} pass, "
+                              f"{sum(st_s.get(k) == 'skipped' for k in gr)} skipped "
+                              f"({time.time() - t1:.0f} s)")
+
+        # the first lesson alone: its setup cell installs cudabook, as on a fresh runtime; then
+        # every other notebook, each alone in its own folder, one per core
+        if lessons:
+            problems, text = lesson(0, lessons[0])
+            bad += problems
+            print(text, flush=True)
+            where = run([str(vpy), "-c", "import cudabook; print(cudabook.__file__)"], env=env,
+                        cwd=work).stdout.strip()
+            if not where.startswith(str(venv)):
+                bad.append(f"the setup cell did not install cudabook into the fresh "
+                           f"environment (import finds {where or 'nothing'})")
+        jobs = [(lesson, (i, p)) for i, p in enumerate(lessons) if i > 0] + \
+            [(exercise, (p,)) for p in exercises]
+        n_jobs = max(1, int(os.environ.get("JOBS", os.cpu_count() or 1)))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n_jobs) as pool:
+            for problems, text in pool.map(lambda job: job[0](*job[1]), jobs):
+                bad += problems
+                print(text, flush=True)
         bad += newest_numba_corner(vpy, env)
     finally:
         if os.environ.get("COLAB_LANE_KEEP"):

@@ -44,7 +44,9 @@ POLICY
   * every notebook is canonical nbformat 4 (as written by ``canon``) and has the shared
     metadata (kernel python3, Colab asks for a GPU), and starts with the setup cell;
   * lessons/ and solutions/ have every code cell executed, on a GPU (``metadata.cudabook``
-    names it), with outputs; a lesson stores at least one figure;
+    names it), with outputs (a cell that needs no GPU and was added between two GPU runs may
+    store a CPU run's output, tagged ``cpu-run``: tools/cpu_cells.py); a lesson stores at least
+    one figure;
   * a lesson or solution cell that shows kernels/ source (``cb.show_source("f.cu", "k")``)
     stores that source as it is now: the book shows the code under test, so a kernel edited
     after the run needs a new run;
@@ -54,7 +56,9 @@ POLICY
     (``coalesce``; the GPU lane's gpu_execute.py does it), or the page draws one box per print;
   * exercises/ have no outputs and no execution counts (grader cells included: a stored
     ``PASS`` would be a pass the reader has not earned); every grader cell of a solution
-    (``# NBVAL_CHECK_OUTPUT``) stores ``PASS exNN.k``.
+    (``# NBVAL_CHECK_OUTPUT``) stores ``PASS exNN.k``;
+  * every graded exercise of a solution has a hints cell (``**Hints exNN.k**``) of two or more
+    levels: a first nudge, then one closer to the answer, never the answer.
 """
 
 from __future__ import annotations
@@ -502,13 +506,22 @@ def policy_errors(path: Path) -> list[str]:
         if not graders:
             errs.append(f"{rel}: has no grader cell ({GRADER_MARK})")
     if kind == "solutions":
+        levels: dict[str, int] = {}
         for c in nb.cells:
             ex = hint_cell_ex(c)
             if ex:
                 try:
-                    render_hints(c.source, where=f"{rel} cell {c.get('id')}")
+                    levels[ex] = render_hints(c.source, where=f"{rel} cell {c.get('id')}") \
+                        .count("<details>")
                 except ValueError as e:
                     errs.append(str(e))
+        for c in graders:
+            for a, b in re.findall(r"\b(ex\d\d)_(\d+)\(", c.source):
+                ex = f"{a}.{b}"
+                if levels.get(ex, 0) < 2:
+                    errs.append(f"{rel}: {ex} has {levels.get(ex, 0)} hint levels; every graded "
+                                "exercise has a '**Hints exNN.k**' cell with two or more (a first "
+                                "nudge, then one closer to the answer)")
         for c in graders:
             lines = "".join(o.get("text", "") for o in c.outputs if o.output_type == "stream")
             m = re.search(r"\b(ex\d\d_\d+)\(", c.source)

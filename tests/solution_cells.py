@@ -172,3 +172,30 @@ def pencil_tests(sol: Solution, questions: tuple, mistakes: list[tuple]) -> tupl
 
     return (test_question_reference_passes, test_question_stub_fails,
             test_question_common_mistake_gets_its_hint)
+
+
+def exercise_page(chapter: str) -> dict[str, tuple[list[int], list[int], list[int]]]:
+    """For each graded exercise of solutions/<chapter>_*.ipynb: the sizes its specification
+    states ("(Roughly 8 lines for the kernel, 5 for the launcher.)"), the sizes of the stubs the
+    generator writes, and the number of levels of each of its hints cells."""
+    from nbtools import hint_cell_ex, render_hints
+
+    (path,) = (ROOT / "solutions").glob(f"{chapter}_*.ipynb")
+    cells = nbformat.read(str(path), as_version=4).cells
+    graded = [f"{a}.{b}" for c in cells
+              if c.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in c.source
+              for a, b in re.findall(r"\b(ex\d\d)_(\d+)\(", c.source)]
+    out = {}
+    for ex in graded:
+        spec = [c.source for c in cells if c.cell_type == "markdown"
+                and c.source.startswith(f"## {ex} ")]
+        said = sorted(int(n) for text in spec for m in re.finditer(r"\([Rr]oughly ([^)]*)\)", text)
+                      for n in re.findall(r"\d+", m.group(1)))
+        stubs = sorted(int(n) for c in cells if c.cell_type == "code"
+                       and f"BEGIN SOLUTION {ex}" in c.source
+                       for n in re.findall(rf"TODO {re.escape(ex)} \(roughly (\d+) line",
+                                           strip_solutions(c.source)))
+        levels = [render_hints(c.source).count("<details>") for c in cells
+                  if hint_cell_ex(c) == ex]
+        out[ex] = (said, stubs, levels)
+    return out

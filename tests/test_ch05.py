@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from solution_cells import Solution
+from solution_cells import Solution, exercise_page
 
 import cudabook as cb
 from cudabook import env, ncu, torchtrace
@@ -646,35 +646,7 @@ def test_lesson_headings_carry_no_numbers():
 
 # ============================================================================ the exercise page
 
-def _exercise_page(chapter: str) -> dict[str, tuple[list[int], list[int], list[int]]]:
-    """For each graded exercise of solutions/<chapter>_*.ipynb: the sizes its specification
-    states ("(Roughly 8 lines for the kernel, 5 for the launcher.)"), the sizes of the stubs the
-    generator writes, and the number of levels of each of its hints cells."""
-    import nbformat
-    from nbtools import hint_cell_ex, render_hints, strip_solutions
-
-    (path,) = (Path(__file__).resolve().parents[1] / "solutions").glob(f"{chapter}_*.ipynb")
-    cells = nbformat.read(str(path), as_version=4).cells
-    graded = [f"{a}.{b}" for c in cells
-              if c.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in c.source
-              for a, b in re.findall(r"\b(ex\d\d)_(\d+)\(", c.source)]
-    out = {}
-    for ex in graded:
-        spec = [c.source for c in cells if c.cell_type == "markdown"
-                and c.source.startswith(f"## {ex} ")]
-        said = sorted(int(n) for text in spec for m in re.finditer(r"\([Rr]oughly ([^)]*)\)", text)
-                      for n in re.findall(r"\d+", m.group(1)))
-        stubs = sorted(int(n) for c in cells if c.cell_type == "code"
-                       and f"BEGIN SOLUTION {ex}" in c.source
-                       for n in re.findall(rf"TODO {re.escape(ex)} \(roughly (\d+) line",
-                                           strip_solutions(c.source)))
-        levels = [render_hints(c.source).count("<details>") for c in cells
-                  if hint_cell_ex(c) == ex]
-        out[ex] = (said, stubs, levels)
-    return out
-
-
-PAGE = _exercise_page("05")
+PAGE = exercise_page("05")
 
 
 @pytest.mark.parametrize("ex", sorted(PAGE))

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from numba import cuda
-from solution_cells import Solution
+from solution_cells import Solution, exercise_page
 
 import cudabook as cb
 from cudabook import digits, torchops
@@ -709,38 +709,9 @@ def test_ex06_4_stub_fails():
 
 
 # ----------------------------------------------------------------------------- the exercise page
-def _exercise_page(chapter: str) -> dict[str, tuple[list[int], list[int], list[int]]]:
-    """For each graded exercise of solutions/<chapter>_*.ipynb: the sizes its specification
-    states ("(Roughly 8 lines for the kernel, 5 for the launcher.)"), the sizes of the stubs the
-    generator writes, and the number of levels of each of its hints cells."""
-    import re
-
-    import nbformat
-    from nbtools import hint_cell_ex, render_hints, strip_solutions
-
-    cells = nbformat.read(str(SOL_PATH), as_version=4).cells
-    graded = [f"{a}.{b}" for c in cells
-              if c.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in c.source
-              for a, b in re.findall(r"\b(ex\d\d)_(\d+)\(", c.source)]
-    out = {}
-    for ex in graded:
-        spec = [c.source for c in cells if c.cell_type == "markdown"
-                and c.source.startswith(f"## {ex} ")]
-        said = sorted(int(n) for text in spec for m in re.finditer(r"\([Rr]oughly ([^)]*)\)", text)
-                      for n in re.findall(r"\d+", m.group(1)))
-        stubs = sorted(int(n) for c in cells if c.cell_type == "code"
-                       and f"BEGIN SOLUTION {ex}" in c.source
-                       for n in re.findall(rf"TODO {re.escape(ex)} \(roughly (\d+) line",
-                                           strip_solutions(c.source)))
-        levels = [render_hints(c.source).count("<details>") for c in cells
-                  if hint_cell_ex(c) == ex]
-        out[ex] = (said, stubs, levels)
-    return out
-
-
 @needs_solutions
 @pytest.mark.parametrize("ex", ["ex06.1", "ex06.2", "ex06.3", "ex06.4"])
 def test_exercise_states_its_stub_sizes_and_has_two_hints(ex):
-    said, stubs, levels = _exercise_page("06")[ex]
+    said, stubs, levels = exercise_page("06")[ex]
     assert said and said == stubs, f"{ex}: the specification says {said} lines, the stubs {stubs}"
     assert levels == [2], f"{ex}: one hints cell of two levels (a nudge, a closer one): {levels}"

@@ -11,11 +11,15 @@ from solution_cells import Solution
 
 import cudabook as cb
 from cudabook.graders import GradeError, ex08_1, ex08_2, ex08_3, ex08_4
+from cudabook.graders._static import cuda_ptx
 
 hg = cb.load_launch("hgemm")
 SOL = Solution("08")
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not cb.HAS_GPU, reason="needs a CUDA GPU")
+#: NVRTC compiles without a GPU: the graders' PTX rubric runs wherever CuPy is installed
+needs_nvrtc = pytest.mark.skipif(cuda_ptx("test", 'extern "C" __global__ void k() {}') is None,
+                                 reason="NVRTC (CuPy) is not installed")
 
 
 # ============================================================================ launch helpers
@@ -230,6 +234,10 @@ def test_ex08_2_stub_fails():
      "wrong for lanes 16-31 only"),
     (("return g + 8 * (i // 2), 2 * t + i % 2", "return g + 8 * (i % 2), 2 * t + i // 2"),
      "right elements in the wrong order"),
+    (("return 2 * t + i % 2 + 8 * (i // 2), g", "return g, 2 * t + i % 2 + 8 * (i // 2)"),
+     "the pair is swapped: b_frag returns k, n, in that order"),
+    (("2 * t + half + 8 * (reg // 2)", "2 * t + half + 8 * reg"), "lies outside A, which is 16x16"),
+    (("2 * t + half + 8 * (reg // 2)", "t + half + 8 * (reg // 2)"), "claimed twice"),
 ])
 def test_ex08_2_wrong_answers(edit, hint):
     with pytest.raises(GradeError, match=hint):
@@ -260,10 +268,31 @@ def test_ex08_3_stub_fails():
     ("chunk ^ (row % 4)", "2-way bank conflict"),
     ("chunk ^ (row % 16)", "outside the row"),
     ("(chunk ^ (row % 8)) / 1", "expected an int"),
+    ("chunk ^ (row // 8 % 8)", "all store their chunks in the same order"),
 ])
 def test_ex08_3_wrong_answers(new, hint):
     with pytest.raises(GradeError, match=hint):
         ex08_3(SOL.get("ex08.3", "swizzle", edits=[("chunk ^ (row % 8)", new)]))
+
+
+#: the proposed replacement of ex08.3 (the lesson prints the 128-byte swizzle): 64-byte rows
+#: (BK = 32 fp16), 4 chunks a row, two rows per 128-byte line of banks. Its answer lives here
+#: until the solution notebook has the exercise (its cells need a GPU run).
+SWIZZLE_64 = "chunk ^ ((row >> 1) & 3)"
+
+
+def test_ex08_3_64_byte_rows(capsys):
+    ex08_3(eval(f"lambda row, chunk: {SWIZZLE_64}"), row_bytes=64)  # noqa: S307
+    ex08_3(SOL.get("ex08.3", "swizzle"), row_bytes=256)      # 16 chunks: the low 3 bits suffice
+    assert capsys.readouterr().out.split() == ["PASS", "ex08.3"] * 2
+    for answer, hint in [("chunk ^ (row % 8)", "outside the row \\(chunks 0..3\\)"),
+                         ("chunk ^ (row % 4)", "2-way bank conflict.*rows r and r \\+ 1 share"),
+                         ("chunk", "4-way bank conflict.*same order"),
+                         ("(chunk + row) % 2", "not a bijection")]:
+        with pytest.raises(GradeError, match=hint):
+            ex08_3(eval(f"lambda row, chunk: {answer}"), row_bytes=64)  # noqa: S307
+    with pytest.raises(ValueError, match="row_bytes must be 64, 128 or 256"):
+        ex08_3(SOL.get("ex08.3", "swizzle"), row_bytes=96)
 
 
 def test_lesson_swizzle_is_the_kernels():
@@ -288,6 +317,64 @@ def test_lesson_swizzle_is_the_kernels():
                 f"chunk {swizzle(r, c)}"
 
 
+# ============================================================================ ex08_1 rubric (CPU)
+
+#: a plausible answer without tensor cores: one thread per element of C, a scalar loop over K
+SCALAR_1 = """    const int m0 = blockIdx.y * 32, n0 = blockIdx.x * 32;
+    for (int e = threadIdx.x; e < 32 * 32; e += 128) {
+        const int r = m0 + e / 32, c = n0 + e % 32;
+        if (r >= M || c >= N) continue;
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++)
+            sum += __half2float(A[(size_t)r * K + k]) * __half2float(B[(size_t)c * K + k]);
+        C[(size_t)r * N + c] = sum;
+    }
+"""
+BEGIN_1, END_1 = "    // BEGIN SOLUTION ex08.1\n", "    // END SOLUTION\n"
+
+
+def _src_1(edits):
+    return SOL.get("ex08.1", "wmma_tile_src", edits=edits)
+
+
+@pytest.mark.skipif(cb.HAS_GPU, reason="on a GPU the grader goes on (test_ex08_1_reference_passes)")
+@needs_nvrtc
+def test_ex08_1_reference_meets_the_rubric_on_a_cpu():
+    """The code and PTX rubric runs before the GPU is needed: the reference gets that far."""
+    with pytest.raises(GradeError, match="needs a CUDA GPU"):
+        ex08_1(_src_1([]))
+
+
+@pytest.mark.parametrize("edits,hint", [
+    # the stub: the region is gone
+    ([(BEGIN_1, BEGIN_1 + "/*"), (END_1, "*/\n" + END_1)], "still the stub"),
+    # a scalar loop gives the right numbers without tensor cores
+    ([(BEGIN_1, BEGIN_1 + "/*"), (END_1, "*/\n" + SCALAR_1 + END_1)],
+     "no tensor-core instruction in the code"),
+    # ... also when a comment still names wmma::mma_sync
+    ([(BEGIN_1, BEGIN_1 + "/*"), (END_1, "*/\n" + SCALAR_1 + "    // wmma::mma_sync(acc, a, b, "
+                                  "acc); __syncthreads();\n" + END_1)],
+     "no tensor-core instruction in the code"),
+    # barriers removed: nothing orders the tile loads and the fragment loads
+    ([("        __syncthreads();\n", "", 2)], "no __syncthreads"),
+])
+def test_ex08_1_rubric_from_the_code(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex08_1(_src_1(edits))
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("edits,hint", [
+    # the WMMA attempt kept under #if 0, a scalar loop doing the work: only the PTX tells
+    ([(BEGIN_1, BEGIN_1 + "#if 0\n"), (END_1, "#endif\n" + SCALAR_1 + END_1)],
+     "compiled kernel has no tensor-core instruction"),
+    ([("typedef float acc_t;", "typedef half acc_t;")], "accumulates in fp16.*fp16 accumulation"),
+])
+def test_ex08_1_rubric_from_the_ptx(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex08_1(_src_1(edits))
+
+
 # ============================================================================ ex08_1, ex08_4 (GPU)
 
 @gpu
@@ -297,15 +384,32 @@ def test_ex08_1_reference_passes(capsys):
     assert capsys.readouterr().out.strip().endswith("PASS ex08.1")
 
 
-@gpu
-@needs_gpu
-@pytest.mark.parametrize("edits,hint", [
-    ([], "never written"),
+WRONG_1 = [
+    ([], "still the stub"),
     ([("typedef float acc_t;", "typedef half acc_t;")], "fp16 accumulation"),
     ([("        wmma::mma_sync(acc, a, b, acc);\n        __syncthreads();\n",
        "        wmma::mma_sync(acc, a, b, acc);\n")], "__syncthreads"),
     ([("if (r < M && c < N) C[", "C[")], "store guard|past the end"),
-])
+    # the loads skip the elements outside A and B instead of writing zeros: stale tile values
+    ([("As[e] = (m0 + r < M && k0 + c < K) ? A[(size_t)(m0 + r) * K + k0 + c] : "
+       "__float2half(0.0f);",
+       "if (m0 + r < M && k0 + c < K) As[e] = A[(size_t)(m0 + r) * K + k0 + c];"),
+      ("Bs[e] = (n0 + r < N && k0 + c < K) ? B[(size_t)(n0 + r) * K + k0 + c] : "
+       "__float2half(0.0f);",
+       "if (n0 + r < N && k0 + c < K) Bs[e] = B[(size_t)(n0 + r) * K + k0 + c];")],
+     "zero-fill the loads"),
+    # B read as row-major: the fragment holds B^T's transpose, so C = A @ B-ish garbage
+    ([("wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b;",
+       "wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b;")], "wrong products"),
+    # the result rounded through half on its way to C: inf where C is beyond fp16's range
+    ([("= (float)Cs[warp][e];", "= __half2float(__float2half(Cs[warp][e]));")],
+     "beyond fp16's largest value"),
+]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("edits,hint", WRONG_1)
 def test_ex08_1_wrong_answers(edits, hint):
     src = SOL.stub("ex08.1", "wmma_tile_src") if not edits else \
         SOL.get("ex08.1", "wmma_tile_src", edits=edits)
@@ -339,15 +443,42 @@ def test_ex08_4_static_checks(edits, hint):
         ex08_4(src)
 
 
-@gpu
-@needs_gpu
-@pytest.mark.parametrize("edits,hint", [
+@needs_nvrtc
+def test_ex08_4_one_stage_caught_in_the_ptx():
+    """The lesson's one-stage wait in the three-stage loop: right numbers, nothing in flight."""
+    src = SOL.get("ex08.4", "hgemm_pipe_src",
+                  edits=[("cp_async_wait<STAGES - 2>()", "cp_async_wait<0>()")])
+    with pytest.raises(GradeError, match="one-stage loop"):
+        ex08_4(src)
+
+
+@pytest.mark.skipif(cb.HAS_GPU, reason="on a GPU the grader goes on (test_ex08_4_reference_passes)")
+@needs_nvrtc
+def test_ex08_4_reference_meets_the_rubric_on_a_cpu():
+    with pytest.raises(GradeError, match="needs a CUDA GPU"):
+        ex08_4(SOL.get("ex08.4", "hgemm_pipe_src"))
+
+
+WRONG_4 = [
     ([("cp_async_wait<STAGES - 2>()", "cp_async_wait<STAGES - 1>()")], "cp_async_wait<STAGES - 2>"),
     ([("        __syncthreads();                        // everyone's have", "        //"),
       ("        mma_stage(As + (kt % STAGES) * BM * BK, Bs + (kt % STAGES) * BN * BK, acc);\n",
        "        mma_stage(As + (kt % STAGES) * BM * BK, Bs + (kt % STAGES) * BN * BK, acc);\n"
        "        __syncthreads();\n")], "__syncthreads"),
-])
+    # the next tile's copies go into the stage about to be read
+    ([("const int nk = kt + STAGES - 1, ns = nk % STAGES;",
+       "const int nk = kt + STAGES - 1, ns = kt % STAGES;")], "wrong products|racecheck"),
+    # no empty group past the last tile: the count of groups in flight is off at the tail
+    ([("            copy_tile<BN>(Bs + ns * BN * BK, B, N, K, n0, nk * BK);\n        }\n"
+       "        cp_async_commit();\n",
+       "            copy_tile<BN>(Bs + ns * BN * BK, B, N, K, n0, nk * BK);\n"
+       "            cp_async_commit();\n        }\n")], "wrong products|racecheck"),
+]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("edits,hint", WRONG_4)
 def test_ex08_4_wrong_answers(edits, hint):
     if cb.cc() < (8, 0):
         pytest.skip("cp.async needs compute capability 8.0")
@@ -355,3 +486,15 @@ def test_ex08_4_wrong_answers(edits, hint):
         SOL.get("ex08.4", "hgemm_pipe_src", edits=edits)
     with pytest.raises(GradeError, match=hint):
         ex08_4(src)
+
+
+@pytest.mark.skipif(cb.HAS_GPU, reason="on a GPU the wrong answers run in full (above)")
+@needs_nvrtc
+@pytest.mark.parametrize("grader,ex,name,edits,hint",
+                         [(ex08_1, "ex08.1", "wmma_tile_src", e, h) for e, h in WRONG_1 if e]
+                         + [(ex08_4, "ex08.4", "hgemm_pipe_src", e, h) for e, h in WRONG_4])
+def test_gpu_wrong_answers_still_apply(grader, ex, name, edits, hint):
+    """On a CPU: each GPU-only wrong answer's edits still apply to the solution, and the answer
+    gets through the code and PTX rubric to the GPU checks (or is caught there with its hint)."""
+    with pytest.raises(GradeError, match=f"needs a CUDA GPU|{hint}"):
+        grader(SOL.get(ex, name, edits=edits))

@@ -12,7 +12,7 @@ import pytest
 
 import cudabook as cb  # first: decides GPU or simulator mode
 from cudabook import env
-from cudabook.graders import GradeError, ex09_1, ex09_2, ex09_3, ex09_4, ex09_5
+from cudabook.graders import GradeError, ex09_1, ex09_2, ex09_3, ex09_4, ex09_5, ex09_6
 from cudabook.graders.ch09 import attention_reference, merge_reference, partial_softmax
 from solution_cells import Solution
 
@@ -248,6 +248,13 @@ def test_ex09_1_reference_passes(capsys):
      "overflows"),
     ([("base = np.where(np.isneginf(m), np.float32(0), m)", "base = m")], "empty partial"),
     ([("m = np.maximum(m1, m2)", "m = np.minimum(m1, m2)")], "max\\(m1, m2\\)"),
+    # o rescaled with the other side's factor
+    ([("    o = a1[:, None] * o1 + a2[:, None] * o2\n",
+       "    o = a2[:, None] * o1 + a1[:, None] * o2\n")],
+     "o must be rescaled exactly as l"),
+    # a factor per row multiplied into (R, D) without a new axis
+    ([("    o = a1[:, None] * o1 + a2[:, None] * o2\n", "    o = a1 * o1 + a2 * o2\n")],
+     "broadcast.*a1\\[:, None\\]"),
 ])
 def test_ex09_1_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
@@ -301,12 +308,91 @@ LOAD_GUARD = ("            if j0 + jj < Nk:\n                Ks[jj, c] = k[bh, j
 NO_RESCALE = ("        alpha = math.exp(m - m_new)\n", "        alpha = float32(1)\n")
 
 
+#: a per-query kernel without tiles: two passes over K straight from global memory (right values)
+UNTILED = """    bh, row = cuda.blockIdx.y, cuda.blockIdx.x * BR + cuda.threadIdx.x
+    Nq, D, Nk = q.shape[1], q.shape[2], k.shape[1]
+    if row < Nq:
+        m = NEG_INF
+        for j in range(Nk):
+            x = float32(0)
+            for c in range(D):
+                x += q[bh, row, c] * k[bh, j, c]
+            m = max(m, x * scale)
+        l = float32(0)
+        for c in range(D):
+            acc[c] = float32(0)
+        for j in range(Nk):
+            x = float32(0)
+            for c in range(D):
+                x += q[bh, row, c] * k[bh, j, c]
+            p = math.exp(x * scale - m)
+            l += p
+            for c in range(D):
+                acc[c] += p * v[bh, j, c]
+        for c in range(D):
+            o[bh, row, c] = acc[c] / l
+        lse[bh, row] = m + math.log(l)
+"""
+#: the tiled kernel in two passes: the max over every tile first, then the sums (K read twice)
+TWO_PASS = ("    m, l = NEG_INF, float32(0)\n    for j0 in range(0, Nk, BC):\n",
+            "    m, l = NEG_INF, float32(0)\n"
+            "    for j0 in range(0, Nk, BC):\n"
+            "        cuda.syncthreads()\n"
+            "        for e in range(tid, BC * D, BR):\n"
+            "            jj, c = e // D, e % D\n"
+            "            if j0 + jj < Nk:\n"
+            "                Ks[jj, c] = k[bh, j0 + jj, c]\n"
+            "        cuda.syncthreads()\n"
+            "        for jj in range(BC):\n"
+            "            if j0 + jj < Nk:\n"
+            "                x = float32(0)\n"
+            "                for c in range(D):\n"
+            "                    x += q[bh, qr, c] * Ks[jj, c]\n"
+            "                m = max(m, x * scale)\n"
+            "    for j0 in range(0, Nk, BC):\n")
+#: library code inside the kernel: the simulator runs it, a GPU cannot compile it
+WITH_NUMPY = """    bh, row = cuda.blockIdx.y, cuda.blockIdx.x * BR + cuda.threadIdx.x
+    if row < q.shape[1]:
+        x = (k[bh] @ q[bh, row]) * scale
+        p = np.exp(x - x.max())
+        o[bh, row] = (p @ v[bh]) / p.sum()
+        lse[bh, row] = x.max() + math.log(p.sum())
+"""
+
+
+def _replace_region(ex, new):
+    """The edit that replaces ``ex``'s whole solution region by ``new`` (a wrong answer)."""
+    body, begin = SOL.source(ex), f"    ### BEGIN SOLUTION {ex}\n"
+    i, j = body.index(begin), body.index("    ### END SOLUTION")
+    return [(body[i:j], begin + new)]
+
+
 @pytest.mark.parametrize("edits, hint", [
     ([NO_RESCALE], "rescaled by exp\\(m_old - m_new\\)"),
     ([NO_RESCALE, ("p = math.exp(s[jj] - m_new)", "p = math.exp(s[jj])"),
       ("lse[bh, row] = m + math.log(l)", "lse[bh, row] = math.log(l)")], "exp\\(s\\) overflows"),
     pytest.param([LOAD_GUARD], "read past the end of a sequence", marks=SIM_ONLY),
     pytest.param([("        cuda.syncthreads()\n", "", 2)], "syncthreads", marks=SIM_ONLY),
+    # lse without the max
+    ([("lse[bh, row] = m + math.log(l)", "lse[bh, row] = math.log(l)")], "lse = m \\+ log\\(l\\)"),
+    # the dot product over MAXD instead of D: right only for D = 64
+    pytest.param([("for c in range(D):\n                    x += q[bh, qr, c] * Ks[jj, c]",
+                   "for c in range(MAXD):\n                    x += q[bh, qr, c] * Ks[jj, c]")],
+                 "past the head dimension", marks=SIM_ONLY),
+    # structure (cb.trace): right values, not the kernel the exercise asks for
+    (_replace_region("ex09.3", UNTILED), "every thread reads K from global memory itself"),
+    ([TWO_PASS], "read 2 times from global memory by one thread.*passes over the keys"),
+    ([("                acc[c] += p * Vs[jj, c]",
+       "                acc[c] += p * v[bh, min(j0 + jj, Nk - 1), c]")],
+     "every thread reads V from global memory itself"),
+    # no zeros past Nk: V's tail rows are read uninitialised (times p = 0)
+    ([("            else:\n                Ks[jj, c] = float32(0)\n                Vs[jj, c] = "
+       "float32(0)\n", "")], "before any thread of the block wrote it.*fill the rows"),
+    # a barrier only the threads with a query reach
+    ([("        cuda.syncthreads()\n        mt = NEG_INF\n",
+       "        if row < Nq:\n            cuda.syncthreads()\n        mt = NEG_INF\n")],
+     "different numbers of cuda.syncthreads.*must reach every"),
+    (_replace_region("ex09.3", WITH_NUMPY), "the @ operator.*a GPU cannot compile it"),
 ])
 def test_ex09_3_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
@@ -334,6 +420,16 @@ def test_ex09_4_reference_passes(capsys):
      "off by one on the diagonal: the diagonal is masked|is the diagonal masked"),
     ([("j0 + jj <= row:", "j0 + jj <= row + 1:")], "off by one on the diagonal: the mask lets"),
     ([("kv_end = min(Nk, (cuda.blockIdx.x + 1) * BR)", "kv_end = Nk")], "skipped, not loaded"),
+    # the loop stops a tile early: block 0 sees no key at all
+    ([("kv_end = min(Nk, (cuda.blockIdx.x + 1) * BR)", "kv_end = min(Nk, cuda.blockIdx.x * BR)")],
+     "own diagonal tile"),
+    # the bottom-right aligned mask (a decode step's), loop bound moved with it
+    ([("kv_end = min(Nk, (cuda.blockIdx.x + 1) * BR)",
+       "kv_end = min(Nk, (cuda.blockIdx.x + 1) * BR + Nk - Nq)"),
+      ("j0 + jj <= row:", "j0 + jj <= row + Nk - Nq:")], "bottom-right aligned mask"),
+    # per query, straight from global memory, up to the diagonal
+    (_replace_region("ex09.4", UNTILED.replace("range(Nk)", "range(min(Nk, row + 1))")),
+     "every thread reads K from global memory itself"),
 ])
 def test_ex09_4_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
@@ -367,6 +463,20 @@ def test_ex09_5_reference_passes(capsys):
      "scale before subtracting lse"),
     pytest.param([("    if j < k.shape[0]:\n", "    if True:\n")], "guard with j < k.shape|"
                  "index out of range", marks=SIM_ONLY),
+    # dv summed into without zeroing it first (the grader's outputs start as NaN)
+    ([("        for c in range(D):\n            dv[j, c] = float32(0)\n", "")],
+     "without setting it to 0 first"),
+    # dp stored transposed
+    pytest.param([("dp[i, j] = g\n", "dp[j, i] = g\n")], "dp\\[i, j\\] for query i and key j",
+                 marks=SIM_ONLY),
+    # lse divided out after the exp: overflows for scores near 800
+    ([("p = math.exp(s * scale - lse[i])", "p = math.exp(s * scale) / math.exp(lse[i])")],
+     "subtract lse inside the exp"),
+    # a library call inside the kernel
+    ([("                s += q[i, c] * k[j, c]\n", ""),
+      ("            p = math.exp(s * scale - lse[i])",
+       "            p = math.exp(np.dot(q[i], k[j]) * scale - lse[i])")],
+     "np.dot \\(NumPy\\).*a GPU cannot compile it"),
 ])
 def test_ex09_5_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
@@ -502,3 +612,105 @@ def test_torch_op_against_autograd(dt):
 def test_sanitize_targets_run():
     names = [name for name, launch in al.sanitize_targets() if launch() or True]
     assert "attention_v2" in names and "attention_bwd_v1" in names
+
+
+# ============================================================================ ex09_6 (proposed)
+#: The reference answer of the proposed ex09.6 (sliding-window attention). It lives here until the
+#: solution notebook has the exercise: a solution cell there needs a GPU run for its outputs.
+WINDOW_SRC = '''
+BR, BC, MAXD = 16, 16, 64
+NEG_INF = float32(-math.inf)
+
+
+@cuda.jit
+def flash_fwd_window(q, k, v, o, lse, scale, W):
+    Ks = cuda.shared.array((BC, MAXD), float32)
+    Vs = cuda.shared.array((BC, MAXD), float32)
+    acc = cuda.local.array(MAXD, float32)
+    s = cuda.local.array(BC, float32)
+    bh, tid = cuda.blockIdx.y, cuda.threadIdx.x
+    Nq, D = q.shape[1], q.shape[2]
+    Nk = k.shape[1]
+    q0 = cuda.blockIdx.x * BR
+    row = q0 + tid
+    qr = min(row, Nq - 1)
+    for c in range(D):
+        acc[c] = float32(0)
+    m, l = NEG_INF, float32(0)
+    kv_start = max(0, q0 - W + 1) // BC * BC          # the tile of the block's first window key
+    kv_end = min(Nk, q0 + BR)                         # past the block's last query: skipped
+    for j0 in range(kv_start, kv_end, BC):
+        cuda.syncthreads()
+        for e in range(tid, BC * D, BR):
+            jj, c = e // D, e % D
+            if j0 + jj < Nk:
+                Ks[jj, c] = k[bh, j0 + jj, c]
+                Vs[jj, c] = v[bh, j0 + jj, c]
+            else:
+                Ks[jj, c] = float32(0)
+                Vs[jj, c] = float32(0)
+        cuda.syncthreads()
+        mt = NEG_INF
+        for jj in range(BC):
+            j = j0 + jj
+            x = NEG_INF
+            if j < Nk and j <= row and j > row - W:
+                x = float32(0)
+                for c in range(D):
+                    x += q[bh, qr, c] * Ks[jj, c]
+                x *= scale
+            s[jj] = x
+            mt = max(mt, x)
+        m_new = max(m, mt)
+        if m_new > NEG_INF:                           # a tile wholly outside this query's window
+            alpha = math.exp(m - m_new)
+            l *= alpha
+            for c in range(D):
+                acc[c] *= alpha
+            for jj in range(BC):
+                p = math.exp(s[jj] - m_new)
+                l += p
+                for c in range(D):
+                    acc[c] += p * Vs[jj, c]
+            m = m_new
+    if row < Nq:
+        for c in range(D):
+            o[bh, row, c] = acc[c] / l
+        lse[bh, row] = m + math.log(l)
+'''
+
+
+def _window(edits=()):
+    """The reference (or, with ``edits``, a wrong answer) of ex09.6, its source readable by
+    ``inspect`` (the graders' static checks and ``cb.trace`` read it)."""
+    import linecache
+
+    from numba import cuda, float32
+
+    text = WINDOW_SRC
+    for old, new in edits:
+        assert text.count(old) == 1, f"edit of ex09.6 expects {old!r} once"
+        text = text.replace(old, new)
+    name = f"<ex09.6 reference {abs(hash(tuple(edits))) % 10**8}>"
+    linecache.cache[name] = (len(text), None, text.splitlines(keepends=True), name)
+    ns = {"math": math, "np": np, "cuda": cuda, "float32": float32}
+    exec(compile(text, name, "exec"), ns)  # noqa: S102 - the test's own reference answer
+    return ns["flash_fwd_window"]
+
+
+def test_ex09_6_reference_passes(capsys):
+    ex09_6(_window())
+    assert capsys.readouterr().out == "PASS ex09.6\n"
+
+
+@pytest.mark.parametrize("edits, hint", [
+    # no guard: a tile wholly outside a query's window gives exp(-inf + inf) = NaN
+    ([("        if m_new > NEG_INF:                           # a tile wholly outside this "
+       "query's window\n", "        if True:\n")], "skip the update while m_new is -inf"),
+    # the tiles below the window loaded and masked instead of skipped
+    ([("kv_start = max(0, q0 - W + 1) // BC * BC", "kv_start = 0")],
+     "in a tile none of its queries sees"),
+])
+def test_ex09_6_wrong_answers_fail(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex09_6(_window(edits))

@@ -1,8 +1,10 @@
 """Graders of Chapter 8, "Tensor cores: from WMMA to mma.sync to Hopper's wgmma".
 
 ex08_1  CUDA C++: a WMMA tile kernel, C = A @ B^T, fp16 in, fp32 accumulate         GPU
+        (its tensor-core and fp32-accumulator rubric is checked on the CPU: NVRTC's PTX)
 ex08_2  Python: the fragment layout of mma.sync.m16n8k16 (lane, value -> element)    CPU
 ex08_3  Python: a swizzle of 128-byte shared-memory rows (bijective, conflict-free)    CPU
+        (also 64- and 256-byte rows: ``row_bytes``, for a variant the lesson does not print)
 ex08_4  CUDA C++: a 3-stage cp.async pipeline reaching FAST_FRACTION of cuBLAS fp16   GPU, sm_80+
 
 The CUDA C++ graders check ragged and tall-skinny shapes against the float64 product with the
@@ -10,6 +12,12 @@ error bound of fp32 accumulation (``hgemm_launch.tolerance``): a kernel that acc
 fails it as soon as K is large, and is told so. They fill C with NaN followed by a NaN canary,
 call twice with fresh data, and end with compute-sanitizer racecheck on small ragged sizes (a
 missing barrier that happens to give the right numbers).
+
+Before anything runs (so on a CPU too) they read the answer's code, comments and strings
+removed, and the PTX that NVRTC makes of it (which needs no GPU): ex08_1 must reach a
+tensor-core instruction (a scalar loop gives the same numbers; a ``wmma::mma_sync`` in dead
+code or under ``#if 0`` leaves none in the PTX) whose accumulator is fp32; ex08_4 must leave
+tiles in flight (a ``cp.async.wait_group`` above 0).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from ..check import to_numpy
 from ..launch import ceil_div
 from ._core import GradeError, canary_ok, fresh_rng, need_gpu, passed, sync
 from ._race import racecheck
-from ._static import calls, cuda_code
+from ._static import calls, cuda_code, cuda_ptx, ptx_instructions
 
 __all__ = ["ex08_1", "ex08_2", "ex08_3", "ex08_4", "FAST_FRACTION", "FAST_N", "pipe_ratio",
            "with_mma_header"]
@@ -38,6 +46,7 @@ __all__ = ["ex08_1", "ex08_2", "ex08_3", "ex08_4", "FAST_FRACTION", "FAST_N", "p
 FAST_FRACTION = 0.40
 FAST_N = 4096
 U16 = 2.0 ** -11          # unit roundoff of fp16
+FP16_MAX = 65504.0        # the largest finite fp16
 
 
 # ============================================================================ shared helpers
@@ -68,10 +77,16 @@ def _compile(ex: str, src: str, name: str):
                          "__global__ void ...)") from None
 
 
-def _mats(rng, M: int, N: int, K: int):
-    """fp16 inputs (as float32 arrays holding fp16 values) and their float64 references."""
-    A = rng.standard_normal((M, K)).astype(np.float16)
-    B = rng.standard_normal((N, K)).astype(np.float16)
+def _mats(rng, M: int, N: int, K: int, big: bool = False):
+    """fp16 inputs and their float64 references. ``big``: entries in [12, 24], so that with
+    K = 256 the elements of C lie beyond fp16's range (about 8.3e4 > FP16_MAX), and K is small
+    enough that fp32 accumulation of all-positive terms stays well inside the bound."""
+    if big:
+        A = rng.uniform(12, 24, (M, K)).astype(np.float16)
+        B = rng.uniform(12, 24, (N, K)).astype(np.float16)
+    else:
+        A = rng.standard_normal((M, K)).astype(np.float16)
+        B = rng.standard_normal((N, K)).astype(np.float16)
     a64, b64 = A.astype(np.float64), B.astype(np.float64)
     return A, B, a64 @ b64.T, np.abs(a64) @ np.abs(b64).T
 
@@ -89,6 +104,13 @@ def _diagnose(ex: str, case: str, out, ref, absprod, K: int, out_dtype: str, buf
     if buf is not None and not canary_ok(buf, M * N):
         raise GradeError(f"{ex}: {case}: wrote past the end of C: missing store guard "
                          "(if (r < M && c < N))?")
+    over = ~np.isfinite(o) & ~np.isnan(o) & (np.abs(ref) > FP16_MAX)
+    if out_dtype == "float32" and over.any():
+        i, j = (int(v[0]) for v in np.nonzero(over))
+        raise GradeError(f"{ex}: {case}: C[{i}, {j}] is {o[i, j]:g}, expected {ref[i, j]:.6g}: "
+                         f"beyond fp16's largest value ({FP16_MAX:g}), so the result went "
+                         "through half on its way (an fp16 accumulator, or a conversion to half "
+                         "before the store): keep it in float all the way to C")
     nan = np.isnan(o)
     if nan.all():
         raise GradeError(f"{ex}: {case}: C never written (all NaN): is the kernel still the "
@@ -138,10 +160,15 @@ def _guarded(shape, dtype):
 
 # ============================================================================ ex08_1: WMMA
 
-_SHAPES_1 = [(16, 16, 16), (32, 32, 16), (1, 1, 1), (33, 31, 17), (100, 70, 300),
-             (4096, 24, 40), (20, 2000, 64), (256, 256, 4096)]
+#: (M, N, K, big): the first has entries in [12, 24], so C lies beyond fp16's range
+_SHAPES_1 = [(40, 24, 256, True), (16, 16, 16, False), (32, 32, 16, False), (1, 1, 1, False),
+             (33, 31, 17, False), (100, 70, 300, False), (4096, 24, 40, False),
+             (20, 2000, 64, False), (256, 256, 4096, False)]
 _HINT_1 = ("a __syncthreads() between filling the shared tiles and reading them, and another "
            "before they are overwritten?")
+_HINT_K = ("right while K was a multiple of 16, wrong now: the last k-step's tile columns past K "
+           "must hold zeros. Zero-fill the loads outside A and B (a load that is skipped leaves "
+           "the previous step's values, or garbage, in the tile); if it is not that: " + _HINT_1)
 
 
 def _launch_1(kern, A, B, C, M, N, K):
@@ -149,26 +176,79 @@ def _launch_1(kern, A, B, C, M, N, K):
          (A, B, C, np.int32(M), np.int32(N), np.int32(K)))
 
 
+def _mma_dtype(op: str) -> str:
+    """The accumulator (D) type of a wmma.mma / mma.sync instruction: the first type after its
+    shape (``wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32`` -> ``f32``)."""
+    parts = op.split(".")
+    at = next((i for i, p in enumerate(parts) if re.fullmatch(r"m\d+n\d+k\d+", p)), None)
+    if at is None:
+        return "?"
+    rest = [p for p in parts[at + 1:] if p not in ("row", "col", "satfinite")]
+    return rest[0] if rest else "?"
+
+
+def _rubric_1(ex: str, src: str) -> None:
+    """ex08.1's rubric from the source and its PTX (CPU): a tensor-core instruction that the
+    compiler kept, an fp32 accumulator, barriers around the shared tiles."""
+    if not isinstance(src, str):
+        raise GradeError(f"{ex}: expected the CUDA C++ source as a str, got {type(src).__name__}")
+    code = cuda_code(src)
+    if not (calls(code, "mma_sync") or re.search(r'\basm\b[^;]*"[^"]*\bmma\.sync', code)):
+        raise GradeError(f"{ex}: no tensor-core instruction in the code (no wmma::mma_sync): is "
+                         "the kernel still the stub? A loop of scalar multiply-adds gives the "
+                         "same numbers, but the exercise is the tensor-core kernel: fragments "
+                         "loaded from the shared tiles with wmma::load_matrix_sync, multiplied "
+                         "with wmma::mma_sync into an accumulator fragment")
+    if calls(code, "__syncthreads") == 0:
+        raise GradeError(f"{ex}: no __syncthreads() in the code: all 128 threads fill the shared "
+                         "tiles and every warp reads them, so the block needs a barrier before "
+                         "the tiles are read and another before they are overwritten")
+    cc = env.cc() if env.HAS_GPU else (8, 0)      # on a CPU: the architecture most readers have
+    ptx = cuda_ptx(ex, with_mma_header(src), f"compute_{cc[0]}{cc[1]}")
+    if ptx is None:                  # no NVRTC here: the GPU run below compiles and checks
+        return
+    ops = [i.split()[0] for i in ptx_instructions(ex, ptx, "wmma_tile")]
+    mma = [op for op in ops if op.startswith(("wmma.mma.", "mma.sync."))]
+    if not mma:
+        raise GradeError(f"{ex}: the compiled kernel has no tensor-core instruction (no "
+                         "wmma.mma.sync or mma.sync in its PTX): the mma_sync of the source is "
+                         "never reached (dead code, or under #if 0?), so something else computes "
+                         "C; the exercise is the tensor-core kernel")
+    half = [op for op in mma if _mma_dtype(op) == "f16"]
+    if half:
+        raise GradeError(f"{ex}: the compiled kernel accumulates in fp16 ({half[0]}: its "
+                         "accumulator type is .f16): fp16 accumulation loses digits as K grows "
+                         "and overflows past 65504; accumulate in fp32 (an accumulator fragment "
+                         "of float, acc_t = float) and round only the result")
+
+
 def ex08_1(src: str) -> None:
     """``src`` defines ``wmma_tile(const half* A, const half* B, float* C, int M, int N, int K)``:
     C = A @ B^T (A (M, K), B (N, K), fp16; C (M, N) fp32) with WMMA, fp32 accumulation. Block
     of 128 threads (4 warps, 2x2, each a 16x16 tile of C), grid (ceil(N/32), ceil(M/32)).
-    Ragged, tall-skinny and deep (K = 4096) shapes, each twice with fresh data; then racecheck.
+    First the rubric from the code and its PTX (on a CPU too: a tensor-core instruction the
+    compiler kept, an fp32 accumulator, barriers); then on a GPU sums beyond fp16's range,
+    ragged, tall-skinny and deep (K = 4096) shapes, each twice with fresh data; then racecheck.
     """
     ex = "ex08.1"
+    _rubric_1(ex, src)
     need_gpu(ex)
     import cupy
 
     kern = _compile(ex, src, "wmma_tile")
     rng, seed = fresh_rng()
-    for M, N, K in _SHAPES_1:
+    whole_k = False                     # a case with K a multiple of 16 has passed
+    for M, N, K, big in _SHAPES_1:
         for rep in range(2):
-            A, B, ref, absprod = _mats(rng, M, N, K)
+            A, B, ref, absprod = _mats(rng, M, N, K, big)
             C, buf = _guarded((M, N), np.float32)
-            case = f"M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
+            case = (f"M={M}, N={N}, K={K}{', entries in [12, 24]: C beyond fp16' if big else ''}"
+                    f" (seed {seed}, call {rep + 1})")
             dA, dB = cupy.asarray(A), cupy.asarray(B)
             _call(ex, case, lambda: _launch_1(kern, dA, dB, C, M, N, K))
-            _diagnose(ex, case, C, ref, absprod, K, "float32", buf, hint_sync=_HINT_1)
+            _diagnose(ex, case, C, ref, absprod, K, "float32", buf,
+                      hint_sync=_HINT_K if K % 16 and whole_k else _HINT_1)
+            whole_k |= K % 16 == 0
     racecheck(ex, with_mma_header(src), "wmma_tile", "cudabook.graders.ch08:_race_ex08_1",
               hint=_HINT_1)
     passed(ex)
@@ -216,10 +296,10 @@ def _a_swapped(g: int, t: int, i: int) -> tuple[int, int]:
     return g + 8 * (i // 4), 2 * t + i % 2 + 8 * ((i // 2) % 2)
 
 
-#: name -> (layout as a function of (g, t, i), values per lane, what)
-_FRAGS = {"a_frag": (_a_gt, 8, "A (16x16: row, k)"),
-          "b_frag": (_b_gt, 4, "B (16x8: k, n)"),
-          "c_frag": (_c_gt, 4, "C (16x8: row, col)")}
+#: name -> (layout as a function of (g, t, i), values per lane, what, shape)
+_FRAGS = {"a_frag": (_a_gt, 8, "A (16x16: row, k)", (16, 16)),
+          "b_frag": (_b_gt, 4, "B (16x8: k, n)", (16, 8)),
+          "c_frag": (_c_gt, 4, "C (16x8: row, col)", (16, 8))}
 
 
 def _lanes(ls: list[int]) -> str:
@@ -238,7 +318,7 @@ def ex08_2(a_frag: Callable, b_frag: Callable, c_frag: Callable) -> None:
     the lower half first; B: 4 values; C: 4 floats). Graded on the CPU against the PTX ISA."""
     ex = "ex08.2"
     for name, fn in (("a_frag", a_frag), ("b_frag", b_frag), ("c_frag", c_frag)):
-        lay, n, what = _FRAGS[name]
+        lay, n, what, shape = _FRAGS[name]
         wrong, seen = {}, {}
         for lane in range(32):
             for i in range(n):
@@ -256,8 +336,19 @@ def ex08_2(a_frag: Callable, b_frag: Callable, c_frag: Callable) -> None:
         msg = (f"{ex}: {name} of {what} is {where}: {name}({lane0}, {i}) = {got}, the "
                f"instruction puts {lay(g, t, i)} there")
         dup = [e for e, who in seen.items() if len(who) > 1]
+        outside = [(ln, i_, got_) for ln, ws in wrong.items() for i_, got_ in ws
+                   if not (0 <= got_[0] < shape[0] and 0 <= got_[1] < shape[1])]
         if all(got_ == lay(ln % 4, ln // 4, i_) for ln, ws in wrong.items() for i_, got_ in ws):
             msg += "; group and thread swapped? g = lane / 4 (the row), t = lane % 4"
+        elif all(got_ == lay(ln // 4, ln % 4, i_)[::-1] for ln, ws in wrong.items()
+                 for i_, got_ in ws):
+            msg += (f"; the pair is swapped: {name} returns {what.split(': ')[1].rstrip(')')}, "
+                    "in that order")
+        elif outside:
+            ln, i_, got_ = outside[0]
+            msg += (f"; {name}({ln}, {i_}) = {got_} lies outside {what.split(' (')[0]}, which is "
+                    f"{shape[0]}x{shape[1]}: each + 8 (the second block of 8 rows, or of k) "
+                    "takes one bit of the register number i // 2, so no index passes 15")
         elif name == "a_frag" and all(got_ == _a_swapped(ln // 4, ln % 4, i_)
                                       for ln, ws in wrong.items() for i_, got_ in ws):
             msg += ("; the registers of A are ordered (rows g, k 0-7), (rows g+8, k 0-7), "
@@ -292,15 +383,21 @@ def _value(ex: str, name: str, fn: Callable, lane: int, i: int) -> tuple[int, in
 
 # ============================================================================ ex08_3: swizzle
 
-def ex08_3(swizzle: Callable[[int, int], int], rows: int = 64) -> None:
-    """``swizzle(row, chunk)``: where 16-byte chunk ``chunk`` (0..7) of row ``row`` of a tile with
-    128-byte rows is stored in that row. Graded on the CPU: a bijection of each row's chunks, and
-    conflict-free for ldmatrix (8 rows r0..r0+7, one logical chunk: 8 different 16-byte bank
-    groups) and for the 16-byte stores of cp.async (8 lanes, one row)."""
+def ex08_3(swizzle: Callable[[int, int], int], rows: int = 64, row_bytes: int = 128) -> None:
+    """``swizzle(row, chunk)``: where 16-byte chunk ``chunk`` of row ``row`` of a tile with
+    ``row_bytes``-byte rows (64, 128 or 256: 4, 8 or 16 chunks; the exercise's is 128) is stored
+    in that row. Graded on the CPU: a bijection of each row's chunks, and conflict-free for
+    ldmatrix (8 rows r0..r0+7, one logical chunk: 8 different 16-byte bank groups; the 16-byte
+    stores of cp.async, 8 lanes over consecutive chunks, are then conflict-free too)."""
     ex = "ex08.3"
-    phys = np.zeros((rows, 8), dtype=np.int64)
+    if row_bytes not in (64, 128, 256):
+        raise ValueError(f"ex08_3: row_bytes must be 64, 128 or 256, got {row_bytes!r}")
+    if not isinstance(rows, int) or rows < 8 or rows % 8:
+        raise ValueError(f"ex08_3: rows must be a positive multiple of 8, got {rows!r}")
+    n = row_bytes // 16
+    phys = np.zeros((rows, n), dtype=np.int64)
     for r in range(rows):
-        for c in range(8):
+        for c in range(n):
             try:
                 v = swizzle(r, c)
             except NotImplementedError:
@@ -311,31 +408,40 @@ def ex08_3(swizzle: Callable[[int, int], int], rows: int = 64) -> None:
                     from None
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise GradeError(f"{ex}: swizzle({r}, {c}) returned {v!r}; expected an int "
-                                 "chunk index 0..7")
-            if not 0 <= int(v) < 8:
+                                 f"chunk index 0..{n - 1}")
+            if not 0 <= int(v) < n:
                 raise GradeError(f"{ex}: swizzle({r}, {c}) = {v} is outside the row (chunks "
-                                 "0..7): the data would land in another row")
+                                 f"0..{n - 1}): the data would land in another row")
             phys[r, c] = int(v)
     for r in range(rows):
-        if len(set(phys[r])) < 8:
+        if len(set(phys[r])) < n:
             vals, counts = np.unique(phys[r], return_counts=True)
             s = int(vals[counts > 1][0])
             cs = [int(c) for c in np.nonzero(phys[r] == s)[0]]
             raise GradeError(f"{ex}: not a bijection: in row {r}, chunks {cs} are stored at "
-                             f"chunk {s}, so one overwrites the other (each row's 8 chunks must "
-                             "go to 8 different places)")
+                             f"chunk {s}, so one overwrites the other (each row's {n} chunks "
+                             f"must go to {n} different places)")
     # ldmatrix: lanes 8m..8m+7 read rows r0..r0+7 (r0 a multiple of 8) at one logical chunk;
     # 16-byte accesses, 8 per wavefront: conflict-free iff the 8 bank groups (addr / 16) % 8 differ
+    why = ("a row is 128 bytes, all 32 banks, so only the chunk decides the bank: the 8 rows "
+           "need 8 different chunks" if n == 8 else
+           f"a row is {row_bytes} bytes, so chunk p of row r is in bank group ({n} r + p) % 8"
+           + (": rows r and r + 1 share one 128-byte line of banks" if n == 4 else ""))
     for r0 in range(0, rows, 8):
-        for c in range(8):
-            groups = [(r * 8 + int(phys[r, c])) % 8 for r in range(r0, r0 + 8)]
+        for c in range(n):
+            groups = [(r * n + int(phys[r, c])) % 8 for r in range(r0, r0 + 8)]
             ways = max(groups.count(x) for x in groups)
+            if ways > 1 and all((phys[r] == phys[r0]).all() for r in range(r0, r0 + 8)):
+                raise GradeError(f"{ex}: {ways}-way bank conflict for ldmatrix: rows "
+                                 f"{r0}..{r0 + 7} all store their chunks in the same order "
+                                 f"{phys[r0].tolist()}, so chunk {c} of the 8 rows lands on "
+                                 f"bank groups {groups}; the swizzle must change from row to "
+                                 "row within a group of 8 (the low bits of the row), not only "
+                                 "between groups")
             if ways > 1:
                 raise GradeError(f"{ex}: {ways}-way bank conflict for ldmatrix: rows "
-                                 f"{r0}..{r0 + 7} at chunk {c} land on bank groups {groups} (a "
-                                 "row is 128 bytes, all 32 banks, so only the chunk decides the "
-                                 "bank: the 8 rows need 8 different chunks); XOR the chunk with "
-                                 "bits of the row?")
+                                 f"{r0}..{r0 + 7} at chunk {c} land on bank groups {groups} "
+                                 f"({why}); XOR the chunk with bits of the row?")
     passed(ex)
 
 
@@ -374,6 +480,18 @@ def ex08_4(src: str, fraction: float = FAST_FRACTION) -> None:
         raise GradeError(f"{ex}: no __syncthreads() in the source: cp_async_wait covers only "
                          "this thread's copies, so the block must sync before reading a stage "
                          "other threads filled, and before refilling one others still read")
+    ptx = cuda_ptx(ex, with_mma_header(src), "compute_80")     # cp.async is real from sm_80
+    if ptx is not None:
+        waits = [int(w.split()[1]) if len(w.split()) > 1 else 0
+                 for w in ptx_instructions(ex, ptx, "hgemm_pipe")
+                 if w.startswith(("cp.async.wait_group", "cp.async.wait_all"))]
+        if waits and max(waits) == 0:
+            raise GradeError(f"{ex}: every k-step waits for all of its copies "
+                             "(cp_async_wait<0>(): the compiled kernel's only wait is "
+                             "cp.async.wait_group 0), which is the one-stage loop: nothing is in "
+                             "flight while a tile is multiplied. Wait with "
+                             "cp_async_wait<STAGES - 2>(), which leaves the newer tiles' copies "
+                             "in flight")
     need_gpu(ex)
     if env.cc() < (8, 0):
         print(f"skipped: {ex} needs compute capability 8.0+ (cp.async); this GPU is "

@@ -5,16 +5,28 @@ ex09_2  CUDA C++ via CuPy: merge S partial results per row (the split-KV combine
 ex09_3  Numba: tiled fp32 FlashAttention forward (online softmax, ragged lengths)       simulator
 ex09_4  Numba: the causal version, tiles past the diagonal skipped                      simulator
 ex09_5  Numba: the backward of one key tile, dV and dP, from the saved logsumexp        simulator
+ex09_6  Numba: sliding-window attention, tiles outside the window skipped on both sides  simulator
+        (proposed: not in the notebook yet, its solution cell needs a GPU run; the reference
+        answer and the wrong answers are in tests/test_ch09.py)
 
 Scores are S = scale * Q K^T; a partial result over a set of keys is (m, l, o) with m the max
 score, l = sum exp(s - m) and o = sum exp(s - m) v (not yet divided by l). Every grader runs
 sizes that are no multiple of a tile, scores large enough that exp(s) overflows, and compares
 with float64 references (the backward with PyTorch autograd).
+
+The Numba graders first refuse a kernel that hands the work to a library (NumPy, PyTorch, the @
+operator: the simulator runs a kernel as Python, so that would pass there and fail to compile
+on a GPU). After the values, ex09_3 and ex09_4 check the structure the exercise asks for with
+``cb.trace`` of two small launches (a simulator subprocess, on a GPU too): every K and V element
+read from global memory once per block (through the shared tiles, in one pass: the online
+softmax), tile by tile, no shared element read before it is written (the zero-filled tail), and
+every barrier reached by every thread.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable
 
 import numpy as np
@@ -36,31 +48,44 @@ from ._core import (
 )
 from ._core import compile_kernel as _compile
 from ._race import explain, simulate
+from ._static import foreign_calls
 
-__all__ = ["ex09_1", "ex09_2", "ex09_3", "ex09_4", "ex09_5", "attention_reference",
+__all__ = ["ex09_1", "ex09_2", "ex09_3", "ex09_4", "ex09_5", "ex09_6", "attention_reference",
            "partial_softmax", "merge_reference", "BR", "BC"]
 
 BR = 16        # ex09_3, ex09_4: queries per block (one thread each)
 BC = 16        # ex09_3, ex09_4: keys per tile
+#: ex09_3, ex09_4: the launches traced for the structure check, (BH, Nq, Nk, D): before the
+#: values, a sequence shorter than one tile (one block: cheap, and it finds most mistakes of
+#: structure); after them, three key tiles (the last partial) over two blocks of queries
+TRACED = ((1, 3, 5, 8), (1, 20, 37, 8))
 RTOL = 1e-4    # float32 results against float64 references
 ATOL = 1e-5
 
 
 # ----------------------------------------------------------------------------- references
 def attention_reference(q, k, v, causal: bool = False, scale: float | None = None,
-                        shift: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                        shift: int = 0, window: int | None = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """(o, lse) of softmax(scale q k^T) v in float64, for (..., Nq, D) q and (..., Nk, D) k, v.
 
     causal: query i sees keys j <= i + shift (shift = 0 is torch's is_causal; the graders use
-    shift = -1 and +1 to recognise a mask that is off by one). A row that sees no key gives
-    o = 0 and lse = -inf.
+    shift = -1 and +1 to recognise a mask that is off by one). window (with causal): only the
+    last ``window`` of those, j > i + shift - window (a sliding window). A row that sees no
+    key gives o = 0 and lse = -inf.
     """
+    if window is not None and (not causal or int(window) < 1):
+        raise ValueError(f"attention_reference: window needs causal=True and window >= 1, got "
+                         f"causal={causal}, window={window!r}")
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     s = (q @ np.swapaxes(k, -1, -2)) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
     if causal:
         i = np.arange(q.shape[-2])[:, None]
         j = np.arange(k.shape[-2])[None, :]
-        s = np.where(j <= i + shift, s, -np.inf)
+        seen = j <= i + shift
+        if window is not None:
+            seen &= j > i + shift - int(window)
+        s = np.where(seen, s, -np.inf)
     m = s.max(-1, keepdims=True)
     mb = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - mb)
@@ -129,8 +154,14 @@ def ex09_1(merge: Callable) -> None:
     for what, a, b, ref in _merge_cases(rng):
         case = f"{what} (seed {seed})"
         got: list = []
-        with np.errstate(all="ignore"):
-            call(ex, case, lambda: got.append(merge(*a, *b)))
+        try:
+            with np.errstate(all="ignore"):
+                call(ex, case, lambda: got.append(merge(*a, *b)))
+        except GradeError as e:
+            if "broadcast" not in str(e):
+                raise
+            raise GradeError(f"{e}: a factor per row, shape (R,), scales o of shape (R, D) only as "
+                             "a column: a1[:, None] * o1") from None
         res = got[0]
         if not isinstance(res, tuple) or len(res) != 3:
             raise GradeError(f"{ex}: {case}: return the tuple (m, l, o), got "
@@ -274,37 +305,44 @@ def _to_dev(x):
 
 
 def _fwd_cases(rng, causal: bool):
+    """(what, q, k, v) of the forward graders, the cheap and telling ones first (a wrong answer
+    fails early, and the graders' tests stay fast)."""
     cases = []
+    D = 16                  # scores near 256 (exp overflows past 88 in float32): q_0 = k_0 = 32
+    q, k = rng.standard_normal((1, 20, D)), rng.standard_normal((1, 37, D))
+    q[..., 0] = k[..., 0] = 32.0                      # exact, so float32 keeps the rest accurate
+    large = ("large scores (near 256)", q, k, rng.standard_normal((1, 37, D)))
     for BH, Nq, Nk, D in [(1, 1, 1, 8), (2, 17, 17, 16), (1, 40, 33, 32), (2, 5, 50, 16),
-                          (1, 33, 16, 64)]:
+                          (1, 33, 16, 64), (1, 7, 19, 5)]:
         if causal and Nk < Nq:
             Nk = Nq + 3
         q = rng.standard_normal((BH, Nq, D)) * 1.5
         cases.append((f"BH={BH}, Nq={Nq}, Nk={Nk}, D={D}", q, rng.standard_normal((BH, Nk, D)),
                       rng.standard_normal((BH, Nk, D))))
-    D = 16                  # scores near 256 (exp overflows past 88 in float32): q_0 = k_0 = 32
-    q, k = rng.standard_normal((1, 20, D)), rng.standard_normal((1, 37, D))
-    q[..., 0] = k[..., 0] = 32.0                      # exact, so float32 keeps the rest accurate
-    cases.append(("large scores (near 256)", q, k, rng.standard_normal((1, 37, D))))
+    cases.insert(1, large)
     return [(w, *(x.astype(np.float32) for x in (q, k, v))) for w, q, k, v in cases]
 
 
-def _grade_fwd(ex: str, kernel, causal: bool) -> None:
+def _grade_fwd(ex: str, kernel, causal: bool, windows: tuple[int, ...] = ()) -> None:
+    """The value checks of ex09.3/4/6. ``windows``: a sliding window per case, cycled (ex09.6:
+    the kernel takes the window as a last argument)."""
     rng, seed = fresh_rng()
     cases = _fwd_cases(rng, causal)
-    if causal:                                        # keys no query can see: poisoned
+    if causal and not windows:                        # keys no query can see: poisoned
         D = 16
         q = rng.standard_normal((1, 20, D)).astype(np.float32)
         k = rng.standard_normal((1, 100, D)).astype(np.float32)
         v = rng.standard_normal((1, 100, D)).astype(np.float32)
-        cases.append(("Nq=20 < Nk=100: keys from 32 on (tiles past every block's diagonal) are "
-                      "NaN", q, k, v))
+        cases.insert(4, ("Nq=20 < Nk=100: keys from 32 on (tiles past every block's diagonal) "
+                         "are NaN", q, k, v))          # after Nq != Nk: a mask's own hint first
     for rep in range(2):
-        for what, q, k, v in cases:
+        for n_case, (what, q, k, v) in enumerate(cases):
             BH, Nq, D = q.shape
             Nk = k.shape[1]
             scale = np.float32(1 / math.sqrt(D))
-            case = f"{what} (seed {seed}, call {rep + 1})"
+            W = windows[n_case % len(windows)] if windows else None
+            extra = (np.int32(W),) if windows else ()
+            case = f"{what}{f', window W={W}' if windows else ''} (seed {seed}, call {rep + 1})"
             o, buf = guarded((BH, Nq, D))
             lse, lbuf = guarded((BH, Nq))
             kk, vv = _views(k, 7), _views(v, 7)
@@ -317,7 +355,8 @@ def _grade_fwd(ex: str, kernel, causal: bool) -> None:
 
             def run():
                 try:
-                    kernel[(ceil_div(Nq, BR), BH), BR](_to_dev(q), kk, vv, o, lse, scale)
+                    kernel[(ceil_div(Nq, BR), BH), BR](_to_dev(q), kk, vv, o, lse, scale,
+                                                       *extra)
                 except OverflowError:      # the simulator's math.exp raises where a GPU gives inf
                     raise GradeError(f"{ex}: {case}: exp overflowed: subtract the running max "
                                      "before exp (s - m <= 0), and rescale acc and l by "
@@ -327,24 +366,25 @@ def _grade_fwd(ex: str, kernel, causal: bool) -> None:
                         raise
                     raise GradeError(f"{ex}: {case}: log(l) with l = 0: a query saw no key at "
                                      "all" + (" (is the diagonal masked? a query sees itself, "
-                                              "j <= i)" if causal else "")) from None
+                                              "j <= i; and does the tile loop reach the block's "
+                                              "own diagonal tile? it ends at min(Nk, q0 + BR), "
+                                              "q0 = blockIdx.x * BR)" if causal else "")) \
+                        from None
                 except IndexError as e:
-                    raise GradeError(f"{ex}: {case}: read past the end of a sequence ({e}): "
-                                     f"Nk = {Nk} is no multiple of the tile; load a key only "
-                                     "when j0 + jj < Nk (zeros otherwise) and mask its score to "
-                                     "-inf") from None
+                    raise GradeError(f"{ex}: {case}: {_index_hint(str(e), Nq, Nk, D)}") \
+                        from None
             call(ex, case, run)
             if not (canary_ok(buf, BH * Nq * D) and canary_ok(lbuf, BH * Nq)):
                 raise GradeError(f"{ex}: {case}: wrote past the end of o or lse: write only "
                                  "when the query row < Nq")
             got, gl = to_numpy(o).astype(np.float64), to_numpy(lse).astype(np.float64)
-            ref, rl = attention_reference(q, k, v, causal)
+            ref, rl = attention_reference(q, k, v, causal, window=W)
             # scores near 256 carry float32 rounding of 256 * 2^-24 per term: looser there
             rt, at = (1e-3, 2e-4) if "large" in what else (2e-4, 2e-5)
             bad_o = _bad(got, ref, rt, at)
             if not (bad_o.any() or _bad(gl, rl, 2e-5, 2e-5).any()):
                 continue
-            msg = (f"{ex}: {case}: {_fwd_hint(got, gl, ref, q, k, v, causal, what)} "
+            msg = (f"{ex}: {case}: {_fwd_hint(got, gl, ref, q, k, v, causal, what, W)} "
                    f"({error_summary(got, ref, bad_o)})" if bad_o.any() else
                    f"{ex}: {case}: lse is wrong ({error_summary(gl, rl, _bad(gl, rl))}): "
                    "lse = m + log(l), natural log, of the scaled scores")
@@ -353,7 +393,22 @@ def _grade_fwd(ex: str, kernel, causal: bool) -> None:
             raise GradeError(explain(ex, case, msg, kernel, (ceil_div(Nq, BR), BH), BR, q,
                                      to_numpy(kk), to_numpy(vv), np.full((BH, Nq, D), np.nan,
                                                                          np.float32),
-                                     np.full((BH, Nq), np.nan, np.float32), scale))
+                                     np.full((BH, Nq), np.nan, np.float32), scale, *extra))
+
+
+def _index_hint(err: str, Nq: int, Nk: int, D: int) -> str:
+    """What an IndexError of the simulator (``index 8 is out of bounds for axis 2 with size
+    8``) says about a forward kernel."""
+    m = re.search(r"axis (\d) with size (\d+)", err)
+    axis, size = (int(m.group(1)), int(m.group(2))) if m else (1, Nk)
+    if axis == 2:
+        return (f"an index past the head dimension ({err}): loop over c < D = q.shape[2] (D = "
+                f"{D} here; it need not be a multiple of anything, nor MAXD)")
+    if axis == 1 and size == Nq and Nq != Nk:
+        return (f"read past the last query ({err}): a thread past Nq = {Nq} still helps load the "
+                "tiles but reads its query at row min(row, Nq - 1), and writes nothing")
+    return (f"read past the end of a sequence ({err}): Nk = {Nk} is no multiple of the tile; "
+            "load a key only when j0 + jj < Nk (zeros otherwise) and mask its score to -inf")
 
 
 def _no_rescale(q, k, v, causal: bool):
@@ -377,7 +432,11 @@ def _no_rescale(q, k, v, causal: bool):
         return out / ll[..., None]
 
 
-def _fwd_hint(got, gl, ref, q, k, v, causal, what) -> str:
+def _fwd_hint(got, gl, ref, q, k, v, causal, what, window: int | None = None) -> str:
+    if window is not None:
+        return _window_hint(got, q, k, v, window, what)
+    # the value check's tolerance: scores near 256 carry more float32 rounding
+    tol = dict(rtol=1e-3, atol=2e-4) if "large" in what else dict(rtol=2e-4, atol=2e-5)
     if "large" in what and not np.isfinite(got).all():
         return ("inf or NaN with large scores: exp(s) overflows. Subtract the running max "
                 "(s - m <= 0) and rescale acc and l by exp(m_old - m_new) when it grows")
@@ -397,18 +456,25 @@ def _fwd_hint(got, gl, ref, q, k, v, causal, what) -> str:
             r, rl = attention_reference(q, k, v, True, shift=shift)
             # rows that see a key under that mask, and (shift = 1) whose extra key lies in a
             # tile the block loads: most of them match when the mask is off by one
-            same = np.isclose(got, r, rtol=2e-4, atol=2e-5).all(-1) & np.isfinite(rl)
+            same = np.isclose(got, r, **tol).all(-1) & np.isfinite(rl)
             if same.sum() >= 0.7 * np.isfinite(rl).sum() > 0:
                 return f"mask off by one on the diagonal: {msg}"
         r, _ = attention_reference(q, k, v, False)
-        if np.allclose(got, r, rtol=2e-4, atol=2e-5):
+        if np.allclose(got, r, **tol):
             return "this is the non-causal result: mask the scores of keys j > i to -inf"
+        nq, nk = q.shape[1], k.shape[1]
+        if nq != nk:
+            r, _ = attention_reference(q, k, v, True, shift=nk - nq)
+            if np.allclose(got, r, **tol, equal_nan=True):
+                return (f"this is the bottom-right aligned mask (j <= i + Nk - Nq, Nk - Nq = "
+                        f"{nk - nq}), the one a decode step needs; the exercise's is top-left, "
+                        "torch's is_causal: query i sees keys j <= i whatever Nk is")
     if np.isnan(got).any():
         rows = np.unique(np.nonzero(np.isnan(got))[1])
         return (f"NaN in rows {rows[:5].tolist()}: read past the end of a sequence (the keys "
                 "after Nk are NaN here), a row never written, or exp(-inf - (-inf)) while every "
                 "key seen so far is masked")
-    if np.allclose(got, _no_rescale(q, k, v, causal), rtol=2e-4, atol=2e-5):
+    if np.allclose(got, _no_rescale(q, k, v, causal), **tol):
         return ("right for one tile, wrong across tiles: when the max grows, acc and l "
                 "(summed against the old max) must be rescaled by exp(m_old - m_new)")
     return ("wrong values: per tile, m_new = max(m, tile max), acc and l times exp(m - m_new), "
@@ -416,17 +482,153 @@ def _fwd_hint(got, gl, ref, q, k, v, causal, what) -> str:
             "change from run to run point at a missing cuda.syncthreads() around the tile load")
 
 
+def _window_hint(got, q, k, v, W: int, what: str = "") -> str:
+    """ex09.6: what a wrong sliding-window output looks like."""
+    if np.isnan(got).all():
+        return "output never written: is the kernel body still the stub?"
+    if np.isnan(got).any():
+        rows = np.unique(np.nonzero(np.isnan(got))[1])
+        return (f"NaN in rows {rows[:5].tolist()}: a tile whose keys all lie outside a query's "
+                "window leaves its max, and m_new, at -inf, and exp(m - m_new) = "
+                "exp(-inf + inf) is NaN: skip the update while m_new is -inf (or read past "
+                "the end of a sequence: the keys after Nk are NaN here)")
+
+    tol = dict(rtol=1e-3, atol=2e-4) if "large" in what else dict(rtol=2e-4, atol=2e-5)
+
+    def same(r) -> bool:
+        return np.allclose(got, r, **tol)
+    for w, msg in ((W + 1, f"it lets query i see W + 1 = {W + 1} keys: i - W < j <= i, the "
+                    "W keys ending at the diagonal"),
+                   (W - 1, f"it lets query i see only W - 1 = {W - 1} keys: i - W < j <= i")):
+        if w >= 1 and same(attention_reference(q, k, v, True, window=w)[0]):
+            return f"window off by one: {msg}"
+    if same(attention_reference(q, k, v, True)[0]):
+        return (f"this is causal attention without the window: mask the keys j <= i - W "
+                f"(W = {W}) too")
+    if same(attention_reference(q, k, v, True, shift=-1, window=W)[0]):
+        return "the diagonal is masked: a query sees itself, j <= i"
+    return ("wrong values: per tile, the scores of keys outside i - W < j <= i are -inf; "
+            "m_new = max(m, tile max), and only when it is finite: acc and l times "
+            "exp(m - m_new), then p = exp(s - m_new) added")
+
+
 _FWD_SYNC = ("a cuda.syncthreads() after loading the K/V tile (before anyone reads it) and one "
              "before the next tile overwrites it")
+_NO_LIBRARY_FWD = ("loops over the tile's keys and the head dimension, with math.exp and float32 "
+                   "scalars")
+
+
+def _refuse_library(ex: str, kernel, what: str) -> None:
+    """GradeError when a Numba answer hands the work to a library (``foreign_calls``)."""
+    found = foreign_calls(ex, kernel)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise GradeError(f"{ex}: the kernel uses {found[0]}{more}: the CUDA simulator runs a "
+                         "kernel as Python, so that works here, but a GPU cannot compile it, and "
+                         f"the exercise asks for the kernel itself: {what}")
+
+
+def _tiling(ex: str, kernel, launches=TRACED, window: int | None = None) -> None:
+    """The structure ex09.3 and ex09.4 ask for, read from ``cb.trace`` of ``launches``: every
+    barrier reached by every thread, no shared element read before it is written, no race,
+    each K and V element read from global memory at most once per block (the block shares one
+    load through the shared tiles, and one pass over the keys: the online softmax), and K read
+    tile by tile (in several barrier phases, when a block needs several tiles). A kernel that
+    raises in the trace is left to the value checks, which name its error better. With
+    ``window`` (ex09.6, passed to the kernel), a block must read no key outside the tiles that
+    hold its queries' windows, below or above."""
+    from ..tracer import TraceError, trace
+
+    rng = np.random.default_rng(0)
+    for BH, Nq, Nk, D in launches:
+        q, k, v = (rng.standard_normal((BH, n, D)).astype(np.float32) for n in (Nq, Nk, Nk))
+        o, lse = np.full((BH, Nq, D), np.nan, np.float32), np.full((BH, Nq), np.nan, np.float32)
+        grid = (ceil_div(Nq, BR), BH)
+        case = f"BH={BH}, Nq={Nq}, Nk={Nk}, D={D}, traced by cb.trace"
+        try:
+            tr = trace(kernel, grid, BR, q, k, v, o, lse, np.float32(1 / math.sqrt(D)),
+                       *((np.int32(window),) if window else ()), timeout=120)
+        except TraceError as e:
+            raise GradeError(f"{ex}: the check of the tiling (cb.trace) could not run: "
+                             f"{str(e).splitlines()[0]} (define the kernel in a notebook cell or "
+                             "a .py file)") from None
+        except Exception:  # noqa: BLE001 - the kernel's own error: the value checks explain it
+            return
+        if tr.oob:                 # reads past an array: the value checks name the index
+            return
+        f = tr.findings(["o", "lse"])
+        where = f"{ex}: {case}: "
+        if f.uneven_barriers:
+            raise GradeError(where + f.messages(limit=1, only=["uneven_barriers"])[0] + ": every "
+                             "thread of the block, those past Nq too, must reach every "
+                             "cuda.syncthreads(); keep the barriers out of branches (and loops) "
+                             "whose condition depends on the thread")
+        if f.uninitialized:
+            found = f.messages(limit=1, only=["uninitialized"])[0]
+            found = re.sub(r" \(does the block have [^)]*\)", "", found)   # not this kernel's
+            raise GradeError(where + found + ": fill "
+                             "the rows of the tile past Nk with zeros (V's are read there, times "
+                             "p = 0, and 0 * garbage is NaN when the garbage is NaN or inf)")
+        if f.races:
+            raise GradeError(where + f.messages(limit=1, only=["races"])[0] + f": {_FWD_SYNC}")
+        for name in ("k", "v"):
+            info = tr.array(name)
+            for b in range(tr.nblocks):
+                r = tr.accesses(name, "read", block=b)
+                if not len(r):
+                    continue
+                cnt = np.bincount(r["index"], minlength=info.size)
+                worst = int(cnt.argmax())
+                if cnt[worst] <= 1:
+                    continue
+                readers = np.unique(r["thread"][r["index"] == worst])
+                el = f"{name}{list(info.index(worst))}"
+                if len(readers) > 1:
+                    raise GradeError(
+                        f"{where}every thread reads {name.upper()} from global memory "
+                        f"itself: {el} is read {cnt[worst]} times by block {b}, by "
+                        f"{len(readers)} of its threads. The exercise is the tiled "
+                        "kernel: the block loads each tile of BC = 16 keys of K and V into the "
+                        "shared arrays once (every thread a share of it), and the threads read "
+                        "the tile there")
+                raise GradeError(
+                    f"{where}{el} is read {cnt[worst]} times from global memory by one "
+                    f"thread of block {b}: several passes over the keys (one for the max, "
+                    "another for the sums)? The online softmax reads each tile once: per tile, "
+                    "m_new = max(m, tile max), l and acc times exp(m - m_new), then the tile's "
+                    "p = exp(s - m_new) added")
+        for b in range(tr.nblocks):
+            r = tr.accesses("k", "read", block=b)
+            keys = np.unravel_index(r["index"], tr.array("k").shape)[1]
+            q0 = tr.block_index(b)[0] * BR
+            lo, hi = max(0, q0 - (window or 0) + 1) // BC * BC, min(Nk, q0 + BR)
+            if window and len(keys) and (keys.min() < lo or keys.max() >= hi):
+                j = int(keys.min() if keys.min() < lo else keys.max())
+                raise GradeError(f"{where}block {b} (queries {q0}..{q0 + BR - 1}) reads key {j} "
+                                 "of K, in a tile none of its queries sees (their windows span "
+                                 f"keys {max(0, q0 - window + 1)}..{hi - 1}): the tile loop runs "
+                                 "from the tile that holds key q0 - W + 1 to the one that holds "
+                                 "q0 + BR - 1; the tiles outside are skipped, not loaded and "
+                                 "masked")
+            if len(keys) and keys.max() >= BC and len(np.unique(r["phase"])) < 2:
+                raise GradeError(f"{where}block {b} reads keys 0.."
+                                 f"{keys.max()} of K all between the same two barriers: load "
+                                 "K and V tile by tile (BC = 16 keys, the shared tiles), "
+                                 "looping over the key tiles")
 
 
 def ex09_3(flash_fwd) -> None:
     """``flash_fwd(q, k, v, o, lse, scale)`` is a @cuda.jit kernel, launched
     [(ceil(Nq / BR), BH), BR] with BR = 16 threads, one query each: q, o (BH, Nq, D), k, v
     (BH, Nk, D), lse (BH, Nq), float32, D <= 64. K and V go through shared memory in tiles of
-    BC = 16 keys; the online softmax keeps (m, l, acc) per query. Not causal."""
+    BC = 16 keys; the online softmax keeps (m, l, acc) per query. Not causal. Checked: no
+    library inside the kernel, the values (ragged lengths, head dims 5 to 64, scores near 256),
+    then the tiling from a trace (``_tiling``), then (on a GPU) the simulator's second opinion."""
     ex = "ex09.3"
+    _refuse_library(ex, flash_fwd, _NO_LIBRARY_FWD)
+    _tiling(ex, flash_fwd, TRACED[:1])
     _grade_fwd(ex, flash_fwd, causal=False)
+    _tiling(ex, flash_fwd, TRACED[1:])
     simulate(ex, "ex09_3", [("flash_fwd", flash_fwd)], hint=_FWD_SYNC)
     passed(ex)
 
@@ -435,12 +637,18 @@ def ex09_4(flash_fwd_causal) -> None:
     """``flash_fwd_causal`` is ex09_3's kernel with a causal mask (query i sees keys j <= i) that
     loads only the K/V tiles its block of queries can see (the rest are skipped)."""
     ex = "ex09.4"
+    _refuse_library(ex, flash_fwd_causal, _NO_LIBRARY_FWD)
+    _tiling(ex, flash_fwd_causal, TRACED[:1])
     _grade_fwd(ex, flash_fwd_causal, causal=True)
+    _tiling(ex, flash_fwd_causal, TRACED[1:])
     simulate(ex, "ex09_4", [("flash_fwd_causal", flash_fwd_causal)], hint=_FWD_SYNC)
     passed(ex)
 
 
 # ----------------------------------------------------------------------------- ex09.5
+_BWD_EXP = ("P = exp(scale q.k - lse[i]) is at most 1 and never overflows; exp(scale q.k) / "
+            "exp(lse[i]) overflows once the scores pass 88 (float32), and exp(s) alone too: "
+            "subtract lse inside the exp")
 def _bwd_reference(q, K, V, do, j0: int, n: int):
     """dV of keys j0..j0+n and dP[:, j0:j0+n] of full attention, by torch autograd (float64)."""
     import torch
@@ -459,26 +667,42 @@ def ex09_5(bwd_tile) -> None:
     """``bwd_tile(q, k, v, do, lse, dv, dp, scale)`` is a @cuda.jit kernel launched [1, 16], one
     thread per key of a tile of at most 16 keys: q, do (N, D); k, v (n, D) the tile; lse (N,)
     the logsumexp of each query's scores over ALL keys (saved by the forward); outputs dv (n, D)
-    = P^T dO restricted to the tile and dp (N, n) = dO V^T, P = exp(scale q k^T - lse)."""
+    = P^T dO restricted to the tile and dp (N, n) = dO V^T, P = exp(scale q k^T - lse).
+    Ragged tiles and sequences, and scores near 800, whose exp overflows even in float64."""
     ex = "ex09.5"
+    _refuse_library(ex, bwd_tile, "loops over the queries and the head dimension, with "
+                    "math.exp")
     rng, seed = fresh_rng()
     for rep in range(2):
-        for N, D, Nk, j0, n in [(1, 4, 10, 0, 10), (9, 16, 40, 16, 16), (23, 8, 40, 32, 8),
-                                (40, 16, 33, 16, 16)]:
+        for N, D, Nk, j0, n, big in [(1, 4, 10, 0, 10, False), (9, 16, 40, 16, 16, False),
+                                     (23, 8, 40, 32, 8, False), (40, 16, 33, 16, 16, False),
+                                     (7, 16, 20, 16, 4, True)]:
             q = (rng.standard_normal((N, D)) * 1.5).astype(np.float32)
             K = (rng.standard_normal((Nk, D)) * 1.5).astype(np.float32)
+            if big:                 # scale q.k near 812: exp(s) is inf in float32 and float64
+                q[:, 0] = K[:, 0] = 57.0
             V = rng.standard_normal((Nk, D)).astype(np.float32)
             do = rng.standard_normal((N, D)).astype(np.float32)
             dv_ref, dp_ref, lse = _bwd_reference(q, K, V, do, j0, n)
-            case = (f"N={N}, D={D}, tile keys {j0}..{j0 + n - 1} of {Nk} (seed {seed}, call "
-                    f"{rep + 1})")
+            case = (f"N={N}, D={D}, tile keys {j0}..{j0 + n - 1} of {Nk}"
+                    f"{', scores near 800' if big else ''} (seed {seed}, call {rep + 1})")
             dv, buf = guarded((n, D))
             dp, pbuf = guarded((N, n))
             k, v = K[j0:j0 + n].copy(), V[j0:j0 + n].copy()
-            call(ex, case, lambda: bwd_tile[1, 16](to_device(q), to_device(k), to_device(v),
-                                                   to_device(do),
-                                                   to_device(lse.astype(np.float32)), dv, dp,
-                                                   np.float32(1 / math.sqrt(D))))
+
+            def run():
+                try:
+                    bwd_tile[1, 16](to_device(q), to_device(k), to_device(v), to_device(do),
+                                    to_device(lse.astype(np.float32)), dv, dp,
+                                    np.float32(1 / math.sqrt(D)))
+                except OverflowError:      # the simulator's math.exp; a GPU gives inf
+                    raise GradeError(f"{ex}: {case}: exp overflowed: {_BWD_EXP}") from None
+                except IndexError as e:
+                    raise GradeError(f"{ex}: {case}: index out of range ({e}): dv is (n, D) "
+                                     "and dp (N, n), dp[i, j] for query i and key j; a thread "
+                                     "j >= n = k.shape[0] does nothing (guard with "
+                                     "j < k.shape[0])") from None
+            call(ex, case, run)
             if not (canary_ok(buf, n * D) and canary_ok(pbuf, N * n)):
                 raise GradeError(f"{ex}: {case}: wrote past the end of dv or dp: the tile has "
                                  f"{n} keys and 16 threads run; guard with j < k.shape[0]")
@@ -489,7 +713,8 @@ def ex09_5(bwd_tile) -> None:
                         "dP = dO V^T: dp[i, j] = sum_c do[i, c] v[j, c] (no P and no scale in it)")
                 raise GradeError(f"{ex}: {case}: dp is wrong "
                                  f"({error_summary(got_dp, dp_ref, bad_p)}): {hint}")
-            bad_v = _bad(got_dv, dv_ref, 2e-4, 1e-5)
+            # scores near 800 carry float32 rounding of 800 * 2^-24 per term: looser there
+            bad_v = _bad(got_dv, dv_ref, *((1e-3, 2e-4) if big else (2e-4, 1e-5)))
             if not bad_v.any():
                 continue
             s = q.astype(np.float64) @ k.T.astype(np.float64) / math.sqrt(D)
@@ -497,7 +722,11 @@ def ex09_5(bwd_tile) -> None:
             local = np.exp(s - s.max(1, keepdims=True))
             local = (local / local.sum(1, keepdims=True)).T @ do
             if np.isnan(got_dv).all():
-                hint = "dv never written: is the kernel body still the stub?"
+                hint = ("dv is NaN everywhere: never written (is the kernel body still the "
+                        "stub?), or summed with += into dv without setting it to 0 first (the "
+                        "grader fills the outputs with NaN)")
+            elif big and not np.isfinite(got_dv).all():
+                hint = _BWD_EXP
             elif np.allclose(got_dv, no_lse, rtol=1e-3, atol=1e-4):
                 hint = ("P = exp(s) ignores the logsumexp: the forward saved lse so that "
                         "P = exp(scale q.k - lse[i]) is the normalised softmax")
@@ -509,4 +738,31 @@ def ex09_5(bwd_tile) -> None:
                         "(scale before subtracting lse)")
             raise GradeError(f"{ex}: {case}: dv is wrong ({error_summary(got_dv, dv_ref, bad_v)})"
                              f": {hint}")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex09.6 (proposed)
+#: ex09_6: the windows of the value cases (cycled, in _fwd_cases' order): only the diagonal,
+#: narrower than a tile (the large-score case then has queries 18 and 19 with tile 0 wholly
+#: outside their windows: the guard), about a tile, wider than two tiles
+WINDOWS = (1, 3, 16, 5, 37, 20, 7)
+#: ex09_6: the traced launches, (BH, Nq, Nk, D, W): one block first; then three blocks whose
+#: windows start in different tiles (block 2 needs keys 27..47 only: tile 0 is skipped)
+TRACED_WINDOW = ((1, 3, 5, 8, 2), (1, 40, 45, 8, 6))
+
+
+def ex09_6(flash_fwd_window) -> None:
+    """``flash_fwd_window(q, k, v, o, lse, scale, W)``: ex09_4's kernel with a sliding window of
+    ``W`` keys (query i sees keys i - W < j <= i, as in Mistral's local attention), launched
+    like ex09_3's. A block of queries [q0, q0 + BR) needs keys q0 - W + 1 .. q0 + BR - 1 only:
+    the tiles outside are skipped on both sides, and a tile can be fully masked for a query (its
+    max stays -inf: the update must be skipped). Proposed exercise: see the module docstring."""
+    ex = "ex09.6"
+    _refuse_library(ex, flash_fwd_window, _NO_LIBRARY_FWD)
+    for BH, Nq, Nk, D, W in TRACED_WINDOW[:1]:
+        _tiling(ex, flash_fwd_window, [(BH, Nq, Nk, D)], window=W)
+    _grade_fwd(ex, flash_fwd_window, causal=True, windows=WINDOWS)
+    for BH, Nq, Nk, D, W in TRACED_WINDOW[1:]:
+        _tiling(ex, flash_fwd_window, [(BH, Nq, Nk, D)], window=W)
+    simulate(ex, "ex09_6", [("flash_fwd_window", flash_fwd_window)], hint=_FWD_SYNC)
     passed(ex)

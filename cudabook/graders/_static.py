@@ -27,7 +27,7 @@ import tokenize
 from ._core import GradeError
 
 __all__ = ["cuda_code", "python_code", "calls", "mentions", "refuse_stub", "foreign_calls",
-           "divergent_barriers", "cuda_ptx", "ptx_instructions", "thread_divergent_barriers",
+           "cuda_ptx", "ptx_instructions", "thread_divergent_barriers",
            "whole_array_ops", "kernel_not_gpu_code", "refuse_host_code"]
 
 
@@ -114,63 +114,6 @@ def refuse_stub(ex: str, kernel) -> None:
 
 
 
-def divergent_barriers(ex: str, kernel, barrier: str = "syncthreads") -> list[str]:
-    """The ``cuda.<barrier>()`` calls of a Numba kernel that not every thread may reach, each as
-    ``"line N: why"``: a barrier inside an ``if``/``else``, a ``while`` loop or a conditional
-    expression, or after an ``if ...: return`` (the threads that returned never arrive).
-
-    The simulator runs such a kernel to the end (it releases a barrier once the other threads
-    have exited), so the values come out right there; on a GPU a barrier that part of the block
-    never reaches is undefined behaviour (a hang or a silently skipped barrier). Loops of a
-    fixed trip count (``for``) are not flagged. Raises GradeError when the source cannot be
-    read (``python_code``)."""
-    import ast
-
-    tree = ast.parse(python_code(ex, kernel))
-    fn = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef,
-                                                             ast.AsyncFunctionDef))), None)
-    if fn is None:
-        return []
-    found: list[str] = []
-
-    def is_barrier(n) -> bool:
-        return (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                and n.func.attr == barrier)
-
-    def visit(stmts, why: str | None, returned: bool) -> bool:
-        for st in stmts:
-            here = why or ("after an early return: the threads that returned never reach it"
-                           if returned else None)
-            if isinstance(st, ast.If):
-                cond = "inside an if: the threads for which the condition is false skip it"
-                visit(st.body, here or cond, returned)
-                visit(st.orelse, here or cond, returned)
-                if any(isinstance(s, ast.Return) for s in st.body + st.orelse):
-                    returned = True
-                continue
-            if isinstance(st, ast.While):
-                visit(st.body, here or "inside a while loop: threads may run it a different "
-                      "number of times", returned)
-                continue
-            if isinstance(st, (ast.For, ast.With, ast.Try)):
-                inner = list(getattr(st, "body", [])) + list(getattr(st, "orelse", []))
-                visit(inner, here, returned)
-                continue
-            for n in ast.walk(st):
-                if isinstance(n, ast.IfExp) and any(is_barrier(m) for m in ast.walk(n)):
-                    found.append(f"line {n.lineno}: a barrier in a conditional expression")
-                elif is_barrier(n) and here:
-                    item = f"line {n.lineno}: cuda.{barrier}() {here}"
-                    if item not in found:
-                        found.append(item)
-        return returned
-
-    visit(fn.body, None, False)
-    return found
-
-
-# ----------------------------------------------------------------------------- GPU code only
-#: NumPy names a Numba CUDA kernel may use: scalar types and constants (no array functions)
 _NUMPY_OK = frozenset({"float16", "float32", "float64", "int8", "int16", "int32", "int64",
                        "uint8", "uint16", "uint32", "uint64", "bool_", "inf", "nan", "pi", "e"})
 #: Python builtins that Numba's CUDA target compiles
@@ -386,10 +329,9 @@ def thread_divergent_barriers(ex: str, kernel, barrier: str = "syncthreads") -> 
     condition or range differs between threads (it depends on ``cuda.threadIdx``,
     ``cuda.grid``, ``cuda.laneid`` or a variable computed from them), or after a ``return``
     taken by some threads only. On a GPU such a barrier hangs or silently synchronises nothing;
-    the simulator runs it without complaint. Unlike ``divergent_barriers`` a branch or loop
-    that every thread of a block takes alike (``while stride > 0``, ``if n > 0``) is not
-    flagged. Empty list: none found. Raises GradeError when the
-    source cannot be read (``python_code``)."""
+    the simulator runs it without complaint. A branch or loop that every thread of a block
+    takes alike (``while stride > 0``, ``if n > 0``) is not flagged. Empty list: none found.
+    Raises GradeError when the source cannot be read (``python_code``)."""
     import ast
 
     fn = _kernel_def(ex, kernel)

@@ -32,7 +32,7 @@ from ._core import (
     to_device,
 )
 from ._race import simulate
-from ._static import calls, divergent_barriers, foreign_calls, python_code, refuse_stub
+from ._static import calls, foreign_calls, python_code, refuse_stub, thread_divergent_barriers
 
 __all__ = ["ex07_1", "ex07_2", "ex07_3", "rope_reference", "decode_reference",
            "topk_reference", "TPB", "KMAX"]
@@ -223,7 +223,7 @@ def ex07_2(decode_step) -> None:
     refuse_stub(ex, decode_step)
     _refuse_library(ex, decode_step, "loops over the keys and the head dimension, with "
                     "math.exp and scalars")
-    found = divergent_barriers(ex, decode_step)
+    found = thread_divergent_barriers(ex, decode_step)
     if found:
         raise GradeError(f"{ex}: {found[0]}. Every thread of the block must reach "
                          "cuda.syncthreads(): on a GPU a barrier that some threads skip is "

@@ -27,7 +27,7 @@ import tokenize
 from ._core import GradeError
 
 __all__ = ["cuda_code", "python_code", "calls", "mentions", "refuse_stub", "foreign_calls",
-           "cuda_ptx", "ptx_instructions", "thread_divergent_barriers",
+           "cuda_ptx", "ptx_instructions", "thread_divergent_barriers", "refuse_library",
            "whole_array_ops", "kernel_not_gpu_code", "refuse_host_code"]
 
 
@@ -420,6 +420,17 @@ def whole_array_ops(ex: str, kernel, arrays) -> list[str]:
                     found.append(f"line {n.lineno}: a slice assigned to (one element per "
                                  "thread: out[i] = ...)")
     return list(dict.fromkeys(found))
+
+
+def refuse_library(ex: str, kernel, what: str) -> None:
+    """GradeError when a Numba answer hands the work to a library (``foreign_calls``); ``what``
+    says what the kernel itself should do instead."""
+    found = foreign_calls(ex, kernel)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise GradeError(f"{ex}: the kernel uses {found[0]}{more}: the CUDA simulator runs a "
+                         "kernel as Python, so that works here, but a GPU cannot compile it, and "
+                         f"the exercise asks for the kernel itself: {what}")
 
 
 def kernel_not_gpu_code(ex: str, kernel, arrays=()) -> str | None:

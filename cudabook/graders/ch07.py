@@ -32,7 +32,8 @@ from ._core import (
     to_device,
 )
 from ._race import simulate
-from ._static import calls, foreign_calls, python_code, refuse_stub, thread_divergent_barriers
+from ._static import calls, python_code, refuse_stub, thread_divergent_barriers
+from ._static import refuse_library as _refuse_library
 
 __all__ = ["ex07_1", "ex07_2", "ex07_3", "rope_reference", "decode_reference",
            "topk_reference", "TPB", "KMAX"]
@@ -41,16 +42,6 @@ TPB = 32       # threads per block of the launches of ex07_1 and ex07_3
 KMAX = 16      # ex07_3: the largest k
 RTOL = 1e-4    # float32 results against float64 references
 ATOL = 1e-5
-
-
-def _refuse_library(ex: str, kernel, what: str) -> None:
-    """GradeError when a Numba answer hands the work to a library (``foreign_calls``)."""
-    found = foreign_calls(ex, kernel)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise GradeError(f"{ex}: the kernel uses {found[0]}{more}: the CUDA simulator runs a "
-                         "kernel as Python, so that works here, but a GPU cannot compile it, and "
-                         f"the exercise asks for the kernel itself: {what}")
 
 
 def _bad(o, r, rtol=RTOL, atol=ATOL) -> np.ndarray:

@@ -48,7 +48,7 @@ from ._core import (
 )
 from ._core import compile_kernel as _compile
 from ._race import explain, simulate
-from ._static import foreign_calls
+from ._static import refuse_library as _refuse_library
 
 __all__ = ["ex09_1", "ex09_2", "ex09_3", "ex09_4", "ex09_5", "ex09_6", "attention_reference",
            "partial_softmax", "merge_reference", "BR", "BC"]
@@ -516,16 +516,6 @@ _FWD_SYNC = ("a cuda.syncthreads() after loading the K/V tile (before anyone rea
              "before the next tile overwrites it")
 _NO_LIBRARY_FWD = ("loops over the tile's keys and the head dimension, with math.exp and float32 "
                    "scalars")
-
-
-def _refuse_library(ex: str, kernel, what: str) -> None:
-    """GradeError when a Numba answer hands the work to a library (``foreign_calls``)."""
-    found = foreign_calls(ex, kernel)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise GradeError(f"{ex}: the kernel uses {found[0]}{more}: the CUDA simulator runs a "
-                         "kernel as Python, so that works here, but a GPU cannot compile it, and "
-                         f"the exercise asks for the kernel itself: {what}")
 
 
 def _tiling(ex: str, kernel, launches=TRACED, window: int | None = None) -> None:

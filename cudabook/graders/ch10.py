@@ -43,7 +43,8 @@ from ._core import (
     to_device,
     xp,
 )
-from ._static import foreign_calls, refuse_stub
+from ._static import refuse_library as _refuse_library
+from ._static import refuse_stub
 
 __all__ = ["ex10_1", "ex10_2", "ex10_3", "ex10_4", "group_table", "GROUP_BUDGET",
            "GROUP_SIZES"]
@@ -84,16 +85,6 @@ def _heavy(rng, rows: int, K: int) -> np.ndarray:
     """Weights with heavy tails (Student t, 3 degrees of freedom), rows of different sizes."""
     w = rng.standard_t(3, (rows, K)) * rng.uniform(0.01, 0.1, (rows, 1))
     return w.astype(np.float32)
-
-
-def _refuse_library(ex: str, kernel, what: str) -> None:
-    """GradeError when a Numba answer hands the work to a library (``foreign_calls``)."""
-    found = foreign_calls(ex, kernel)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise GradeError(f"{ex}: the kernel uses {found[0]}{more}: the CUDA simulator runs a "
-                         "kernel as Python, so that works here, but a GPU cannot compile it, and "
-                         f"the exercise asks for the kernel itself: {what}")
 
 
 # ----------------------------------------------------------------------------- ex10.1

@@ -614,88 +614,15 @@ def test_sanitize_targets_run():
     assert "attention_v2" in names and "attention_bwd_v1" in names
 
 
-# ============================================================================ ex09_6 (proposed)
-#: The reference answer of the proposed ex09.6 (sliding-window attention). It lives here until the
-#: solution notebook has the exercise: a solution cell there needs a GPU run for its outputs.
-WINDOW_SRC = '''
-BR, BC, MAXD = 16, 16, 64
-NEG_INF = float32(-math.inf)
-
-
-@cuda.jit
-def flash_fwd_window(q, k, v, o, lse, scale, W):
-    Ks = cuda.shared.array((BC, MAXD), float32)
-    Vs = cuda.shared.array((BC, MAXD), float32)
-    acc = cuda.local.array(MAXD, float32)
-    s = cuda.local.array(BC, float32)
-    bh, tid = cuda.blockIdx.y, cuda.threadIdx.x
-    Nq, D = q.shape[1], q.shape[2]
-    Nk = k.shape[1]
-    q0 = cuda.blockIdx.x * BR
-    row = q0 + tid
-    qr = min(row, Nq - 1)
-    for c in range(D):
-        acc[c] = float32(0)
-    m, l = NEG_INF, float32(0)
-    kv_start = max(0, q0 - W + 1) // BC * BC          # the tile of the block's first window key
-    kv_end = min(Nk, q0 + BR)                         # past the block's last query: skipped
-    for j0 in range(kv_start, kv_end, BC):
-        cuda.syncthreads()
-        for e in range(tid, BC * D, BR):
-            jj, c = e // D, e % D
-            if j0 + jj < Nk:
-                Ks[jj, c] = k[bh, j0 + jj, c]
-                Vs[jj, c] = v[bh, j0 + jj, c]
-            else:
-                Ks[jj, c] = float32(0)
-                Vs[jj, c] = float32(0)
-        cuda.syncthreads()
-        mt = NEG_INF
-        for jj in range(BC):
-            j = j0 + jj
-            x = NEG_INF
-            if j < Nk and j <= row and j > row - W:
-                x = float32(0)
-                for c in range(D):
-                    x += q[bh, qr, c] * Ks[jj, c]
-                x *= scale
-            s[jj] = x
-            mt = max(mt, x)
-        m_new = max(m, mt)
-        if m_new > NEG_INF:                           # a tile wholly outside this query's window
-            alpha = math.exp(m - m_new)
-            l *= alpha
-            for c in range(D):
-                acc[c] *= alpha
-            for jj in range(BC):
-                p = math.exp(s[jj] - m_new)
-                l += p
-                for c in range(D):
-                    acc[c] += p * Vs[jj, c]
-            m = m_new
-    if row < Nq:
-        for c in range(D):
-            o[bh, row, c] = acc[c] / l
-        lse[bh, row] = m + math.log(l)
-'''
-
-
+# ============================================================================ ex09_6
 def _window(edits=()):
-    """The reference (or, with ``edits``, a wrong answer) of ex09.6, its source readable by
-    ``inspect`` (the graders' static checks and ``cb.trace`` read it)."""
-    import linecache
+    """The reference of ex09.6 (or, with ``edits``, a wrong answer) from the solution notebook."""
+    return SOL.get("ex09.6", "flash_fwd_window", edits=tuple(edits))
 
-    from numba import cuda, float32
 
-    text = WINDOW_SRC
-    for old, new in edits:
-        assert text.count(old) == 1, f"edit of ex09.6 expects {old!r} once"
-        text = text.replace(old, new)
-    name = f"<ex09.6 reference {abs(hash(tuple(edits))) % 10**8}>"
-    linecache.cache[name] = (len(text), None, text.splitlines(keepends=True), name)
-    ns = {"math": math, "np": np, "cuda": cuda, "float32": float32}
-    exec(compile(text, name, "exec"), ns)  # noqa: S102 - the test's own reference answer
-    return ns["flash_fwd_window"]
+def test_ex09_6_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex09_6(SOL.stub("ex09.6", "flash_fwd_window"))
 
 
 def test_ex09_6_reference_passes(capsys):

@@ -2,17 +2,19 @@
 """Execute chosen cells of a lesson that need no GPU, and store their outputs (nothing else).
 
     python tools/cpu_cells.py lessons/11_multi_gpu.ipynb CELL_ID [CELL_ID ...]
+    python tools/cpu_cells.py solutions/09_flash_attention.ipynb --context cell-002 CELL_ID ...
 
 A lesson's outputs come from a GPU run (tools/gpu_execute.py). Some cells never touch a GPU: CPU
-processes joined by gloo, a figure drawn from formulas, a table of published numbers. When such
-cells are added to a lesson between two GPU runs, this script runs them for real, on this
-machine, in a fresh kernel that first runs the notebook's setup cell (its output is not kept),
-then each chosen cell in notebook order, and writes back only those cells' outputs and execution
-counts. Every other cell, and the notebook's metadata (the GPU its outputs come from), is left as
-it was. Refused: ``%%gpu`` cells, cells that import CuPy or call a timing helper, and a cell that
-fails (then nothing is written). The chosen cells must run on their own after the setup cell:
-they import what they use. Each gets the tag ``cpu-run`` until the next GPU run of the whole
-notebook, which stores their outputs from then on and drops the tag.
+processes joined by gloo, a figure drawn from formulas, a table of published numbers, a Numba
+exercise graded in the CUDA simulator. When such cells are added to a notebook between two GPU
+runs, this script runs them for real, on this machine, in a fresh kernel: first the notebook's
+setup cell, then the ``--context`` cells (imports and definitions the chosen cells use), their
+outputs not kept, then each chosen cell in notebook order. It writes back only the chosen cells'
+outputs and execution counts; every other cell, and the notebook's metadata (the GPU its outputs
+come from), is left as it was. Refused: ``%%gpu`` cells, cells that import CuPy or call a timing
+helper, and a cell that fails (then nothing is written). Each chosen cell gets the tag
+``cpu-run`` until the next GPU run of the whole notebook, which stores their outputs from then
+on and drops the tag.
 """
 
 from __future__ import annotations
@@ -37,10 +39,16 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__)
         return 2
-    path, ids = Path(argv[0]), argv[1:]
+    path, rest = Path(argv[0]), argv[1:]
+    context: list[str] = []
+    while "--context" in rest:
+        k = rest.index("--context")
+        context += rest[k + 1].split(",")
+        rest = rest[:k] + rest[k + 2:]
+    ids = rest
     nb = nbformat.read(str(path), as_version=4)
     by_id = {c.get("id"): (i, c) for i, c in enumerate(nb.cells)}
-    missing = [i for i in ids if i not in by_id]
+    missing = [i for i in ids + context if i not in by_id]
     if missing:
         sys.exit(f"cpu_cells: no cell with id {missing} in {path}")
     chosen = sorted((by_id[i] for i in ids), key=lambda t: t[0])
@@ -52,8 +60,10 @@ def main(argv: list[str]) -> int:
                      "must come from tools/gpu_execute.py")
     setup = next(c for c in nb.cells if c.cell_type == "code")
     run = nbformat.v4.new_notebook(metadata=nb.metadata)
-    run.cells = [nbformat.v4.new_code_cell(setup.source)] + \
-        [nbformat.v4.new_code_cell(c.source) for _, c in chosen]
+    before = [nbformat.v4.new_code_cell(setup.source)] + \
+        [nbformat.v4.new_code_cell(c.source) for _, c in
+         sorted((by_id[i] for i in context), key=lambda t: t[0])]
+    run.cells = before + [nbformat.v4.new_code_cell(c.source) for _, c in chosen]
     os.environ.pop("MPLBACKEND", None)      # the inline backend stores figures
     os.environ["CUDABOOK_PROGRESS"] = "0"
     client = nbclient.NotebookClient(run, timeout=900, kernel_name="python3",
@@ -63,7 +73,7 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # noqa: BLE001
         sys.exit(f"cpu_cells: a cell failed, nothing written:\n{str(e)[-3000:]}")
     nbtools.coalesce_streams(run)
-    for (_, c), done in zip(chosen, run.cells[1:]):
+    for (_, c), done in zip(chosen, run.cells[len(before):]):
         c.outputs = done.outputs
         c.execution_count = done.execution_count
         tags = c.metadata.setdefault("tags", [])

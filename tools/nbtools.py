@@ -340,6 +340,11 @@ def make_exercise(sol):
             c.source = _grader_note(c.source)
         c.execution_count = None  # an exercise stores no run: no PASS the reader did not earn
         c.outputs = []
+        tags = c.metadata.get("tags")
+        if tags and "cpu-run" in tags:           # a tag about stored outputs, which it has none of
+            c.metadata["tags"] = [t for t in tags if t != "cpu-run"]
+            if not c.metadata["tags"]:
+                del c.metadata["tags"]
     nb.metadata.pop("cudabook", None)
     return nb
 

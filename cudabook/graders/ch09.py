@@ -6,8 +6,6 @@ ex09_3  Numba: tiled fp32 FlashAttention forward (online softmax, ragged lengths
 ex09_4  Numba: the causal version, tiles past the diagonal skipped                      simulator
 ex09_5  Numba: the backward of one key tile, dV and dP, from the saved logsumexp        simulator
 ex09_6  Numba: sliding-window attention, tiles outside the window skipped on both sides  simulator
-        (proposed: not in the notebook yet, its solution cell needs a GPU run; the reference
-        answer and the wrong answers are in tests/test_ch09.py)
 
 Scores are S = scale * Q K^T; a partial result over a set of keys is (m, l, o) with m the max
 score, l = sum exp(s - m) and o = sum exp(s - m) v (not yet divided by l). Every grader runs
@@ -731,7 +729,7 @@ def ex09_5(bwd_tile) -> None:
     passed(ex)
 
 
-# ----------------------------------------------------------------------------- ex09.6 (proposed)
+# ----------------------------------------------------------------------------- ex09.6
 #: ex09_6: the windows of the value cases (cycled, in _fwd_cases' order): only the diagonal,
 #: narrower than a tile (the large-score case then has queries 18 and 19 with tile 0 wholly
 #: outside their windows: the guard), about a tile, wider than two tiles
@@ -746,7 +744,7 @@ def ex09_6(flash_fwd_window) -> None:
     ``W`` keys (query i sees keys i - W < j <= i, as in Mistral's local attention), launched
     like ex09_3's. A block of queries [q0, q0 + BR) needs keys q0 - W + 1 .. q0 + BR - 1 only:
     the tiles outside are skipped on both sides, and a tile can be fully masked for a query (its
-    max stays -inf: the update must be skipped). Proposed exercise: see the module docstring."""
+    max stays -inf: the update must be skipped)."""
     ex = "ex09.6"
     _refuse_library(ex, flash_fwd_window, _NO_LIBRARY_FWD)
     for BH, Nq, Nk, D, W in TRACED_WINDOW[:1]:

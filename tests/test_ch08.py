@@ -251,9 +251,12 @@ def test_ex08_2_names_the_lanes():
         ex08_2(wrong_upper, b, c)
 
 
+REF_83 = "chunk ^ ((row >> 1) & 3)"        # the solution's line (64-byte rows)
+
+
 def test_ex08_3_reference_and_an_alternative_pass(capsys):
     ex08_3(SOL.get("ex08.3", "swizzle"))
-    ex08_3(SOL.get("ex08.3", "swizzle", edits=[("chunk ^ (row % 8)", "(chunk + row) % 8")]))
+    ex08_3(SOL.get("ex08.3", "swizzle", edits=[(REF_83, "(chunk + (row >> 1)) % 4")]))
     assert capsys.readouterr().out.split() == ["PASS", "ex08.3"] * 2
 
 
@@ -263,42 +266,33 @@ def test_ex08_3_stub_fails():
 
 
 @pytest.mark.parametrize("new,hint", [
-    ("chunk", "8-way bank conflict for ldmatrix"),
-    ("(chunk + row) % 4", "not a bijection"),
-    ("chunk ^ (row % 4)", "2-way bank conflict"),
-    ("chunk ^ (row % 16)", "outside the row"),
-    ("(chunk ^ (row % 8)) / 1", "expected an int"),
-    ("chunk ^ (row // 8 % 8)", "all store their chunks in the same order"),
+    ("chunk ^ (row % 8)", "outside the row \\(chunks 0..3\\)"),     # the lesson's 128-byte one
+    ("chunk ^ (row % 4)", "2-way bank conflict.*rows r and r \\+ 1 share"),
+    ("chunk", "4-way bank conflict.*same order"),
+    ("(chunk + row) % 2", "not a bijection"),
+    ("(chunk ^ ((row >> 1) & 3)) / 1", "expected an int"),
+    ("chunk ^ (row // 8 % 4)", "same order"),
 ])
 def test_ex08_3_wrong_answers(new, hint):
     with pytest.raises(GradeError, match=hint):
-        ex08_3(SOL.get("ex08.3", "swizzle", edits=[("chunk ^ (row % 8)", new)]))
+        ex08_3(SOL.get("ex08.3", "swizzle", edits=[(REF_83, new)]))
 
 
-#: the proposed replacement of ex08.3 (the lesson prints the 128-byte swizzle): 64-byte rows
-#: (BK = 32 fp16), 4 chunks a row, two rows per 128-byte line of banks. Its answer lives here
-#: until the solution notebook has the exercise (its cells need a GPU run).
-SWIZZLE_64 = "chunk ^ ((row >> 1) & 3)"
-
-
-def test_ex08_3_64_byte_rows(capsys):
-    ex08_3(eval(f"lambda row, chunk: {SWIZZLE_64}"), row_bytes=64)  # noqa: S307
-    ex08_3(SOL.get("ex08.3", "swizzle"), row_bytes=256)      # 16 chunks: the low 3 bits suffice
+def test_ex08_3_other_row_widths(capsys):
+    """The grader also takes the lesson's 128-byte rows and 256-byte ones, and refuses others."""
+    ex08_3(lambda row, chunk: chunk ^ (row % 8), row_bytes=128)
+    ex08_3(lambda row, chunk: chunk ^ (row % 8), row_bytes=256)   # 16 chunks: the low 3 bits do
     assert capsys.readouterr().out.split() == ["PASS", "ex08.3"] * 2
-    for answer, hint in [("chunk ^ (row % 8)", "outside the row \\(chunks 0..3\\)"),
-                         ("chunk ^ (row % 4)", "2-way bank conflict.*rows r and r \\+ 1 share"),
-                         ("chunk", "4-way bank conflict.*same order"),
-                         ("(chunk + row) % 2", "not a bijection")]:
-        with pytest.raises(GradeError, match=hint):
-            ex08_3(eval(f"lambda row, chunk: {answer}"), row_bytes=64)  # noqa: S307
+    with pytest.raises(GradeError, match="8-way bank conflict for ldmatrix"):
+        ex08_3(lambda row, chunk: chunk, row_bytes=128)
     with pytest.raises(ValueError, match="row_bytes must be 64, 128 or 256"):
         ex08_3(SOL.get("ex08.3", "swizzle"), row_bytes=96)
 
 
 def test_lesson_swizzle_is_the_kernels():
-    """The swizzle of the solution (ex08.3) is the one hgemm.cu's tile_index uses: the kernel's
-    return expression, its ternary made Python, evaluated on a tile's 64 rows x 8 chunks gives
-    each chunk's physical place, and it must equal the solution's swizzle(row, chunk)."""
+    """The lesson's swizzle of 128-byte rows, chunk ^ (row % 8), is the one hgemm.cu's tile_index
+    uses: the kernel's return expression, its ternary made Python, evaluated on a tile's 64 rows x
+    8 chunks gives each chunk's physical place, and it must equal the lesson's."""
     import re
 
     src = cb.kernel_source("hgemm.cu", "tile_index")
@@ -307,13 +301,15 @@ def test_lesson_swizzle_is_the_kernels():
     expr, n = re.subn(r"\(SWZ \? (.+?) : c\)", r"((\1) if SWZ else c)", m.group(1))
     assert n == 1, f"tile_index's 'SWZ ? ... : c' is gone: {m.group(1)}"
     index = eval(f"lambda r, c, SWZ: {expr}")  # noqa: S307  (the kernel's own arithmetic)
-    swizzle = SOL.get("ex08.3", "swizzle")
+    def swizzle(row, chunk):          # the lesson's (its figure and text); ex08.3 asks for 64 bytes
+        return chunk ^ (row % 8)
+
     for r in range(64):
         for c in range(8):
             assert index(r, c, False) == r * 64 + 8 * c, (r, c)      # plain: chunk c at c
             got = index(r, c, True) - r * 64
             assert got % 8 == 0 and got // 8 == swizzle(r, c), \
-                f"row {r} chunk {c}: tile_index puts it at element {got}, the solution at " \
+                f"row {r} chunk {c}: tile_index puts it at element {got}, the lesson at " \
                 f"chunk {swizzle(r, c)}"
 
 

@@ -3,8 +3,8 @@
 ex08_1  CUDA C++: a WMMA tile kernel, C = A @ B^T, fp16 in, fp32 accumulate         GPU
         (its tensor-core and fp32-accumulator rubric is checked on the CPU: NVRTC's PTX)
 ex08_2  Python: the fragment layout of mma.sync.m16n8k16 (lane, value -> element)    CPU
-ex08_3  Python: a swizzle of 128-byte shared-memory rows (bijective, conflict-free)    CPU
-        (also 64- and 256-byte rows: ``row_bytes``, for a variant the lesson does not print)
+ex08_3  Python: a swizzle of 64-byte shared-memory rows (bijective, conflict-free)     CPU
+        (also the lesson's 128-byte rows and 256-byte ones: ``row_bytes``)
 ex08_4  CUDA C++: a 3-stage cp.async pipeline reaching FAST_FRACTION of cuBLAS fp16   GPU, sm_80+
 
 The CUDA C++ graders check ragged and tall-skinny shapes against the float64 product with the
@@ -383,9 +383,9 @@ def _value(ex: str, name: str, fn: Callable, lane: int, i: int) -> tuple[int, in
 
 # ============================================================================ ex08_3: swizzle
 
-def ex08_3(swizzle: Callable[[int, int], int], rows: int = 64, row_bytes: int = 128) -> None:
+def ex08_3(swizzle: Callable[[int, int], int], rows: int = 64, row_bytes: int = 64) -> None:
     """``swizzle(row, chunk)``: where 16-byte chunk ``chunk`` of row ``row`` of a tile with
-    ``row_bytes``-byte rows (64, 128 or 256: 4, 8 or 16 chunks; the exercise's is 128) is stored
+    ``row_bytes``-byte rows (64, 128 or 256: 4, 8 or 16 chunks; the exercise's is 64) is stored
     in that row. Graded on the CPU: a bijection of each row's chunks, and conflict-free for
     ldmatrix (8 rows r0..r0+7, one logical chunk: 8 different 16-byte bank groups; the 16-byte
     stores of cp.async, 8 lanes over consecutive chunks, are then conflict-free too)."""

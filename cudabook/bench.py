@@ -6,11 +6,11 @@ Then each repeat is timed with CUDA events bracketing exactly one call:
 1. L2 is flushed by *reading* a buffer twice its size (written once, when it is made), so every
    repeat reads from HBM/DRAM, and the lines the previous call left dirty are written back
    during the flush, not inside the next timed call. A flush that writes (``fill(0)``) leaves L2
-   full of dirty lines that the timed call then pays to write back: on the H100 that added
-   10 us to cuBLAS's 49 us fp16 GEMV (8192 x 8192) and 5 us to the book's GEMV, which
-   flattered the ratio;
+   full of dirty lines that the timed call then pays to write back, a cost that lands on a
+   short memory-bound call (a GEMV) and can flatter or spoil a ratio between two of them;
 2. a spin kernel keeps the GPU busy for longer than the host needs to launch the call
-   (Numba launches cost ~150 us of Python time; CuPy ~15 us). The start event therefore fires
+   (a Numba launch costs several times a CuPy launch in Python time; chapter 5 measures both).
+   The start event therefore fires
    when the GPU, not the host, is ready, and launch overhead is not counted as kernel time;
 3. the call runs between two events; the median over repeats is reported.
 

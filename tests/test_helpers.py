@@ -654,3 +654,31 @@ def test_multi_gpu_code_runs_with_nvlink_multicast_off(tmp_path, monkeypatch, ca
         dist.cupy_nccl()                 # NCCL's module, or None after saying why: either way
         capsys.readouterr()
         assert {k: os.environ.get(k) for k in dist.SAFE_ENV} == dist.SAFE_ENV
+
+
+def test_cpu_cells_runs_only_the_chosen_cells_and_refuses_gpu_ones(tmp_path):
+    """tools/cpu_cells.py: the chosen cells get this run's outputs and the cpu-run tag, every
+    other cell keeps its stored output; a %%gpu cell is refused and nothing is written."""
+    import subprocess
+
+    nb = nbtools.from_py("# %%\n" + nbtools.SETUP_CELL + "\n# %%\nx = 6 * 7\n# %%\nprint(x)\n"
+                         "# %%\nprint('kept')\n# %%\n%%gpu\nprint('gpu')\n")
+    import nbformat
+
+    nb.cells[3].outputs = [nbformat.v4.new_output("stream", name="stdout", text="stored\n")]
+    nb.cells[3].execution_count = 9
+    p = tmp_path / "nb.ipynb"
+    p.write_text(nbtools.canonical(nb))
+    tool = [sys.executable, str(ROOT / "tools" / "cpu_cells.py"), str(p)]
+    ids = [c.id for c in nb.cells]
+    r = subprocess.run(tool + [ids[4]], capture_output=True, text=True)
+    assert r.returncode != 0 and "needs a GPU" in r.stderr + r.stdout
+    assert p.read_text() == nbtools.canonical(nb)                 # nothing written
+    r = subprocess.run(tool + ["--context", ids[1], ids[2]], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    after = nbtools.read(p)
+    assert "".join(o.get("text", "") for o in after.cells[2].outputs) == "42\n"
+    assert after.cells[2].metadata.get("tags") == ["cpu-run"]
+    assert after.cells[3].outputs[0]["text"] == "stored\n" and after.cells[3].execution_count == 9
+    assert not after.cells[1].outputs                             # a context cell keeps none

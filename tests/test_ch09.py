@@ -1,5 +1,5 @@
 """Chapter 9: the Numba FlashAttention twin (simulator), the launch description and argument checks
-of the CUDA C++ kernels, the graders ex09_1..ex09_5 (reference passes, stub fails, wrong answers
+of the CUDA C++ kernels, the graders ex09_1..ex09_7 (reference passes, stub fails, wrong answers
 generated from the reference fail with their hint) and, on a GPU, every CUDA C++ version and the
 PyTorch op against float64 references and autograd."""
 # ruff: noqa: I001  (cudabook must be imported before numba.cuda)
@@ -12,7 +12,7 @@ import pytest
 
 import cudabook as cb  # first: decides GPU or simulator mode
 from cudabook import env
-from cudabook.graders import GradeError, ex09_1, ex09_2, ex09_3, ex09_4, ex09_5, ex09_6
+from cudabook.graders import GradeError, ex09_1, ex09_2, ex09_3, ex09_4, ex09_5, ex09_6, ex09_7
 from cudabook.graders.ch09 import attention_reference, merge_reference, partial_softmax
 from solution_cells import Solution
 
@@ -641,3 +641,73 @@ def test_ex09_6_reference_passes(capsys):
 def test_ex09_6_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex09_6(_window(edits))
+
+
+# ============================================================================ ex09_7
+_DS = "            ds = math.exp(s * scale - lse[i]) * (g - delta[i])\n"
+#: D_i summed over the tile's own keys (what the tile can see) instead of the delta passed in
+_TILE_D = """            di = float32(0)
+            for jj in range(n):
+                sj = float32(0)
+                gj = float32(0)
+                for c in range(D):
+                    sj += q[i, c] * k[jj, c]
+                    gj += do[i, c] * v[jj, c]
+                di += math.exp(sj * scale - lse[i]) * gj
+            ds = math.exp(s * scale - lse[i]) * (g - di)
+"""
+
+
+def test_ex09_7_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex09_7(SOL.stub("ex09.7", "bwd_dkdq"))
+
+
+def test_ex09_7_reference_passes(capsys):
+    ex09_7(SOL.get("ex09.7", "bwd_dkdq"))
+    assert capsys.readouterr().out == "PASS ex09.7\n"
+
+
+def test_ex09_7_tiles_sum_to_autograd():
+    """The grader's per-tile reference: dS from autograd, summed over the tiles, is dQ."""
+    from cudabook.graders.ch09 import _dkdq_reference
+
+    rng = np.random.default_rng(4)
+    q, K, V, do = (rng.standard_normal((n, 5)) for n in (7, 20, 20, 7))
+    dq = sum(_dkdq_reference(q, K, V, do, j0, 8)[2] @ K[j0:j0 + 8] for j0 in (0, 8, 16))
+    lse, delta, dS, dK = _dkdq_reference(q, K, V, do, 0, 20)
+    torch = pytest.importorskip("torch")
+    Q, Kt, Vt = (torch.tensor(x, requires_grad=True) for x in (q, K, V))
+    O = torch.nn.functional.scaled_dot_product_attention(Q[None], Kt[None], Vt[None])[0]
+    gq, gk = torch.autograd.grad(O, (Q, Kt), torch.tensor(do))
+    np.testing.assert_allclose(dq / math.sqrt(5), gq.numpy(), atol=1e-12)
+    np.testing.assert_allclose(dK, gk.numpy(), atol=1e-12)
+    np.testing.assert_allclose(delta, (do * O.detach().numpy()).sum(1), atol=1e-12)
+
+
+@pytest.mark.parametrize("edits, hint", [
+    ([("* (g - delta[i])", "* g", 2)], "forgets the softmax's second term"),
+    ([(_DS, _TILE_D, 2)], "summed over this tile's keys only"),
+    ([("dk[t, c] += scale * ds * q[i, c]", "dk[t, c] += ds * q[i, c]")],
+     "dk is wrong.*the scale is missing"),
+    ([("dq[i, c] += scale * ds * k[j, c]", "dq[i, c] += ds * k[j, c]")],
+     "dq is wrong.*the scale is missing"),
+    # dq set to this tile's share instead of added to
+    ([("        for j in range(n):\n",
+       "        for c in range(D):\n            dq[i, c] = float32(0)\n"
+       "        for j in range(n):\n")],
+     "holds only this tile's contribution"),
+    # lse divided out after the exp: overflows for scores near 800
+    ([("math.exp(s * scale - lse[i])", "math.exp(s * scale) / math.exp(lse[i])", 2)],
+     "subtract lse inside the exp"),
+    pytest.param([("    if t < n:", "    if True:")], "guard with j < k.shape", marks=SIM_ONLY),
+    # dk summed into without zeroing it first (the grader's outputs start as NaN)
+    ([("        for c in range(D):\n            dk[t, c] = float32(0)\n", "")],
+     "without setting it to 0 first"),
+    ([("                dq[i, c] += scale * ds * k[j, c]",
+       "                dq[i, c] += scale * ds * np.sum(k[j, c])")],
+     "np.sum \\(NumPy\\).*a GPU cannot compile it"),
+])
+def test_ex09_7_wrong_answers_fail(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex09_7(SOL.get("ex09.7", "bwd_dkdq", edits=edits))

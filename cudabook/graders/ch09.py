@@ -6,6 +6,7 @@ ex09_3  Numba: tiled fp32 FlashAttention forward (online softmax, ragged lengths
 ex09_4  Numba: the causal version, tiles past the diagonal skipped                      simulator
 ex09_5  Numba: the backward of one key tile, dV and dP, from the saved logsumexp        simulator
 ex09_6  Numba: sliding-window attention, tiles outside the window skipped on both sides  simulator
+ex09_7  Numba: the rest of one key tile's backward, dK and its share of dQ (dS from D_i)  simulator
 
 Scores are S = scale * Q K^T; a partial result over a set of keys is (m, l, o) with m the max
 score, l = sum exp(s - m) and o = sum exp(s - m) v (not yet divided by l). Every grader runs
@@ -48,8 +49,8 @@ from ._core import compile_kernel as _compile
 from ._race import explain, simulate
 from ._static import refuse_library as _refuse_library
 
-__all__ = ["ex09_1", "ex09_2", "ex09_3", "ex09_4", "ex09_5", "ex09_6", "attention_reference",
-           "partial_softmax", "merge_reference", "BR", "BC"]
+__all__ = ["ex09_1", "ex09_2", "ex09_3", "ex09_4", "ex09_5", "ex09_6", "ex09_7",
+           "attention_reference", "partial_softmax", "merge_reference", "BR", "BC"]
 
 BR = 16        # ex09_3, ex09_4: queries per block (one thread each)
 BC = 16        # ex09_3, ex09_4: keys per tile
@@ -753,4 +754,137 @@ def ex09_6(flash_fwd_window) -> None:
     for BH, Nq, Nk, D, W in TRACED_WINDOW[1:]:
         _tiling(ex, flash_fwd_window, [(BH, Nq, Nk, D)], window=W)
     simulate(ex, "ex09_6", [("flash_fwd_window", flash_fwd_window)], hint=_FWD_SYNC)
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex09.7
+#: ex09_7: (N, D, Nk, j0, n, big): ragged sequences, odd head dims, tiles of 1 to 16 keys; the
+#: first tiles miss keys (a D_i taken over the tile alone is wrong there); big: scores near 800
+BWD_DKDQ_CASES = ((5, 5, 11, 8, 3, False), (7, 9, 20, 16, 4, True), (1, 3, 1, 0, 1, False),
+                  (23, 7, 37, 16, 16, False), (18, 4, 30, 0, 13, False))
+_DKDQ_NO_LIBRARY = "loops over the queries, the tile's keys and the head dimension, with math.exp"
+_DKDQ_OWN = ("thread j writes only dk[j], and the threads own the queries i = tid, tid + 16, ... "
+             "for dq: no element is written by two threads, no atomics and no barrier needed")
+
+
+def _dkdq_reference(q, K, V, do, j0: int, n: int):
+    """(lse, delta, dS[:, tile], dK[tile]) of full attention by torch autograd in float64:
+    delta = rowsum(dO * O); dS is the gradient of the scaled scores."""
+    import torch
+
+    Q, Kt, Vt = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, K, V))
+    S = Q @ Kt.T / math.sqrt(q.shape[1])
+    S.retain_grad()
+    O = torch.softmax(S, -1) @ Vt
+    dO = torch.tensor(do, dtype=torch.float64)
+    O.backward(dO)
+    delta = (dO * O.detach()).sum(1).numpy()
+    lse = torch.logsumexp(S, -1).detach().numpy()
+    return lse, delta, S.grad.numpy()[:, j0:j0 + n], Kt.grad.numpy()[j0:j0 + n]
+
+
+def _dkdq_hint(which: str, got, ref, dq0, q, k, v, do, lse, delta, scale) -> str:
+    """The likely mistake behind a wrong dk or dq (``which``), from the answers it matches."""
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    P = np.exp(scale * (q @ k.T) - lse.astype(np.float64)[:, None])
+    dP = do @ v.T
+
+    def out(dS, sc=scale, base=dq0):
+        return sc * dS.T @ q if which == "dk" else base + sc * dS @ k
+
+    def near(x):
+        return np.allclose(got, x, rtol=1e-2, atol=1e-3 * float(np.abs(ref).max()))
+
+    dS = P * (dP - delta.astype(np.float64)[:, None])
+    if np.isnan(got).all():
+        return (f"{which} is NaN everywhere: never written (is the kernel body still the stub?)"
+                + (", or summed with += without setting it to 0 first (the grader fills the "
+                   "outputs with NaN)" if which == "dk" else ""))
+    if which == "dq" and near(out(dS, base=0)):
+        return ("dq holds only this tile's contribution: dq comes in holding the sum over the "
+                "tiles before this one; add to it (dq[i, c] += ...), as the loop over key tiles "
+                "of the FlashAttention-2 backward does")
+    if near(out(dS, 1.0)):
+        return (f"the scale is missing: S = scale Q K^T, so {which} = scale * "
+                + ("sum_i dS[i, j] q_i" if which == "dk" else "sum_j dS[i, j] k_j"))
+    if near(out(P * dP)):
+        return "dS = P * dP forgets the softmax's second term: dS[i, j] = P[i, j] (dP[i, j] - D_i)"
+    if near(out(P * (dP - (P * dP).sum(1, keepdims=True)))):
+        return ("D_i is summed over this tile's keys only: sum_j P[i, j] dP[i, j] needs every "
+                "key of the row, which one tile does not see; use the delta passed in "
+                "(rowsum(dO * O), equal to the sum over every key)")
+    return (f"{which} = scale * sum of dS times " + ("q_i" if which == "dk" else "k_j")
+            + ", dS[i, j] = P[i, j] (dP[i, j] - delta[i]), P[i, j] = exp(scale q_i . k_j - "
+            "lse[i]) and dP[i, j] = do_i . v_j")
+
+
+def ex09_7(bwd_dkdq) -> None:
+    """``bwd_dkdq(q, k, v, do, lse, delta, dk, dq, scale)`` is a @cuda.jit kernel launched
+    [1, 16] for one tile of n <= 16 keys: q, do (N, D); k, v (n, D); lse (N,) the logsumexp over
+    ALL keys and delta (N,) = rowsum(dO * O), both from the forward. With P = exp(scale q k^T -
+    lse), dP = dO V^T and dS = P (dP - delta): dk (n, D) = scale dS^T Q (written) and dq (N, D)
+    += scale dS K (dq holds the previous tiles' sum). Graded against torch autograd in float64
+    on ragged sizes, odd D and scores near 800; the outputs come filled (dk with NaN) and
+    followed by a canary."""
+    ex = "ex09.7"
+    _refuse_library(ex, bwd_dkdq, _DKDQ_NO_LIBRARY)
+    rng, seed = fresh_rng()
+    for rep in range(2):
+        for N, D, Nk, j0, n, big in BWD_DKDQ_CASES:
+            q = (rng.standard_normal((N, D)) * 1.5).astype(np.float32)
+            K = (rng.standard_normal((Nk, D)) * 1.5).astype(np.float32)
+            scale = 1 / math.sqrt(D)
+            if big:                 # scale q.k near 800: exp(s) is inf in float32 and float64
+                q[:, 0] = K[:, 0] = math.sqrt(800 / scale)
+            V = rng.standard_normal((Nk, D)).astype(np.float32)
+            do = rng.standard_normal((N, D)).astype(np.float32)
+            lse, delta, dS, dk_ref = _dkdq_reference(q, K, V, do, j0, n)
+            k, v = K[j0:j0 + n].copy(), V[j0:j0 + n].copy()
+            dq0 = rng.standard_normal((N, D)).astype(np.float32)     # the previous tiles' sum
+            dq_ref = dq0 + scale * dS @ k.astype(np.float64)
+            lse32, delta32 = lse.astype(np.float32), delta.astype(np.float32)
+            case = (f"N={N}, D={D}, tile keys {j0}..{j0 + n - 1} of {Nk}"
+                    f"{', scores near 800' if big else ''} (seed {seed}, call {rep + 1})")
+            dk, kbuf = guarded((n, D))
+            dq, qbuf = guarded((N, D))
+            dq[...] = to_device(dq0)
+
+            def run():
+                try:
+                    bwd_dkdq[1, 16](to_device(q), to_device(k), to_device(v), to_device(do),
+                                    to_device(lse32), to_device(delta32), dk, dq,
+                                    np.float32(scale))
+                except OverflowError:      # the simulator's math.exp; a GPU gives inf
+                    raise GradeError(f"{ex}: {case}: exp overflowed: {_BWD_EXP}") from None
+                except IndexError as e:
+                    raise GradeError(f"{ex}: {case}: index out of range ({e}): k, v and dk have "
+                                     "n = k.shape[0] rows and 16 threads run: a thread j >= n "
+                                     "owns no key (guard with j < k.shape[0]), and the queries "
+                                     "end at N = q.shape[0]") from None
+            call(ex, case, run)
+            if not (canary_ok(kbuf, n * D) and canary_ok(qbuf, N * D)):
+                raise GradeError(f"{ex}: {case}: wrote past the end of dk or dq: the tile has {n} "
+                                 "keys and 16 threads run; guard with j < k.shape[0] (and "
+                                 "i < q.shape[0] for the queries)")
+            # each output is a sum of terms that cancel: its float32 error is relative to the
+            # sum of their magnitudes (mag); scores near 800 carry rounding of 800 * 2^-24 in
+            # the exponent (and in lse): looser there
+            rtol = 2e-3 if big else 1e-4
+            adS = np.abs(dS)
+            mag_k = scale * adS.T @ np.abs(q.astype(np.float64))
+            mag_q = np.abs(dq0) + scale * adS @ np.abs(k.astype(np.float64))
+            hint_args = (q, k, v, do, lse32, delta32, scale)
+            for which, out, ref, mag in (("dk", dk, dk_ref, mag_k), ("dq", dq, dq_ref, mag_q)):
+                got = to_numpy(out).astype(np.float64)
+                with np.errstate(invalid="ignore"):
+                    bad = ~(np.abs(got - ref) <= 1e-6 + rtol * mag)
+                if big and not np.isfinite(got).all():
+                    hint = _BWD_EXP
+                elif bad.any():
+                    hint = _dkdq_hint(which, got, ref, dq0, *hint_args)
+                else:
+                    continue
+                raise GradeError(f"{ex}: {case}: {which} is wrong "
+                                 f"({error_summary(got, ref, bad)}): {hint}")
+    simulate(ex, "ex09_7", [("bwd_dkdq", bwd_dkdq)], hint=_DKDQ_OWN)
     passed(ex)

@@ -14,7 +14,7 @@ from solution_cells import Solution
 
 import cudabook as cb
 from cudabook import quant as Q
-from cudabook.graders import GradeError, ex10_1, ex10_2, ex10_3, ex10_4
+from cudabook.graders import GradeError, ex10_1, ex10_2, ex10_3, ex10_4, ex10_5
 from cudabook.graders.ch10 import GROUP_SIZES, group_table
 
 gpu = pytest.mark.gpu
@@ -525,3 +525,94 @@ def test_qgemv_w4_v7_irregular_shapes_on_gpu():
     with pytest.raises(ValueError, match="not a kernel for 8"):
         qg.qgemv(cp.zeros((1, 256), cp.float16), qg.prepare(cp.ones((8, 256), cp.float32), 8, 128),
                  version="qgemv_w4_v7")
+
+
+# ----------------------------------------------------------------------------- ex10.5
+_W = "    w = words[..., None] >> np.array([0, 4, 8, 12], np.uint32)"
+_H = "    h = ((w & 0x000F000F) | 0x64006400).view(np.float16)"
+_OUT = "    out = h - np.float16(1032)"
+# one nibble per value (correct bits, but in the word's slot order k0 k2 k4 k6 k1 k3 k5 k7)
+_SLOTS = [(_W, "    n = (words[..., None] >> np.arange(0, 32, 4, dtype=np.uint32)) & 0xF"),
+          (_H, "    h = (n | 0x6400).astype(np.uint16).view(np.float16)")]
+
+
+def dequant(*edits):
+    return SOL.get("ex10.5", "dequant_magic", edits=edits)
+
+
+def test_ex10_5_w4o_references_and_format():
+    from cudabook.graders.ch10 import w4o_pack_reference, w4o_unpack_reference
+    assert int(w4o_pack_reference(np.arange(-8, 0))[0]) == 0x75316420   # the spec's example
+    q = np.random.default_rng(5).integers(-8, 8, (3, 24))
+    assert (w4o_unpack_reference(w4o_pack_reference(q)) == q).all()
+    with pytest.raises(TypeError, match="uint32"):
+        w4o_unpack_reference(np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="-8..7"):
+        w4o_pack_reference(np.full(8, 8))
+    # the reference answer on the spec's example, and its stub
+    out = dequant()(np.array([0x75316420], np.uint32))
+    assert out.dtype == np.float16 and out.tolist() == list(range(-8, 0))
+
+
+def test_ex10_5_reference_passes(capsys):
+    ex10_5(dequant())
+    assert capsys.readouterr().out.strip() == "PASS ex10.5"
+    # the rules are read from code: a comment or a docstring naming what is refused counts not
+    ex10_5(dequant((_OUT, "    # not out = n.astype(np.float16) - 8, nor for i in range(n)\n"
+                          '    """np.float32(x) / 2"""\n' + _OUT)))
+    assert capsys.readouterr().out.strip() == "PASS ex10.5"
+    # one nibble per value, put in k order by a fancy index: also right
+    ex10_5(dequant(*_SLOTS,
+                   (_OUT, "    out = (h - np.float16(1032))[..., [0, 4, 1, 5, 2, 6, 3, 7]]")))
+    assert capsys.readouterr().out.strip() == "PASS ex10.5"
+
+
+def test_ex10_5_stub_fails():
+    with pytest.raises(GradeError, match="not implemented yet"):
+        ex10_5(SOL.stub("ex10.5", "dequant_magic"))
+
+
+@pytest.mark.parametrize("edits, hint", [
+    # fp32's magic number (2^23 = 0x4B000000) in fp16
+    ([("0x64006400", "0x4B004B00")], "0x4B00 is the top half of fp32's magic"),
+    ([("np.float16(1032)", "np.float16(1024)")], "forgot the offset"),
+    ([("h - np.float16(1032)", "h")], "subtraction is missing"),
+    # the xor of qgemv_w4_v2's format (two's complement nibbles) on biased nibbles
+    ([("words[..., None] >>", "(words[..., None] ^ 0x88888888) >>")], "two's complement"),
+    # the interleave ignored: one nibble per value, in the order of the bits
+    (_SLOTS, "interleave of the format was ignored"),
+    ([("(w & 0x000F000F)", "(((w >> 16) | (w << 16)) & 0x000F000F)")], "pair are swapped"),
+    # the kernel's high-nibble mask (0x00F000F0, then an FMA by 1/16) without the FMA
+    ([("[0, 4, 8, 12]", "[0, 0, 8, 8]"),
+      ("(w & 0x000F000F)", "(w & np.array([0x000F000F, 0x00F000F0] * 2, np.uint32))")],
+     "16 n - 8"),
+    ([("[0, 4, 8, 12]", "[0, 8, 4, 12]")], "right values of each word in the wrong order"),
+    ([("    return out.reshape(words.shape[:-1] + (8 * words.shape[-1],))",
+       "    return out")], "returned shape"),
+    # conversions: the values come out right, the rule is broken
+    ([(_H, "    h = (w & 0x000F000F).view(np.uint16).astype(np.float16)"),
+      (_OUT, "    out = h - np.float16(8)")], r"\.astype\(float16\) .*converts integers"),
+    ([(_H, "    h = np.float16((w & 0x000F000F).view(np.uint16))"),
+      (_OUT, "    out = h - np.float16(8)")], r"float16\(\.\.\.\) of a variable"),
+    ([(_H, "    h = np.asarray((w & 0x000F000F).view(np.uint16), dtype='e')"),
+      (_OUT, "    out = h - np.float16(8)")], "converts integers"),
+    ([(_H, "    one = np.float16(1)\n    h = (w & 0x000F000F).view(np.uint16) * one"),
+      (_OUT, "    out = h - np.float16(8)")], "float scale"),
+    # sign by arithmetic shifts of the signed int, then a conversion
+    ([(_H, "    h = ((w.view(np.int32) << 28) >> 28).astype(np.half)")], "converts integers"),
+    # the subtraction in float32, cast back: right values, not one fp16 subtraction
+    ([(_OUT, "    out = (h.astype(np.float32) - 1032).astype(np.float16)")],
+     "float32 .*one float16 subtraction"),
+    ([(_OUT, "    out = h - np.float16(1032)\n    out = out.astype('f4').astype(np.float16)")],
+     "one float16 subtraction"),
+    ([(_OUT, "    out = h / 1 - 1032")], "the operator /"),
+    # Python loops over the data
+    ([(_OUT, "    out = np.array([v - np.float16(1032) for v in h.ravel()])")],
+     "Python loop over the data"),
+    ([(_OUT, "    out = h.copy()\n    for i in range(h.size):\n"
+             "        out.flat[i] -= np.float16(1032)")], "Python loop over the data"),
+    ([(_OUT, "    out = np.vectorize(lambda v: v - np.float16(1032))(h)")], "vectorize"),
+])
+def test_ex10_5_wrong_answers(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex10_5(dequant(*edits))

@@ -28,7 +28,7 @@ from ._core import GradeError
 
 __all__ = ["cuda_code", "python_code", "calls", "mentions", "refuse_stub", "foreign_calls",
            "cuda_ptx", "ptx_instructions", "thread_divergent_barriers", "refuse_library",
-           "whole_array_ops", "kernel_not_gpu_code", "refuse_host_code"]
+           "whole_array_ops", "kernel_not_gpu_code", "refuse_host_code", "python_tree"]
 
 
 def cuda_code(src: str) -> str:
@@ -92,6 +92,30 @@ def python_code(ex: str, obj) -> str:
                 lines[r] = "\n"
             lines[r1 - 1] = lines[r1 - 1][c1:]
     return "".join(lines)
+
+
+def python_tree(ex: str, obj):
+    """The ``ast.FunctionDef`` of a Python function or Numba kernel, parsed from its source.
+    Comments are not in the tree, and a string is a ``Constant`` (a docstring that says
+    ``astype(np.float16)`` calls nothing), so rules read from the tree are proof against both;
+    unlike ``python_code``, string arguments such as ``astype("float16")`` keep their text.
+    Raises GradeError when the source cannot be read or holds no function definition."""
+    import ast
+
+    src = _source(obj)
+    if src is None:
+        python_code(ex, obj)                  # raises the message about exec
+    try:
+        tree = ast.parse(src)
+    except SyntaxError as e:
+        raise GradeError(f"{ex}: cannot parse the source of {getattr(obj, '__name__', obj)!r} "
+                         f"({e.msg})") from None
+    fn = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef,
+                                                             ast.AsyncFunctionDef))), None)
+    if fn is None:
+        raise GradeError(f"{ex}: {getattr(obj, '__name__', obj)!r} is not a function defined "
+                         "with def (a lambda cannot be checked); write it with def")
+    return fn
 
 
 def calls(code: str, name: str) -> int:

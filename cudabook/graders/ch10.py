@@ -4,6 +4,8 @@ ex10_1  Numba: per-row (per-channel) symmetric int8 quantizer, all-zero rows inc
 ex10_2  Numba: int4 pack and unpack kernels (signed values, odd lengths)               simulator
 ex10_3  Numba: W4A16 GEMV with per-group scales (one thread per output)               simulator
 ex10_4  choose a group size for an accuracy budget from a measured table              CPU
+ex10_5  NumPy: int4 -> fp16 with the magic number 0x6400 (bit operations, one fp16
+        subtraction, qgemv_w4_v7's nibble order), checked statically and on values   CPU
 
 The conventions are cudabook.quant's (kernels/quant.cu): scale = max|w| / 127 per row (1 for an
 all-zero row), q = clamp(round(w / scale), -127, 127) rounded to nearest (ties to even: Python's
@@ -43,11 +45,11 @@ from ._core import (
     to_device,
     xp,
 )
+from ._static import python_tree, refuse_stub
 from ._static import refuse_library as _refuse_library
-from ._static import refuse_stub
 
-__all__ = ["ex10_1", "ex10_2", "ex10_3", "ex10_4", "group_table", "GROUP_BUDGET",
-           "GROUP_SIZES"]
+__all__ = ["ex10_1", "ex10_2", "ex10_3", "ex10_4", "ex10_5", "group_table", "GROUP_BUDGET",
+           "GROUP_SIZES", "W4O_SLOT", "w4o_pack_reference", "w4o_unpack_reference"]
 
 TPB = 64          #: threads per block the graders launch with
 NOT_WRITTEN = -128  #: int8 fill: no correct q is -128 (the symmetric range is -127..127)
@@ -475,4 +477,259 @@ def ex10_4(group) -> None:
         raise GradeError(f"{ex}: group {group} meets the budget ({row['rel_error']:.3f}) but "
                          f"stores {row['bits_per_weight']:.4g} bits per weight; a larger group "
                          "also meets it with fewer bits (the scales cost 16 / G bits per weight)")
+    passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex10.5
+#: the nibble slot (bits 4 s .. 4 s + 3 of a 32-bit word) that holds k = 0..7 in the format of
+#: qgemv_w4_v7 (kernels/qgemv.cu): from bit 0 up the word holds k0 k2 k4 k6 k1 k3 k5 k7, so a
+#: mask of two nibbles 16 bits apart, (w >> 4 j) & 0x000F000F, gives the pair (k 2j, k 2j + 1)
+W4O_SLOT = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+def _words(name: str, words) -> np.ndarray:
+    if not isinstance(words, np.ndarray) or words.dtype != np.uint32 or words.ndim not in (1, 2):
+        what = (f"{words.dtype} array of {words.ndim} dimensions"
+                if isinstance(words, np.ndarray) else type(words).__name__)
+        raise TypeError(f"{name}: expected a uint32 NumPy array of shape (n,) or (rows, cols), "
+                        f"got a {what}")
+    return words
+
+
+def w4o_unpack_reference(words: np.ndarray) -> np.ndarray:
+    """int8 values q (-8..7) of uint32 words in qgemv_w4_v7's format: 8 nibbles per word,
+    each q + 8, k0 k2 k4 k6 k1 k3 k5 k7 from bit 0 up. (..., cols) -> (..., 8 cols)."""
+    w = _words("w4o_unpack_reference", words)
+    shifts = 4 * np.array(W4O_SLOT, np.uint32)
+    n = (w[..., None] >> shifts) & np.uint32(0xF)
+    return (n.astype(np.int8) - 8).reshape(w.shape[:-1] + (8 * w.shape[-1],))
+
+
+def w4o_pack_reference(q: np.ndarray) -> np.ndarray:
+    """The inverse: int values -8..7 of shape (..., 8 cols) -> uint32 words (..., cols)."""
+    q = np.asarray(q)
+    if q.dtype.kind not in "iu" or q.ndim not in (1, 2) or q.shape[-1] % 8:
+        raise TypeError("w4o_pack_reference: expected integers of shape (8 n,) or (rows, 8 cols), "
+                        f"got {q.dtype} {q.shape}")
+    if q.size and (q.min() < -8 or q.max() > 7):
+        raise ValueError("w4o_pack_reference: int4 values must lie in -8..7")
+    n = (q.astype(np.int64) + 8).astype(np.uint32).reshape(q.shape[:-1] + (-1, 8))
+    shifts = 4 * np.array(W4O_SLOT, np.uint32)
+    return np.bitwise_or.reduce(n << shifts, axis=-1).astype(np.uint32)
+
+
+_FLOAT_NAMES = frozenset({"float16", "half", "float32", "single", "float64", "double", "float",
+                          "float_", "longdouble", "float128", "float96"})
+_FLOAT_STRINGS = frozenset({"float16", "f2", "e", "half", "float32", "f4", "f", "single",
+                            "float64", "f8", "d", "double", "float", "<f2", "<f4", "<f8"})
+_WIDE = frozenset({"float32", "single", "float64", "double", "float_", "longdouble", "float128",
+                   "float96", "f4", "f", "f8", "d", "<f4", "<f8"})
+_TRICK = ("the trick builds the float16 from bits instead: OR the nibble into 0x6400 (the fp16 "
+          "bit pattern of 1024), .view(np.float16) reads 1024 + n, and one float16 subtraction "
+          "of 1024 + 8 leaves q")
+_LOOP_CALLS = frozenset({"vectorize", "frompyfunc", "nditer", "ndenumerate", "ndindex",
+                         "apply_along_axis", "tolist", "item", "map", "fromiter"})
+_ARITH_CALLS = frozenset({"multiply", "divide", "true_divide", "ldexp", "float_power", "power",
+                          "cast", "can_cast"})
+
+
+def _dtype_name(node) -> str | None:
+    """The float dtype a node names (np.float16, float, "f4"), else None."""
+    import ast
+
+    if isinstance(node, ast.Attribute) and node.attr in _FLOAT_NAMES:
+        return node.attr
+    if isinstance(node, ast.Name) and node.id in _FLOAT_NAMES:
+        return node.id
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+            and node.value in _FLOAT_STRINGS:
+        return node.value
+    return None
+
+
+def _constant(node) -> bool:
+    """A number written in the code (1032, -8.0, 0x6408, 1024 + 8)."""
+    import ast
+
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+    if isinstance(node, ast.UnaryOp):
+        return _constant(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _constant(node.left) and _constant(node.right)
+    return False
+
+
+def _static_10_5(ex: str, fn) -> None:
+    """The rules of ex10.5, read from the function's syntax tree (comments and strings do not
+    count): no int -> float conversion, nothing wider than float16, no float scale, no Python
+    loop over the elements."""
+    import ast
+
+    tree = python_tree(ex, fn)
+    nodes = list(ast.walk(tree))
+    wide = [n for n in nodes if _dtype_name(n) in _WIDE]
+    for n in wide + nodes:
+        line = getattr(n, "lineno", None) or getattr(getattr(n, "iter", n), "lineno", 1)
+        where = f"line {line - tree.lineno + 1} of {tree.name}"
+        if isinstance(n, ast.While):
+            raise GradeError(f"{ex}: a while loop ({where}): the answer must work on whole "
+                             "arrays (a few array operations; a Python loop over the elements "
+                             "is what the vectorised version replaces)")
+        if isinstance(n, (ast.For, ast.comprehension)):
+            it = n.iter
+            ok = isinstance(it, (ast.Tuple, ast.List)) and all(_constant(e) for e in it.elts) \
+                or (isinstance(it, ast.Call) and isinstance(it.func, ast.Name)
+                    and it.func.id == "range" and all(_constant(a) for a in it.args))
+            if not ok:
+                raise GradeError(f"{ex}: a Python loop over the data ({where}): work on whole "
+                                 "arrays; a loop may run over the 4 shifts (a tuple or range of "
+                                 "constants), never over the words or their elements")
+        if isinstance(n, ast.Attribute) and n.attr == "flat":
+            raise GradeError(f"{ex}: .flat ({where}) walks the elements one by one in Python: "
+                             "work on whole arrays")
+        if isinstance(n, ast.Call):
+            f = n.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            args = list(n.args) + [k.value for k in n.keywords]
+            named = [d for d in map(_dtype_name, args) if d]
+            if name in _LOOP_CALLS:
+                raise GradeError(f"{ex}: {name}() ({where}) runs Python per element: work on "
+                                 "whole arrays with NumPy's bit operators (& | >> <<)")
+            if name in _ARITH_CALLS:
+                raise GradeError(f"{ex}: np.{name}() ({where}): the rule is integer bit "
+                                 "operations and one float16 subtraction; " + _TRICK)
+            if name == "astype" and named:
+                _refuse_float(ex, where, named[0], "astype")
+            if _dtype_name(f) and not all(_constant(a) for a in args):
+                _refuse_float(ex, where, _dtype_name(f), "call")
+            if named and name not in ("view", "frombuffer"):
+                _refuse_float(ex, where, named[0], name)
+        if _dtype_name(n) in _WIDE:
+            _refuse_float(ex, where, _dtype_name(n), "wide")
+        if isinstance(n, (ast.BinOp, ast.AugAssign)):
+            op = n.op
+            if isinstance(op, (ast.Div, ast.Pow, ast.MatMult)):
+                sym = {ast.Div: "/", ast.Pow: "**", ast.MatMult: "@"}[type(op)]
+                raise GradeError(f"{ex}: the operator {sym} ({where}): the rule "
+                                 "is integer bit operations and one float16 subtraction; "
+                                 + _TRICK)
+            if isinstance(op, (ast.Mult, ast.FloorDiv)):
+                pair = (n.left, n.right) if isinstance(n, ast.BinOp) else (n.target, n.value)
+                if not any(isinstance(p, ast.Constant) and type(p.value) is int for p in pair):
+                    raise GradeError(f"{ex}: a multiplication ({where}) by something other "
+                                     "than an integer constant: multiplying integers by a "
+                                     "float scale (or by np.float16(1)) converts them to "
+                                     "floats; " + _TRICK)
+
+
+def _refuse_float(ex: str, where: str, dtype: str, how: str) -> None:
+    if dtype in _WIDE:
+        raise GradeError(f"{ex}: {dtype} ({where}): subtracting in float32 (or float64) and "
+                         "casting back gives the right values, but the rule is one float16 "
+                         "subtraction (the kernel's __hsub2 on a half2): keep the array float16 "
+                         "from .view(np.float16) to the result")
+    what = {"astype": f".astype({dtype})", "call": f"{dtype}(...) of a variable"}.get(
+        how, f"{how}(..., {dtype})")
+    raise GradeError(f"{ex}: {what} ({where}) converts integers to floats (a conversion "
+                     "instruction per value, which is what the magic number avoids): " + _TRICK
+                     + ". Only .view(np.float16) may name the float type, and np.float16 of a "
+                     "constant such as 1032")
+
+
+def _per_word(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1, 8)
+
+
+def _diagnose_10_5(ex: str, case: str, words: np.ndarray, out, ref: np.ndarray) -> None:
+    if not isinstance(out, np.ndarray):
+        raise GradeError(f"{ex}: {case}: returned {type(out).__name__}; return a NumPy array")
+    if out.dtype != np.float16:
+        raise GradeError(f"{ex}: {case}: returned {out.dtype}, expected float16 (view the "
+                         "words' bits as np.float16 and subtract in float16)")
+    if out.shape != ref.shape:
+        raise GradeError(f"{ex}: {case}: returned shape {out.shape}, expected {ref.shape} (8 "
+                         "values per word, k = 8 w + j at [..., 8 w + j]: reshape the last two "
+                         "axes into one)")
+    o = out.astype(np.float64)
+    r = ref.astype(np.float64)
+    if (o == r).all():
+        return
+    n = r + 8                                   # the stored nibbles, in k order
+    k = out.shape[-1]
+    if (o == r + 8).all():
+        raise GradeError(f"{ex}: {case}: the values are 0..15, the stored nibbles q + 8: "
+                         "forgot the offset; subtract 1024 + 8 = 1032, not 1024")
+    if (o == r + 1032).all():
+        raise GradeError(f"{ex}: {case}: the values are 1024 + n: the subtraction is missing")
+    if (o == np.where(n >= 8, n - 16, n)).all():
+        raise GradeError(f"{ex}: {case}: each nibble was read as two's complement (nibbles "
+                         "8..15 as -8..-1, or an xor with 0x88888888 as qgemv_w4_v2 does on "
+                         "its format): here the nibbles are stored as q + 8, so subtracting "
+                         "1024 + 8 alone gives q")
+    if k and (np.sort(_per_word(o), axis=1) == np.sort(_per_word(r), axis=1)).all():
+        slot = _per_word(r)[:, np.argsort(W4O_SLOT)]              # slot order, bit 0 up
+        swap = _per_word(r)[:, [1, 0, 3, 2, 5, 4, 7, 6]]
+        if (_per_word(o) == slot).all():
+            raise GradeError(f"{ex}: {case}: the values come out in the order of the nibbles "
+                             "from bit 0 up (k0 k2 k4 k6 k1 k3 k5 k7): the interleave of the "
+                             "format was ignored. Nibbles 16 bits apart are (k0, k1), (k2, k3)...: "
+                             "mask them in pairs, (w >> 4 j) & 0x000F000F")
+        if (_per_word(o) == swap).all():
+            raise GradeError(f"{ex}: {case}: the two values of each pair are swapped (k1 k0 "
+                             "k3 k2 ...): .view(np.float16) puts the low 16 bits of a uint32 "
+                             "first (little-endian), and k 2j sits in the low half")
+        raise GradeError(f"{ex}: {case}: the right values of each word in the wrong order: the "
+                         "word holds k0 k2 k4 k6 k1 k3 k5 k7 from bit 0 up, and the result must "
+                         "be k0 k1 ... k7")
+    if ((o == r) | (o == 16 * n - 8)).all():
+        raise GradeError(f"{ex}: {case}: some values are 16 n - 8: a nibble masked in place in "
+                         "bits 4..7 of its half reads as 1024 + 16 n. Shift it down to bits "
+                         "0..3 first (the kernel undoes the 16 with an FMA by 1/16; the rule "
+                         "here is one subtraction)")
+    if not np.isfinite(o).all() or (o < -8).any() or (o > 15).any() or (o != np.round(o)).any():
+        magic = ("0x4B00 is the top half of fp32's magic 0x4B000000 (2^23); "
+                 if (np.abs(o + 1018) < 2).any() else "")
+        raise GradeError(f"{ex}: {case}: values that are not the integers -8..7 (e.g. "
+                         f"{o.flat[np.argmax(o != r)]:g}): the float16 you built is not "
+                         f"1024 + n. Check the magic number: {magic}fp16 has 5 exponent bits "
+                         "and 10 mantissa bits, and the bit pattern of 1024 = 2^10 is 0x6400, "
+                         "with the nibble in the lowest mantissa bits")
+    i = np.unravel_index(int(np.argmax(o != r)), o.shape)
+    w = words[i[:-1] + (i[-1] // 8,)]
+    raise GradeError(f"{ex}: {case}: wrong at {tuple(int(t) for t in i)} (word 0x{int(w):08X}, "
+                     f"k = {i[-1] % 8}): got {o[i]:g}, expected {r[i]:g}")
+
+
+def ex10_5(dequant_magic) -> None:
+    """``dequant_magic(words)``: uint32 words of int4 weights in qgemv_w4_v7's format ->
+    float16 values, by the magic number 0x6400 (bit operations and one fp16 subtraction)."""
+    ex = "ex10.5"
+    if not callable(dequant_magic):
+        raise GradeError(f"{ex}: expected the function dequant_magic, got "
+                         f"{type(dequant_magic).__name__}")
+    _static_10_5(ex, dequant_magic)
+    rng, seed = fresh_rng()
+    n = int(rng.integers(50, 400)) | 1
+    every = np.array([[(v + j) % 16 for j in range(8)] for v in range(16)]
+                     + [[v] * 8 for v in range(16)], np.int64) - 8
+    cases = [
+        ("every nibble value 0..15 in every position of a word", w4o_pack_reference(every.ravel())),
+        ("the example of the specification", np.array([0x75316420], np.uint32)),
+        (f"random words, n = {n} (seed {seed})",
+         rng.integers(0, 2 ** 32, n, dtype=np.uint32)),
+        (f"random words of shape (7, 13) (seed {seed})",
+         rng.integers(0, 2 ** 32, (7, 13), dtype=np.uint32)),
+        ("an empty input of shape (0,)", np.zeros(0, np.uint32)),
+        ("an empty input of shape (3, 0)", np.zeros((3, 0), np.uint32)),
+    ]
+    for case, words in cases:
+        ref = w4o_unpack_reference(words).astype(np.float16)
+        keep = words.copy()
+        box: list[Any] = []
+        call(ex, case, lambda words=words: box.append(dequant_magic(words)))
+        if not np.array_equal(words, keep):
+            raise GradeError(f"{ex}: {case}: the input words were modified; leave them as "
+                             "they are")
+        _diagnose_10_5(ex, case, words, box[0], ref)
     passed(ex)

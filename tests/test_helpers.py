@@ -682,3 +682,21 @@ def test_cpu_cells_runs_only_the_chosen_cells_and_refuses_gpu_ones(tmp_path):
     assert after.cells[2].metadata.get("tags") == ["cpu-run"]
     assert after.cells[3].outputs[0]["text"] == "stored\n" and after.cells[3].execution_count == 9
     assert not after.cells[1].outputs                             # a context cell keeps none
+
+
+def test_policy_refuses_a_cpu_run_tag_on_a_cell_that_needs_a_gpu(tmp_path):
+    """A cell may store a CPU run's output (tag cpu-run) only if it needs no GPU."""
+    (tmp_path / "lessons").mkdir()
+    nb = nbtools.from_py("# %%\n" + nbtools.SETUP_CELL + "\n# %%\n%%gpu\nprint(1)\n"
+                         "# %%\nprint(2)\n")
+    for c in nb.cells[1:]:
+        c.metadata["tags"] = ["cpu-run"]
+    p = tmp_path / "lessons" / "09_x.ipynb"
+    p.write_text(nbtools.canonical(nb))
+    old = nbtools.ROOT
+    nbtools.ROOT = tmp_path
+    try:
+        errs = [e for e in nbtools.policy_errors(p) if "cpu-run" in e]
+    finally:
+        nbtools.ROOT = old
+    assert len(errs) == 1 and "cell 1" in errs[0], errs

@@ -20,7 +20,6 @@ on and drops the tag.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import nbtools  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_TAG = "cpu-run"
-_GPU_ONLY = re.compile(r"^\s*%%gpu|\bimport cupy\b|\bcb\.bench\(|\bcb\.report\(", re.M)
+_GPU_ONLY = nbtools.CPU_REFUSED           # what the notebook policy refuses in a cpu-run cell
 
 
 def main(argv: list[str]) -> int:

@@ -45,8 +45,8 @@ POLICY
     metadata (kernel python3, Colab asks for a GPU), and starts with the setup cell;
   * lessons/ and solutions/ have every code cell executed, on a GPU (``metadata.cudabook``
     names it), with outputs (a cell that needs no GPU and was added between two GPU runs may
-    store a CPU run's output, tagged ``cpu-run``: tools/cpu_cells.py); a lesson stores at least
-    one figure;
+    store a CPU run's output, tagged ``cpu-run``: tools/cpu_cells.py; a tagged cell that needs
+    a GPU or times something is refused); a lesson stores at least one figure;
   * a lesson or solution cell that shows kernels/ source (``cb.show_source("f.cu", "k")``)
     stores that source as it is now: the book shows the code under test, so a kernel edited
     after the run needs a new run;
@@ -457,6 +457,10 @@ def cmd_coalesce(paths: list[str]) -> int:
 
 
 # ----------------------------------------------------------------------------- policy
+#: what a cell stored from a CPU run (tools/cpu_cells.py, tag cpu-run) may not contain
+CPU_REFUSED = re.compile(r"^\s*%%gpu|\bimport cupy\b|\bcb\.bench\(|\bcb\.report\(", re.M)
+
+
 def policy_errors(path: Path) -> list[str]:
     rel = path.relative_to(ROOT)
     errs: list[str] = []
@@ -486,6 +490,12 @@ def policy_errors(path: Path) -> list[str]:
                     f"(run: python tools/nbtools.py coalesce {rel})")
     kind = rel.parts[0]
     graders = [c for c in code if is_grader(c)]
+    for i, c in enumerate(nb.cells):
+        if "cpu-run" in (c.metadata.get("tags") or []) and (
+                kind == "exercises" or c.cell_type != "code" or CPU_REFUSED.search(c.source)):
+            errs.append(f"{rel}: cell {i} ({c.get('id')}) is tagged cpu-run (its output from a CPU "
+                        "run) but needs a GPU, times something, or stores nothing: only "
+                        "tools/cpu_cells.py tags cells, and only those that need no GPU")
     if kind in ("lessons", "solutions"):
         gpu = nb.metadata.get("cudabook", {}).get("gpu")
         if not gpu:

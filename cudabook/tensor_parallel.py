@@ -500,13 +500,18 @@ def _check_rank(rank: int, world: int, what: str) -> None:
         raise TensorParallelError(f"{what}: rank {rank!r} is not in 0..{world - 1}")
 
 
+def _divisors(n: int) -> list[int]:
+    """The world sizes that split ``n`` evenly (named in the refusals)."""
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
 def split(w: torch.Tensor, rank: int, world: int, dim: int, what: str = "split") -> torch.Tensor:
     """Rank ``rank``'s share of ``w`` along ``dim``: ``w.shape[dim] / world`` consecutive
     indices, as a new tensor (a copy). Refuses a size that ``world`` does not divide."""
     _check_rank(rank, world, what)
     n = w.shape[dim]
     if n % world:
-        ok = [k for k in range(1, n + 1) if n % k == 0]
+        ok = _divisors(n)
         raise TensorParallelError(f"{what}: size {n} of dim {dim} cannot be split over {world} "
                                   f"ranks (each rank needs a whole share); world must divide "
                                   f"{n}: one of {ok[:12]}{' ...' if len(ok) > 12 else ''}")
@@ -617,7 +622,7 @@ class ParallelAttention(nn.Module):
         if not isinstance(n_head, int) or n_head < 1 or d % n_head:
             raise TensorParallelError(f"ParallelAttention: n_head={n_head!r} must divide d={d}")
         if n_head % world:
-            ok = [k for k in range(1, n_head + 1) if n_head % k == 0]
+            ok = _divisors(n_head)
             raise TensorParallelError(f"ParallelAttention: {n_head} heads cannot be split over "
                                       f"{world} ranks: each rank computes whole heads, so world "
                                       f"must divide n_head (one of {ok})")

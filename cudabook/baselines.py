@@ -19,11 +19,16 @@ replays the same kernels on the same memory, so new data goes *into* those tenso
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import math
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-__all__ = ["TorchGraph", "torch_graph", "torch_compiled", "Bound", "peak_tflops"]
+__all__ = ["TorchGraph", "torch_graph", "torch_compiled", "quiet_compiler", "Bound",
+           "peak_tflops"]
 
 
 class TorchGraph:
@@ -93,12 +98,38 @@ def torch_compiled(fn: Callable[[], Any], *, mode: str = "max-autotune-no-cudagr
         return None, "torch.compile's GPU code generator needs Triton (pip install triton)"
     f = torch.compile(fn, mode=mode)
     try:
-        f()
-        torch.cuda.synchronize()
+        with quiet_compiler():       # the compiler runs (and autotunes) on this first call
+            f()
+            torch.cuda.synchronize()
     except Exception as err:  # noqa: BLE001 - any compiler failure means: no compiled row here
         first = (str(err).splitlines() or [""])[0][:200]
         return None, f"torch.compile failed here ({type(err).__name__}: {first})"
     return f, None
+
+
+@contextlib.contextmanager
+def quiet_compiler() -> Iterator[None]:
+    """While ``torch.compile`` generates and autotunes code: no autotuning tables, no notice
+    about a candidate configuration it drops (Triton tiles that need more shared memory than the
+    GPU has are tried and discarded on every GPU: "Runtime error during autotuning ... Ignoring
+    this choice"), no deprecation warning from inside the compiler. A real failure still raises.
+    Every setting is restored on exit."""
+    import torch._inductor.config as ic
+
+    patch = {k: v for k, v in (("max_autotune_report_choices_stats", False),
+                               ("autotune_num_choices_displayed", 0)) if hasattr(ic, k)}
+    loggers = [logging.getLogger(n) for n in ("torch._inductor", "torch._dynamo")]
+    levels = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL)
+        with ic.patch(patch), warnings.catch_warnings(), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
 
 
 _PEAK: dict[str, float] = {}

@@ -107,6 +107,7 @@ class Row:
     baseline_value: float | None = None
     is_baseline: bool = False
     host_us: float | None = None   # host time to issue one call (launch overhead)
+    alternative: bool = False      # a baseline that was given but was not the fastest
 
     @property
     def ratio(self) -> float | None:
@@ -145,12 +146,12 @@ class BenchTable:
         p.text(str(self))
 
     def best(self) -> Row:
-        cands = [r for r in self.rows if not r.is_baseline]
+        cands = [r for r in self.rows if not r.is_baseline and not r.alternative]
         return min(cands, key=lambda r: r.time_us)
 
     def record(self, chapter: str, kernels: list[str] | None = None,
                path: str | os.PathLike | None = None) -> None:
-        """Append these rows (all but the baseline, or ``kernels``) to the results file.
+        """Append these rows (all but the baselines, or ``kernels``) to the results file.
 
         The file is ``path``, else ``$CUDABOOK_RESULTS``; with neither, nothing is written.
         """
@@ -160,7 +161,8 @@ class BenchTable:
         """The rows as results-file entries (see ``cudabook.results``)."""
         out = []
         for r in self.rows:
-            if r.is_baseline or (kernels is not None and r.name not in kernels):
+            if r.is_baseline or (kernels is None and r.alternative) or \
+                    (kernels is not None and r.name not in kernels):
                 continue
             out.append({"chapter": chapter, "kernel": r.name, "metric": r.unit,
                         "value": _round(r.value), "baseline": r.baseline,
@@ -242,8 +244,8 @@ def _check_bench_args(fns, baseline, nbytes, flops, check, repeat, warmup) -> No
             if not isinstance(k, str) or not callable(f):
                 raise TypeError(f"bench: {what} maps names (str) to functions of no argument; "
                                 f"got {k!r}: {type(f).__name__}")
-    if baseline is not None and len(baseline) > 1:
-        raise ValueError("bench: give one baseline (a dict with one entry)")
+    if baseline is not None and len(baseline) == 0:
+        raise ValueError("bench: baseline is an empty dict: give at least one entry, or None")
     for what, v in (("bytes", nbytes), ("flops", flops)):
         if v is not None and (not isinstance(v, numbers.Real) or isinstance(v, bool) or v <= 0):
             raise TypeError(f"bench: {what} must be a positive number (the work of one call), "
@@ -262,8 +264,12 @@ def bench(fns: Mapping[str, Callable[[], Any]], *,
           bytes: float | None = None, flops: float | None = None,
           check: Callable[[str], Any] | None = None, repeat: int = 20, warmup: int = 2,
           flush_l2: bool = True, size: Any = None, quiet: bool = False) -> BenchTable:
-    """Time each function in ``fns`` and the ``baseline`` (one entry) in the same call.
+    """Time each function in ``fns`` and the ``baseline`` in the same call.
 
+    ``baseline`` holds one entry, or several ways a practitioner could run the same work (PyTorch
+    captured, and compiled then captured, say): all are timed, and the fastest of them in this
+    call is the baseline every ratio is taken against; the others stay in the table as rows with
+    their own ratio to it (``Row.alternative``), and :meth:`BenchTable.record` leaves them out.
     ``bytes`` (moved through memory) gives GB/s; ``flops`` gives TFLOP/s. ``check(name)`` must
     raise if the output of the function called ``name`` is wrong; it runs before timing (a
     wrong kernel is refused) and after it.
@@ -285,9 +291,8 @@ def bench(fns: Mapping[str, Callable[[], Any]], *,
 def _bench_rows(fns, baseline, work, unit, check, repeat, warmup, flush_l2) -> list[Row]:
     base_items = list((baseline or {}).items())
     rows: list[Row] = []
-    bname = base_items[0][0] if base_items else None
-    for name, fn in base_items + list(fns.items()):
-        is_base = name == bname and fn is base_items[0][1]
+    for i, (name, fn) in enumerate(base_items + list(fns.items())):
+        is_base = i < len(base_items)
         if check is not None:
             try:
                 fn()
@@ -303,10 +308,16 @@ def _bench_rows(fns, baseline, work, unit, check, repeat, warmup, flush_l2) -> l
                     from None
         val = work / (t * 1e-6) if work is not None else None
         rows.append(Row(name, t, val, unit, is_baseline=is_base, host_us=host_us))
-    if bname:
-        bval = rows[0].value
+    if base_items:
+        # the strongest baseline: the fastest of those given, measured in this call
+        k = min(range(len(base_items)), key=lambda j: rows[j].time_us)
+        best = rows.pop(k)
+        for r in rows[:len(base_items) - 1]:
+            r.is_baseline, r.alternative = False, True
+        rows.insert(0, best)
+        bval = best.value
         for r in rows[1:]:
-            r.baseline, r.baseline_value = bname, bval
+            r.baseline, r.baseline_value = best.name, bval
     return rows
 
 

@@ -13,8 +13,8 @@
 //                       so exp never overflows), the row's loss, then the row's gradient
 //   cross_entropy_f64   cross_entropy_v1 in double (torch.autograd.gradcheck runs in float64)
 //
-// A label outside [0, C) makes the row's loss NaN (the kernel cannot raise; the launcher checks
-// labels when asked). dz may be null (loss only), loss may be null (gradient only).
+// A label outside [0, C) makes the row's loss and its gradient NaN (a kernel cannot raise; the
+// launcher checks labels when asked), so a bad label is never a plausible number. dz may be null (loss only), loss may be null (gradient only).
 // traffic: reads 4 M C bytes (three passes over a row that stays in L1), writes 4 M C bytes.
 #include "common.cuh"
 
@@ -58,8 +58,8 @@ __device__ void cross_entropy_row(const T* __restrict__ z, const int* __restrict
     if (dz) {
         T inv = (T)1 / s;
         T* dr = dz + row * C;
-        for (int j = lane; j < C; j += 32)
-            dr[j] = scale * (ce_exp(zr[j] - m) * inv - (j == y ? (T)1 : (T)0));
+        for (int j = lane; j < C; j += 32)        // a bad label: the row's gradient is NaN too
+            dr[j] = ok ? scale * (ce_exp(zr[j] - m) * inv - (j == y ? (T)1 : (T)0)) : ce_nan(s);
     }
 }
 

@@ -3,7 +3,8 @@
 versions
   cross_entropy_thread_per_row   one thread per row (the CUDA C++ cross_entropy_v1 gives each
                                  row a warp): max, sum of exp, the row's loss added to loss[0]
-                                 with an atomic, then the row's gradient; any float dtype
+                                 with an atomic, then the row's gradient; any float dtype;
+                                 a label outside [0, C) gives a NaN loss and NaN gradient row
 """
 
 import math
@@ -25,6 +26,11 @@ def cross_entropy_thread_per_row(z, labels, loss, dz, scale):
     for j in range(C):
         s += math.exp(z[r, j] - m)
     y = labels[r]
+    if y < 0 or y >= C:          # a bad label: NaN loss and gradient (z[r, -1] would wrap)
+        cuda.atomic.add(loss, 0, math.nan)
+        for j in range(C):
+            dz[r, j] = math.nan
+        return
     cuda.atomic.add(loss, 0, scale * (math.log(s) + m - z[r, y]))
     for j in range(C):
         p = math.exp(z[r, j] - m) / s

@@ -5,7 +5,8 @@
     ce.cross_entropy(z, labels, loss=loss, dz=dz)        # into preallocated buffers (graphs)
     ce.cross_entropy_numba(z, labels, loss, dz)          # the Numba twin (simulator or GPU)
 
-z is (M, C) float32 (cross_entropy_v1) or float64 (cross_entropy_f64); labels (M,) int32.
+z is (M, C) float32 (cross_entropy_v1) or float64 (cross_entropy_f64); labels (M,) int32 (int64,
+PyTorch's default, is converted once). A label outside [0, C) gives a NaN loss, never a number.
 """
 
 from __future__ import annotations
@@ -59,12 +60,15 @@ def cross_entropy(z, labels, loss=None, dz=None, reduction: str = "mean",
                   check_labels: bool = False):
     """(loss, dz): the softmax cross-entropy of logits ``z`` with integer ``labels`` and its
     gradient, in one launch. ``loss`` (1,) is zeroed and then accumulated; pass ``dz=False`` for
-    the loss alone. ``check_labels`` copies the labels to the host to check their range (not
-    inside a CUDA graph capture)."""
+    the loss alone. A label outside [0, C) makes the loss NaN and that row of ``dz`` NaN (the
+    kernel cannot raise); ``check_labels`` copies the labels to the host and refuses them instead
+    (not inside a CUDA graph capture). PyTorch's int64 labels are converted to int32 once (a
+    copy: pass int32 labels inside a graph capture)."""
     import cupy as cp
 
     want_dz = dz is not False
     dz = None if dz is False else dz
+    labels = _int32_labels(labels)
     M, C, dt = _check(z, labels, loss, dz, reduction)
     if check_labels:
         lab = cp.asnumpy(labels)
@@ -80,6 +84,20 @@ def cross_entropy(z, labels, loss=None, dz=None, reduction: str = "mean",
                                 (z, labels, loss, dz if want_dz else no_dz, np.int32(M),
                                  np.int32(C), dt.type(scale)))
     return loss, (dz if want_dz else None)
+
+
+def _int32_labels(labels):
+    """int64 labels (PyTorch's default) as an int32 copy; anything else as it is (checked later).
+    An id that int32 cannot hold is out of range for any C, so it is refused here."""
+    if str(getattr(labels, "dtype", "")).replace("torch.", "") != "int64" or \
+            not cb.validate._on_device(labels):
+        return labels
+    import cupy as cp
+
+    lab = cp.asarray(labels)
+    if lab.size and (int(lab.min()) < -2**31 or int(lab.max()) >= 2**31):
+        raise ValueError("labels: an int64 label outside int32's range cannot be a class index")
+    return lab.astype(cp.int32)
 
 
 def cross_entropy_numba(z, labels, loss, dz, reduction: str = "mean") -> None:

@@ -2,16 +2,22 @@
 //
 //   embedding_v1  x[m, :] = float(wte[tok[m], :]) for m < M: tok (M,) int32, wte (V, d) fp16, x
 //                 (M, d) fp32 (the residual stream is kept in fp32). One block per token, the
-//                 row copied with 4-byte (half2) loads. Token ids are checked on the host (the
-//                 launcher) where they come from the host; ids made on the GPU by the sampler
-//                 are < V by construction.
+//                 row copied with 4-byte (half2) loads. An id outside [0, V) is never read
+//                 from: its row of x is NaN (a kernel cannot raise; the launcher refuses such
+//                 ids where it may read them back, and ids the sampler makes are < V).
 //
 // Launch (kernels/embedding_launch.py): grid (M) x 128 threads.
 #include <cuda_fp16.h>
 
-extern "C" __global__ void embedding_v1(const int* tok, const __half* wte, float* x, int M, int d) {
+extern "C" __global__ void embedding_v1(const int* tok, const __half* wte, float* x, int M,
+                                        int d, int V) {
     int m = blockIdx.x;
-    const __half2* row = reinterpret_cast<const __half2*>(wte + (long long)tok[m] * d);
+    int t = tok[m];
     float2* dst = reinterpret_cast<float2*>(x + (long long)m * d);
+    if (t < 0 || t >= V) {                                   // a bad id: a NaN row, no read
+        for (int e = threadIdx.x; e < d / 2; e += blockDim.x) dst[e] = make_float2(NAN, NAN);
+        return;
+    }
+    const __half2* row = reinterpret_cast<const __half2*>(wte + (long long)t * d);
     for (int e = threadIdx.x; e < d / 2; e += blockDim.x) dst[e] = __half22float2(row[e]);
 }

@@ -1,7 +1,7 @@
 """Launching kernels/embedding.cu: the token embedding gather.
 
     el = cb.load_launch("embedding")
-    x = el.embedding(tok, wte)     # tok (M,) int32, wte (V, d) fp16 -> x (M, d) fp32
+    x = el.embedding(tok, wte)     # tok (M,) int32 or int64, wte (V, d) fp16 -> x (M, d) fp32
 """
 
 from __future__ import annotations
@@ -15,9 +15,20 @@ __all__ = ["embedding"]
 
 def embedding(tok, wte, x=None, check_ids: bool = True):
     """x[m] = float(wte[tok[m]]). ``check_ids`` reads the ids back to refuse one outside the
-    vocabulary (a copy to the host: pass False for ids the GPU made, or inside a graph capture)."""
+    vocabulary (a copy to the host: pass False for ids the GPU made, or inside a graph capture);
+    unchecked, such an id gets a NaN row of x, never another token's row. PyTorch's int64 ids
+    are converted to int32 once (a copy: pass int32 ids inside a graph capture)."""
     import cupy as cp
 
+    if str(getattr(tok, "dtype", "")).replace("torch.", "") == "int64" and \
+            cb.validate._on_device(tok):
+        t64 = cp.asarray(tok)
+        if check_ids and t64.size:
+            lo, hi = int(t64.min()), int(t64.max())
+            if lo < 0 or hi >= int(wte.shape[0]):
+                raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary "
+                                 f"[0, {int(wte.shape[0])})")
+        tok = cp.clip(t64, -1, 2**31 - 1).astype(cp.int32)   # any id past int32 stays invalid
     cb.expect(tok, "tok", dtype=np.int32, ndim=1)
     cb.expect(wte, "wte", dtype=np.float16, ndim=2)
     V, d = (int(s) for s in wte.shape)
@@ -33,5 +44,5 @@ def embedding(tok, wte, x=None, check_ids: bool = True):
     x = cp.empty((M, d), cp.float32) if x is None else x
     cb.expect(x, "x", dtype=np.float32, shape=(M, d))
     cb.cuda_module("embedding").get("embedding_v1")((M,), (128,), (tok, wte, x, np.int32(M),
-                                                                   np.int32(d)))
+                                                                   np.int32(d), np.int32(V)))
     return x

@@ -1,7 +1,7 @@
 """Launching kernels/sampling.cu: choosing the next token on the GPU.
 
     sl = cb.load_launch("sampling")
-    tok = sl.sample(logits, u, temperature=0.8, top_k=40, top_p=0.95)   # logits (B, V) fp16
+    tok = sl.sample(logits, u, temperature=0.8, top_k=40, top_p=0.95)   # logits (B, V) fp16/fp32
     tok = sl.sample(logits, u, temperature=0)                           # greedy (argmax)
 
 ``u`` (B,) float32 holds one uniform number in [0, 1) per row: the random source, so a fixed seed
@@ -25,9 +25,22 @@ def _module():
 
 def sample(logits, u, out=None, temperature: float = 1.0, top_k: int = 1, top_p: float = 1.0):
     """Token ids (B,) int32 drawn from softmax(logits / temperature) cut to the top_k largest
-    and then to the top_p nucleus; temperature 0 means greedy (top_k = 1)."""
+    and then to the top_p nucleus; temperature 0 means greedy (top_k = 1).
+
+    The kernel reads fp16 logits. float32 logits (what a PyTorch model's head usually returns)
+    are converted once, and refused if a finite value lies beyond fp16's range (+-65504) (both
+    a copy and a read-back: pass fp16 logits inside a CUDA graph capture)."""
     import cupy as cp
 
+    if str(getattr(logits, "dtype", "")).replace("torch.", "") == "float32" and \
+            cb.validate._on_device(logits):
+        cb.expect(logits, "logits", ndim=2)
+        l32 = cp.asarray(logits)
+        big = cp.isfinite(l32) & (cp.abs(l32) > 65504)
+        if bool(big.any()):
+            raise ValueError(f"logits: {int(big.sum())} finite float32 values lie beyond fp16's "
+                             "range (+-65504), where the fp16 kernel would read infinity")
+        logits = l32.astype(cp.float16)
     cb.expect(logits, "logits", dtype=np.float16, ndim=2)
     B, V = (int(s) for s in logits.shape)
     cb.expect(u, "u", dtype=np.float32, shape=(B,))

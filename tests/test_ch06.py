@@ -120,6 +120,37 @@ def test_cross_entropy_helper_refuses_bad_input():
         cel.cross_entropy_numba(z.astype(np.float16), y, loss, m.zeros_like(z))
 
 
+@pytest.mark.parametrize("label", [3, 12, -1])
+def test_cross_entropy_bad_label_is_nan_never_a_number(label):
+    # a label outside [0, C) for C = 3: the loss and that row's gradient are NaN (a kernel
+    # cannot raise); the other rows' gradients are untouched. -1 would wrap to z[r, C - 1]
+    from numba import cuda
+
+    cel = cb.load_launch("cross_entropy")
+    rng = np.random.default_rng(label + 7)
+    z = rng.standard_normal((4, 3)).astype(np.float32)
+    y = np.array([0, label, 2, 1], np.int32)
+    loss = cuda.to_device(np.zeros(1, np.float32))
+    dz = cuda.to_device(np.zeros((4, 3), np.float32))
+    cel.cross_entropy_numba(cuda.to_device(z), cuda.to_device(y), loss, dz)
+    d = dz.copy_to_host()
+    assert np.isnan(loss.copy_to_host()[0]) and np.isnan(d[1]).all()
+    assert np.isfinite(d[[0, 2, 3]]).all()
+    if cb.HAS_GPU:                                   # the CUDA C++ kernel, int64 labels too
+        import cupy as cp
+
+        for lab in (cp.asarray(y), torch.as_tensor(y.astype(np.int64), device="cuda")):
+            lc, dc = cel.cross_entropy(cp.asarray(z), lab)
+            dc = cp.asnumpy(dc)
+            assert np.isnan(float(lc[0])) and np.isnan(dc[1]).all()
+            assert np.isfinite(dc[[0, 2, 3]]).all()
+        good = np.array([0, 1, 2, 1])
+        lc, _ = cel.cross_entropy(cp.asarray(z), torch.as_tensor(good, device="cuda"))
+        ref = torch.nn.functional.cross_entropy(torch.as_tensor(z, dtype=torch.float64),
+                                                torch.as_tensor(good))
+        assert abs(float(lc[0]) - float(ref)) < 1e-5
+
+
 # ----------------------------------------------------------------------------- torchops (CPU)
 def test_dlpack_bridge_is_zero_copy_on_cpu():
     t = torch.randn(4, 6).t()

@@ -446,6 +446,13 @@ def test_cuda_sampling_greedy_ties_and_topk():
     for bad in (dict(top_k=0), dict(top_k=65), dict(temperature=-1), dict(top_p=0)):
         with pytest.raises(ValueError):
             sl.sample(cp.asarray(zr), cp.asarray(u), **bad)
+    # float32 logits (a PyTorch head's) are taken, the same choice as their fp16 copy; values
+    # past fp16's range are refused rather than read as infinity
+    z32 = torch.as_tensor(zr.astype(np.float32), device="cuda")
+    assert sl.sample(z32, cp.asarray(u), temperature=0.8, top_k=7).get().tolist() == got.tolist()
+    z32[3, 4] = 7e4
+    with pytest.raises(ValueError, match="beyond fp16's range"):
+        sl.sample(z32, cp.asarray(u), temperature=0)
 
 
 @gpu
@@ -474,6 +481,15 @@ def test_cuda_residual_gelu_embedding_merge():
     assert bool((el.embedding(tok, wte) == wte[tok].astype(cp.float32)).all())
     with pytest.raises(ValueError, match="outside the vocabulary"):
         el.embedding(cp.asarray([50], cp.int32), wte)
+    # PyTorch's int64 ids are taken; bad ones are refused, or (unchecked) give NaN rows, never
+    # another token's row
+    t64 = torch.tensor([3, 49, 0], device="cuda")
+    assert bool((el.embedding(t64, wte) == wte[tok].astype(cp.float32)).all())
+    with pytest.raises(ValueError, match="token id -1 is outside"):
+        el.embedding(torch.tensor([2, -1], device="cuda"), wte)
+    for bad in (cp.asarray([1, 50, -3], cp.int32), torch.tensor([1, 2**40, -3], device="cuda")):
+        x = el.embedding(bad, wte, check_ids=False)
+        assert bool((x[0] == wte[1].astype(cp.float32)).all()) and bool(cp.isnan(x[1:]).all())
     o = cp.random.standard_normal((2, 3, 5, 4), dtype=cp.float32).astype(cp.float16)
     yy = cp.empty((10, 12), cp.float16)
     cb.load_launch("kvcache").merge_heads(o, yy)

@@ -8,6 +8,13 @@
 #                                                device time; the report marks the step skipped
 #   SKIP_HELPERS=1 bash tools/gpu_lane.sh 11     no final run of the chapter-free test files
 #                                                (the report says so)
+#   SOLUTIONS_ONLY=1 bash tools/gpu_lane.sh 04   solutions only: the lessons are neither executed
+#                                                nor re-checked (a change that touches no lesson)
+#   TESTS_ONLY=1 bash tools/gpu_lane.sh 01       nothing executed and nothing stored: graders,
+#                                                test files, sanitizer and policy only (a change of
+#                                                graders or helpers); no rows are merged
+# Several lanes may run at once on a machine of several GPUs, one per GPU
+# (CUDA_VISIBLE_DEVICES), each in its own copy of the repository.
 #
 # It refuses to start without a GPU. Then, chapter by chapter:
 #   1. execute lessons/NN_* and solutions/NN_* in place (tools/gpu_execute.py); their bench
@@ -49,6 +56,11 @@ else
   suffix="-ch$(IFS=-; echo "${chapters[*]}")"
 fi
 [ -n "${LESSONS_ONLY:-}" ] && suffix="${suffix}-lessons"
+[ -n "${SOLUTIONS_ONLY:-}" ] && suffix="${suffix}-solutions"
+[ -n "${TESTS_ONLY:-}" ] && suffix="${suffix}-tests"
+if [ -n "${LESSONS_ONLY:-}" ] && { [ -n "${SOLUTIONS_ONLY:-}" ] || [ -n "${TESTS_ONLY:-}" ]; }; then
+  echo "gpu_lane: LESSONS_ONLY excludes SOLUTIONS_ONLY and TESTS_ONLY" >&2; exit 2
+fi
 
 day=$(date -u +%F)
 mkdir -p reports
@@ -74,34 +86,41 @@ step() {  # step CHAPTER NAME CMD... : run, time, keep the last summary line
   rows+=("| $ch | $name | $([ "$rc" -eq 0 ] && echo pass || echo FAIL) | ${dt} s | ${last//|/\\|} |")
 }
 
-pack() {
+pack() {  # one file: the notebooks, reports, and this run's results and logs (under run/)
   [ -n "${OUT:-}" ] || return 0
-  tar czf "$OUT/lane.tgz" lessons solutions exercises reports
-  cp "$run"/results-*.json "$OUT"/ 2>/dev/null || true
-  tar czf "$OUT/logs.tgz" -C "$log" .
+  tar czf "$OUT/lane.tgz" lessons solutions exercises reports \
+    -C "$run" --transform "s,^\./,run/," .
 }
 
 t_start=$(date +%s)
 for c in "${chapters[@]}"; do
   chapter_ok=1
   nbs_l=(); nbs_s=(); nbs_e=()
-  for f in lessons/${c}_*.ipynb; do [ -f "$f" ] && nbs_l+=("$f"); done
+  if [ -z "${SOLUTIONS_ONLY:-}" ] && [ -z "${TESTS_ONLY:-}" ]; then
+    for f in lessons/${c}_*.ipynb; do [ -f "$f" ] && nbs_l+=("$f"); done
+  fi
   if [ -z "${LESSONS_ONLY:-}" ]; then
     for f in solutions/${c}_*.ipynb; do [ -f "$f" ] && nbs_s+=("$f"); done
   fi
-  if [ $(( ${#nbs_l[@]} + ${#nbs_s[@]} )) -eq 0 ]; then
+  if [ $(( ${#nbs_l[@]} + ${#nbs_s[@]} )) -eq 0 ] && [ -z "${TESTS_ONLY:-}" ]; then
     echo "gpu_lane: chapter $c has no notebooks; skipped"; continue
   fi
   results="$run/results-ch$c.json"
-  # the book's own solutions pass the race checks in tests/test_chNN.py (strict, below); while
-  # the notebooks run, the checks are off (CUDABOOK_RACE_CHECKS=0): they would add minutes
-  CUDABOOK_RESULTS="$results" CUDABOOK_RACE_CHECKS=0 \
-    step "$c" execute "$py" tools/gpu_execute.py "${nbs_l[@]}" "${nbs_s[@]}"
+  if [ -n "${TESTS_ONLY:-}" ]; then
+    rows+=("| $c | execute | skipped (TESTS_ONLY=1: no notebook executed or stored) | 0 s | |")
+  else
+    # the book's own solutions pass the race checks in tests/test_chNN.py (strict, below); while
+    # the notebooks run, the checks are off (CUDABOOK_RACE_CHECKS=0): they would add minutes
+    CUDABOOK_RESULTS="$results" CUDABOOK_RACE_CHECKS=0 \
+      step "$c" execute "$py" tools/gpu_execute.py "${nbs_l[@]}" "${nbs_s[@]}"
+  fi
   if [ -z "${LESSONS_ONLY:-}" ]; then
-    step "$c" exercises "$py" tools/nbtools.py exercises
+    [ -z "${TESTS_ONLY:-}" ] && step "$c" exercises "$py" tools/nbtools.py exercises
     for f in exercises/${c}_*.ipynb; do [ -f "$f" ] && nbs_e+=("$f"); done
   fi
-  if [ -z "${SKIP_NBVAL:-}" ]; then
+  if [ -n "${TESTS_ONLY:-}" ]; then
+    :
+  elif [ -z "${SKIP_NBVAL:-}" ]; then
     CUDABOOK_RACE_CHECKS=0 \
       step "$c" nbval "$py" -m pytest -q -p no:cacheprovider --nbval-lax "${nbs_l[@]}" "${nbs_s[@]}"
   else   # a run short of device time: the report says the outputs were not re-checked here
@@ -116,8 +135,11 @@ for c in "${chapters[@]}"; do
       step "$c" sanitize "$py" tools/sanitize.py "$c"
     fi
   fi
-  step "$c" policy "$py" tools/nbtools.py check "${nbs_l[@]}" "${nbs_s[@]}" "${nbs_e[@]}"
-  if [ "$chapter_ok" -eq 1 ] && [ -s "$results" ]; then
+  [ -z "${TESTS_ONLY:-}" ] && \
+    step "$c" policy "$py" tools/nbtools.py check "${nbs_l[@]}" "${nbs_s[@]}" "${nbs_e[@]}"
+  if [ -n "${TESTS_ONLY:-}" ]; then
+    chapter_rows+=("| $c | $([ "$chapter_ok" -eq 1 ] && echo pass || echo FAIL) | tests only, no rows |")
+  elif [ "$chapter_ok" -eq 1 ] && [ -s "$results" ]; then
     "$py" tools/results.py merge "$results" --chapters "$c" | tee -a "$log/$c-merge.log"
     chapter_rows+=("| $c | pass | rows merged into reports/benchmarks.json |")
   elif [ "$chapter_ok" -eq 1 ]; then

@@ -15,7 +15,8 @@ extern "C" __global__ void embedding_v1(const int* tok, const __half* wte, float
     int t = tok[m];
     float2* dst = reinterpret_cast<float2*>(x + (long long)m * d);
     if (t < 0 || t >= V) {                                   // a bad id: a NaN row, no read
-        for (int e = threadIdx.x; e < d / 2; e += blockDim.x) dst[e] = make_float2(NAN, NAN);
+        const float nan = __int_as_float(0x7fc00000);
+        for (int e = threadIdx.x; e < d / 2; e += blockDim.x) dst[e] = make_float2(nan, nan);
         return;
     }
     const __half2* row = reinterpret_cast<const __half2*>(wte + (long long)t * d);

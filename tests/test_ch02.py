@@ -295,6 +295,15 @@ def test_ex02_3_blocking_call_in_the_loop_fails(edit, hint):
         ex02_3(pipeline(edit))
 
 
+def test_ex02_3_one_wait_after_the_loop_is_not_blocking():
+    # the reference waits once per stream after the loop over chunks (a loop of its own, which
+    # queues no chunk work): that is the wait the exercise asks for, found on a CPU too
+    from cudabook.graders.ch02 import _blocking_in_loop
+
+    assert "for s in streams:\n        s.synchronize()" in SOL.source("ex02.3")
+    assert _blocking_in_loop("ex02.3", pipeline()) == []
+
+
 @gpu
 def test_ex02_3_stub_fails():
     with pytest.raises(GradeError, match="not implemented"):

@@ -621,7 +621,8 @@ def _window(edits=()):
 
 
 def test_ex09_6_stub_fails():
-    with pytest.raises(GradeError, match="not implemented yet"):
+    # the simulator raises NotImplementedError; on a GPU a raise in a kernel does nothing
+    with pytest.raises(GradeError, match="not implemented yet|still the stub"):
         ex09_6(SOL.stub("ex09.6", "flash_fwd_window"))
 
 
@@ -659,7 +660,8 @@ _TILE_D = """            di = float32(0)
 
 
 def test_ex09_7_stub_fails():
-    with pytest.raises(GradeError, match="not implemented yet"):
+    # the simulator raises NotImplementedError; on a GPU a raise in a kernel does nothing
+    with pytest.raises(GradeError, match="not implemented yet|still the stub"):
         ex09_7(SOL.stub("ex09.7", "bwd_dkdq"))
 
 

@@ -10,6 +10,7 @@
 #                                                (the report says so)
 #   SOLUTIONS_ONLY=1 bash tools/gpu_lane.sh 04   solutions only: the lessons are neither executed
 #                                                nor re-checked (a change that touches no lesson)
+#   LANE_RUN_DIR=DIR bash tools/gpu_lane.sh 06   this run's results files and logs in DIR, kept
 #   TESTS_ONLY=1 bash tools/gpu_lane.sh 01       nothing executed and nothing stored: graders,
 #                                                test files, sanitizer and policy only (a change of
 #                                                graders or helpers); no rows are merged
@@ -65,7 +66,7 @@ fi
 day=$(date -u +%F)
 mkdir -p reports
 report="reports/gpu-lane-${day}${suffix}.md"
-run=$(mktemp -d)            # this run's results and logs; reports/benchmarks.json is merged into
+run=${LANE_RUN_DIR:-$(mktemp -d)}   # this run's results and logs (LANE_RUN_DIR keeps them)
 log="$run/logs"; mkdir -p "$log"
 declare -a rows
 declare -a chapter_rows
@@ -166,7 +167,7 @@ rows, chapters = sys.argv[4:4 + n], sys.argv[4 + n:]
 d = cb.env.info()
 try:
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
+                         capture_output=True, text=True).stdout.strip().splitlines()[0]
 except Exception:  # noqa: BLE001
     smi = "?"
 try:

@@ -475,25 +475,40 @@ _BLOCKING = {"synchronize": "waits for the GPU", "asarray": "a synchronous host-
              "to_device": "a synchronous host-to-device copy (no stream=)"}
 
 
+#: calls that queue a chunk's work: its copies in or out, or the computation itself
+_CHUNK_WORK = frozenset({"compute", "memcpyAsync", "memcpy", "set", "get", "asarray", "array",
+                         "copy_from_host_async", "copy_to_host_async", "copy_from_host",
+                         "copy_to_host", "to_device", "copy_from_device_async"})
+
+
 def _blocking_in_loop(ex: str, fn) -> list[str]:
-    """The calls inside a ``for`` or ``while`` loop of ``fn`` that block the host (each as
-    ``"line N: what"``): a synchronize, cupy.asarray / cupy.array, .get() or .copy_to_host()
-    without a stream, runtime.memcpy. Empty list: none, or the source cannot be read."""
+    """The calls inside a ``for`` or ``while`` loop of ``fn`` that queues chunk work (a copy or
+    ``compute``) and that block the host (each as ``"line N: what"``): a synchronize,
+    cupy.asarray / cupy.array, .get() or .copy_to_host() without a stream, runtime.memcpy.
+    Empty list: none, or the source cannot be read."""
     import ast
 
     try:
         tree = ast.parse(python_code(ex, fn))
     except (GradeError, SyntaxError):
         return []
+    def called(n) -> str:
+        return n.func.attr if isinstance(n.func, ast.Attribute) else (
+            n.func.id if isinstance(n.func, ast.Name) else "")
+
     found: list[str] = []
     for loop in ast.walk(tree):
         if not isinstance(loop, (ast.For, ast.While)):
             continue
-        for n in [m for st in loop.body for m in ast.walk(st)]:
+        body = [m for st in loop.body for m in ast.walk(st)]
+        # only a loop that queues chunk work (a copy or the computation) is the loop over
+        # chunks: `for s in streams: s.synchronize()` after it is the one wait it should have
+        if not any(isinstance(n, ast.Call) and called(n) in _CHUNK_WORK for n in body):
+            continue
+        for n in body:
             if not isinstance(n, ast.Call):
                 continue
-            name = n.func.attr if isinstance(n.func, ast.Attribute) else (
-                n.func.id if isinstance(n.func, ast.Name) else "")
+            name = called(n)
             if name not in _BLOCKING:
                 continue
             if name in ("get", "copy_to_host", "to_device") and any(

@@ -291,14 +291,18 @@ def _diagnose_pack(ex, case, q, p, buf, nb) -> None:
         qq = q.astype(np.int64)
         qq = np.append(qq, 0) if n % 2 else qq
         raw = ((qq[0::2] | (qq[1::2] << 4)) & 0xFF).astype(np.uint8)
-        if np.array_equal(p, raw):
+        full = n // 2          # whole pairs: where a spill cannot be a read past the end
+        if np.array_equal(p, raw) and not np.array_equal(raw[:full], ref[:full]):
             raise GradeError(f"{ex}: {case}: negative values spill into the other nibble: mask "
                              "each value to its low 4 bits (q & 0xF) before combining (a "
                              "negative int8 has its high bits set)")
     if n % 2 and np.array_equal(p[:-1], ref[:-1]):
+        spill = ("; or, that element being negative: negative values spill into the other "
+                 "nibble unless each is masked with & 0xF") if q[-1] < 0 else ""
         raise GradeError(f"{ex}: {case}: the last byte is wrong (got 0x{int(p[-1]):02x}, "
                          f"expected 0x{int(ref[-1]):02x}): for odd n it holds element n - 1 "
-                         "alone, in its low nibble, with a high nibble of 0")
+                         "alone, in its low nibble, with a high nibble of 0: element n is out "
+                         f"of range, never read{spill}")
     i = int(np.argmax(p != ref))
     raise GradeError(f"{ex}: {case}: byte {i} = 0x{int(p[i]):02x}, expected 0x{int(ref[i]):02x} "
                      f"(elements {2 * i} and {2 * i + 1} are {int(q[2 * i])}"

@@ -79,6 +79,9 @@ def _saxpy_cases(ex: str, launch_saxpy: Callable, rng, seed: int, kernels: list)
                 if got is None:
                     raise
                 kernel, grid, block, shared, args = got
+                # host-only code (NumPy arithmetic on whole arrays) is named from the source: a
+                # trace would run the whole array in every simulated thread, n^2 steps
+                refuse_host_code(ex, kernel, args)
                 raise GradeError(explain(ex, case, str(e), kernel, grid, block, *args,
                                          shared=shared)) from None
             need_launch(ex, case, launches[0], "the @cuda.jit kernel saxpy, launched as "

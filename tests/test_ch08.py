@@ -393,7 +393,7 @@ WRONG_1 = [
       ("Bs[e] = (n0 + r < N && k0 + c < K) ? B[(size_t)(n0 + r) * K + k0 + c] : "
        "__float2half(0.0f);",
        "if (n0 + r < N && k0 + c < K) Bs[e] = B[(size_t)(n0 + r) * K + k0 + c];")],
-     "(?i)zero-fill the loads"),
+     "[Zz]ero-fill the loads"),
     # B read as row-major: the fragment holds B^T's transpose, so C = A @ B-ish garbage
     ([("wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b;",
        "wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b;")], "wrong products"),

@@ -19,13 +19,16 @@ from . import env
 from .env import HAS_GPU, SIM, cc, pick, report, require_cc, require_gpu
 from .check import CheckError, check, empty_nan, to_numpy
 from .compile import (KERNELS_DIR, compile_source, cuda_include_dir, cuda_module, load_cuda,
-                      load_launch, load_module, load_numba)
+                      load_launch, load_module, load_numba, module)
 from .source import kernel_source, show_source
 from .ptx import cuda_ptx, ptx_mix
 from .results import record
 from .bench import BenchError, bench, flush_l2, progress, sweep
 from .validate import expect, expect_aligned
-from .launch import LaunchError, ceil_div, grid_1d, grid_2d, need_cc, round_up, row_block
+from .launch import (Launch, LaunchError, ceil_div, grid_1d, grid_2d, need_cc, need_shared,
+                     round_up, row_block)
+from . import arrays
+from .arrays import as_cupy, describe, stream_for
 from . import reference
 from . import baselines  # noqa: F401  (torch graphs, torch.compile, the bound: cheap to import)
 from . import quant
@@ -42,11 +45,13 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
            "bench", "sweep", "progress", "flush_l2", "record", "BenchError", "plot", "ceil_div",
            "round_up",
            "grid_1d", "grid_2d", "row_block", "need_cc", "LaunchError", "expect",
-           "expect_aligned", "reference", "quant", "roofline", "baselines"]
+           "expect_aligned", "reference", "quant", "roofline", "baselines", "module", "Launch",
+           "need_shared", "arrays", "as_cupy", "describe", "stream_for", "tma"]
 
 # Chapter modules load when first used (``cb.graphs``, ``from cudabook import dist``), so that
 # importing cudabook in chapter 1 neither pays for them nor runs what they set up.
-_LAZY = {"graphs", "ncu", "occupancy", "torchtrace",   # Chapter 5: profiling
+_LAZY = {"tma",                                          # TMA descriptors (Hopper chapters)
+         "graphs", "ncu", "occupancy", "torchtrace",   # Chapter 5: profiling
          "collectives", "dist", "sharded", "tensor_parallel"}   # Chapter 11: multi-GPU
 
 

@@ -1,21 +1,32 @@
-"""Launch arithmetic and the launch-helper pattern: block counts, grids, row-kernel block sizes.
+"""The launch core: launch arithmetic, the launch record, device facts, version names, launching.
 
-Every kernel the book offers for reuse has a launch helper in ``kernels/<op>_launch.py`` that
+Every kernel the book offers for reuse has a launch helper in ``kernels/<op>_launch.py``. The
+helper keeps only what is the op's own: its ladder (``VERSIONS``, ``WHAT``, ``MIN_CC``),
+``config()``, one entry point, the op's checks and ``sanitize_targets()``. Everything else comes
+from the core:
 
-1. checks its arguments with ``cudabook.validate.expect`` (array, dtype, shape, contiguity,
-   device) and refuses with a message that names the argument and what was expected;
-2. checks what the kernel assumes (``need_cc`` for the architecture, sizes that fit, alignment
-   for vector paths via ``validate.expect_aligned``) and refuses with ``LaunchError`` before
-   anything is launched: never silently wrong, never a fault that kills the CUDA context;
-3. computes the grid with ``ceil_div`` / ``grid_1d`` / ``grid_2d`` and launches.
+* arrays: ``cudabook.arrays`` (``describe``, ``as_cupy``, ``stream_for``), and
+  ``cudabook.validate.expect`` built on it, refusing a wrong dtype, shape, layout or device with
+  a message that names the argument;
+* modules: ``cudabook.compile.module`` compiles one ladder step of ``kernels/<op>.cu`` (or the
+  whole file), once per process and once per machine (a disk cache), with the architecture rule
+  (``arch_options``) written once;
+* TMA descriptors: ``cudabook.tma.tensor_map``;
+* here: ``ceil_div`` / ``grid_1d`` / ``grid_2d`` / ``row_block`` for grids; ``Launch``, the
+  record every ``config()`` returns; ``device()``, the GPU's facts read once (compute
+  capability, SM count, opt-in shared memory); ``need_cc`` and ``need_shared``, which refuse with
+  ``LaunchError`` before anything is launched (never silently wrong, never a fault that kills
+  the CUDA context); ``version_name``, one naming rule for versions; ``run``, which launches a
+  kernel with a record (opting into more than 48 KiB of shared memory when it needs to).
 """
 
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 
 __all__ = ["LaunchError", "ceil_div", "round_up", "grid_1d", "grid_2d", "row_block", "need_cc",
-           "smem_optin"]
+           "smem_optin", "need_shared", "Launch", "DeviceFacts", "device", "version_name", "run"]
 
 
 class LaunchError(ValueError):
@@ -72,22 +83,156 @@ def need_cc(major: int, minor: int = 0, what: str = "this kernel") -> None:
                           f"{env.info().name} is {env.cc()[0]}.{env.cc()[1]}")
 
 
-_OPTIN: dict[int, int] = {}      # device id -> opt-in shared memory per block (bytes)
+class Launch(tuple):
+    """A launch record: ``(grid, block)`` as a tuple, with the rest as attributes and keys.
+
+    Every ``config()`` returns one, so ``grid, block = cfg``, ``kernel(*cfg, args)``,
+    ``cfg.shared`` and ``cfg["kernel"]`` all work. Fields: ``grid``, ``block``, ``shared`` (bytes
+    of dynamic shared memory), ``kernel`` (its name in the module, or None when the caller
+    names it), and any op-specific extras (tile sizes, split counts) given as keywords.
+    """
+
+    def __new__(cls, grid, block, shared: int = 0, kernel: str | None = None, **extra):
+        grid = tuple(int(g) for g in (grid if isinstance(grid, (tuple, list)) else (grid,)))
+        block = tuple(int(b) for b in (block if isinstance(block, (tuple, list)) else (block,)))
+        self = super().__new__(cls, (grid, block))
+        self._fields = {"grid": grid, "block": block, "shared": int(shared), "kernel": kernel,
+                        **extra}
+        return self
+
+    def __getnewargs_ex__(self):
+        f = dict(self._fields)
+        return (f.pop("grid"), f.pop("block")), f
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(f"this launch record has no {name!r}; it has "
+                                 f"{sorted(self._fields)}") from None
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            try:
+                return self._fields[key]
+            except KeyError:
+                raise KeyError(f"this launch record has no {key!r}; it has "
+                               f"{sorted(self._fields)}") from None
+        return super().__getitem__(key)
+
+    def get(self, key: str, default=None):
+        return self._fields.get(key, default)
+
+    def keys(self):
+        return self._fields.keys()
+
+    def as_dict(self) -> dict:
+        return dict(self._fields)
+
+    def replace(self, **changes) -> "Launch":
+        """A copy with some fields changed."""
+        f = {**self._fields, **changes}
+        return Launch(f.pop("grid"), f.pop("block"), **f)
+
+    @property
+    def threads(self) -> int:
+        n = 1
+        for b in self._fields["block"]:
+            n *= b
+        return n
+
+    def __repr__(self) -> str:
+        extra = ", ".join(f"{k}={v!r}" for k, v in self._fields.items()
+                          if k not in ("grid", "block") and v not in (None, 0))
+        return f"Launch(grid={self._fields['grid']}, block={self._fields['block']}" + \
+            (f", {extra})" if extra else ")")
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What launch helpers need to know about one GPU, read once per device."""
+    id: int
+    name: str
+    cc: tuple[int, int]
+    sms: int                  # streaming multiprocessors
+    smem_optin: int           # dynamic shared memory one block may opt into (bytes)
+    smem_per_sm: int          # shared memory per SM (bytes)
+    max_threads_per_sm: int
+
+
+_FACTS: dict[int, DeviceFacts] = {}
+
+
+def device(dev: int | None = None) -> DeviceFacts:
+    """The facts of GPU ``dev`` (default: CuPy's current device), read from the driver once.
+
+    LaunchError without a GPU (simulator mode)."""
+    from . import env
+
+    if not env.HAS_GPU:
+        raise LaunchError("no CUDA GPU here (simulator mode): there are no device facts to read")
+    import cupy
+
+    dev = cupy.cuda.Device().id if dev is None else int(dev)
+    f = _FACTS.get(dev)
+    if f is None:
+        p = cupy.cuda.runtime.getDeviceProperties(dev)
+        name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+        f = _FACTS[dev] = DeviceFacts(
+            dev, name, (int(p["major"]), int(p["minor"])), int(p["multiProcessorCount"]),
+            int(p.get("sharedMemPerBlockOptin", 48 * 1024)),
+            int(p.get("sharedMemPerMultiprocessor", 0)),
+            int(p.get("maxThreadsPerMultiProcessor", 0)))
+    return f
 
 
 def smem_optin() -> int | None:
     """The most dynamic shared memory one block may opt into on the current GPU, in bytes
     (``sharedMemPerBlockOptin``: 227 KiB on an H100, 163 on an A100, 99 on an L4 / A10 /
-    RTX 30-40, 64 on a T4); None without a GPU. Read once per device. Launch helpers compare a
-    kernel's dynamic shared memory with it before launching (and fall back or refuse)."""
+    RTX 30-40, 64 on a T4); None without a GPU. Launch helpers compare a kernel's dynamic shared
+    memory with it before launching (and fall back or refuse)."""
     from . import env
 
-    if not env.HAS_GPU:
-        return None
-    import cupy
+    return device().smem_optin if env.HAS_GPU else None
 
-    dev = cupy.cuda.Device().id
-    if dev not in _OPTIN:
-        _OPTIN[dev] = int(cupy.cuda.runtime.getDeviceProperties(dev)
-                          .get("sharedMemPerBlockOptin", 48 * 1024))
-    return _OPTIN[dev]
+
+def need_shared(shared: int, what: str = "this kernel", limit: int | None = None) -> None:
+    """Raise ``LaunchError`` when ``shared`` bytes of dynamic shared memory per block exceed what
+    this GPU allows (or ``limit``, when smaller); nothing to check without a GPU."""
+    have = smem_optin()
+    if limit is not None:
+        have = limit if have is None else min(have, limit)
+    if have is not None and shared > have:
+        raise LaunchError(f"{what} needs {shared // 1024} KiB of shared memory per block, this "
+                          f"GPU allows {have // 1024} KiB (per block: H100 227 KiB, A100 163, "
+                          "L4 / A10 / RTX 30-40 99, T4 64)")
+
+
+def version_name(versions, version: str, prefix: str) -> str:
+    """The one spelling of a version: ``prefix + "_vN"`` as in the .cu file.
+
+    Launchers take either spelling (``"v3"`` or ``"softmax_v3"``) and return the entry of
+    ``versions`` it names; ValueError listing them for anything else."""
+    if not isinstance(version, str):
+        raise TypeError(f"version must be a str such as {versions[-1]!r}, got "
+                        f"{type(version).__name__}")
+    for cand in (version, f"{prefix}_{version}", version.removeprefix(f"{prefix}_")):
+        if cand in versions:
+            return cand
+    raise ValueError(f"unknown version {version!r}; {prefix} has {tuple(versions)}")
+
+
+def run(kernel, cfg: Launch, args: tuple, stream=None) -> None:
+    """Launch the CuPy ``RawKernel`` ``kernel`` with the record ``cfg`` (its grid, block and
+    dynamic shared memory; above 48 KiB the kernel opts in first) on ``stream`` (default: the
+    current CuPy stream)."""
+    shared = int(cfg.get("shared", 0) if isinstance(cfg, Launch) else 0)
+    if shared > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared:
+        kernel.max_dynamic_shared_size_bytes = shared
+    if stream is None:
+        kernel(cfg[0], cfg[1], args, shared_mem=shared)
+    else:
+        with stream:
+            kernel(cfg[0], cfg[1], args, shared_mem=shared)

@@ -3,8 +3,9 @@
 A kernel does not check its arguments: a float64 array passed where float32 is expected is read
 as garbage, a host array is copied on every launch, a strided view is read as if it were
 contiguous, and a float4 access to an address that is not a multiple of 16 ends the CUDA context.
-Launchers call ``expect`` (and ``expect_aligned`` where they take a vector path) first; see
-``cudabook.launch`` for the rest of the launch-helper pattern.
+Launchers call ``expect`` (and ``expect_aligned`` where they take a vector path) first. It reads
+the array once with ``cudabook.arrays.describe`` (the launch core's view of an array, whatever
+library made it); see ``cudabook.launch`` for the rest of the launch core.
 """
 
 from __future__ import annotations
@@ -14,40 +15,38 @@ from typing import Any
 import numpy as np
 
 from . import env
+from .arrays import describe
 
-__all__ = ["expect", "expect_aligned", "data_ptr"]
-
-
-def _on_device(a: Any) -> bool:
-    t = type(a)
-    if t.__name__ == "ndarray" and t.__module__.startswith("cupy"):
-        return True                  # without building CuPy's interface dict on every launch
-    return hasattr(a, "__cuda_array_interface__")
+__all__ = ["expect", "expect_aligned", "data_ptr", "dtype_name"]
 
 
-_DTYPES: dict = {}                   # dtype-like (numpy, torch, type) -> numpy dtype
+_DTYPES: dict = {}                   # dtype-like (numpy, torch, type, name) -> its name
 
 
-def _np_dtype(dt: Any) -> np.dtype:
-    """``dt`` (a numpy dtype, a numpy scalar type, a torch dtype or a name) as a numpy dtype;
-    looked up once per distinct value (launchers check several arrays on every launch)."""
+def dtype_name(dt: Any) -> str:
+    """``dt`` (a numpy dtype, a numpy scalar type, a torch dtype or a name) as a numpy-style
+    name ("float32", "bfloat16", ...); looked up once per distinct value (launchers check
+    several arrays on every launch)."""
     if isinstance(dt, np.dtype):
-        return dt
+        return dt.name
     r = _DTYPES.get(dt)
     if r is None:
-        r = _DTYPES[dt] = np.dtype(str(dt).replace("torch.", "") if not isinstance(dt, type)
-                                   else dt)
+        s = str(dt).replace("torch.", "")
+        try:
+            r = np.dtype(dt if isinstance(dt, type) else s).name
+        except TypeError:
+            r = s                    # bfloat16, float8_*: names numpy does not know
+        _DTYPES[dt] = r
     return r
 
 
 def data_ptr(a: Any) -> int | None:
     """The device (or host) address of the first element of ``a``, or None if unknown."""
-    cai = getattr(a, "__cuda_array_interface__", None)
-    if cai is not None:
-        return int(cai["data"][0])
-    if isinstance(a, np.ndarray):
-        return int(a.ctypes.data)
-    return None
+    try:
+        p = describe(a).ptr
+    except TypeError:
+        return None
+    return p or None
 
 
 def expect_aligned(a: Any, name: str, nbytes: int = 16) -> bool:
@@ -71,27 +70,21 @@ def expect(a: Any, name: str, *, dtype=None, ndim: int | None = None,
                         f"{type(name).__name__}")
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
         raise TypeError(f"{name}: expected an array, got {type(a).__name__}")
-    if device and env.HAS_GPU and not _on_device(a):
+    info = describe(a, name)
+    if device and env.HAS_GPU and not info.on_device:
         raise TypeError(f"{name}: expected a GPU array (cupy, torch on 'cuda', numba device "
                         f"array), got {type(a).__module__}.{type(a).__name__} on the host; "
                         "move it with cupy.asarray(...) or .to('cuda')")
-    dt = _np_dtype(a.dtype)
-    if dtype is not None and dt != _np_dtype(dtype):
-        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {dt}")
-    shp = a.shape if type(a.shape) is tuple else tuple(int(s) for s in a.shape)
+    dt = dtype_name(a.dtype)
+    if dtype is not None and dt != dtype_name(dtype):
+        raise TypeError(f"{name}: expected dtype {dtype_name(dtype)}, got {dt}")
+    shp = info.shape
     if ndim is not None and len(shp) != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {shp}")
     if shape is not None:
         if len(shp) != len(shape) or any(w is not None and s != w for s, w in zip(shp, shape)):
             want = tuple("*" if w is None else w for w in shape)
             raise ValueError(f"{name}: expected shape {want}, got {shp}")
-    if contiguous:
-        if hasattr(a, "is_contiguous"):          # torch
-            ok = a.is_contiguous()
-        elif hasattr(a, "is_c_contiguous"):      # numba device array
-            ok = a.is_c_contiguous()
-        else:                                    # numpy, cupy
-            ok = bool(a.flags["C_CONTIGUOUS"])
-        if not ok:
-            raise ValueError(f"{name}: expected a C-contiguous array (a strided view would be "
-                             "read as if it were dense); pass a contiguous copy")
+    if contiguous and not info.contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array (a strided view would be "
+                         "read as if it were dense); pass a contiguous copy")

@@ -25,8 +25,11 @@
 //                        query tile into the one buffer while dQ is computed, not during the tile
 //
 // work (non-causal): 10 Nq Nk D flops (five products: S, dP, dV, dK, dQ); causal about half.
+// Each version's kernels sit inside #if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_vN):
+// the launcher compiles the one version it launches (cudabook.compile.module(..., only=...)).
 #include "attention.cuh"
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v1)
 // ======================================================================================= v1
 // launch: block 128 (4 warps, one row each), grid ceil(BH * Nq / 4). Di = sum_c dO[i, c] O[i, c].
 extern "C" __global__ void attention_bwd_v1_preprocess(const float* __restrict__ O,
@@ -40,6 +43,7 @@ extern "C" __global__ void attention_bwd_v1_preprocess(const float* __restrict__
     acc = warp_sum(acc);
     if (lane == 0) Di[r] = acc;
 }
+#endif
 
 // launch: block 128 = 32 keys x 4 threads, grid (ceil(Nk / 32), BH), static shared memory
 // 2 * 32 * D + 64 floats. Thread (r = tid / 4, part) holds elements part, part + 4, ... of its
@@ -184,8 +188,10 @@ __device__ __forceinline__ void bwd_dq_fp32(const float* __restrict__ Q, const f
         const float* Di, float* dQ, int Nq, int Nk, float scale, int causal) {                   \
         bwd_dq_fp32<D>(Q, K, V, dO, lse, Di, dQ, Nq, Nk, scale, causal);                          \
     }
+#if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v1)
 ATTN_BWD_V1(64)
 ATTN_BWD_V1(128)
+#endif
 
 // ======================================================================================= v2
 // launch: block 128 (4 warps, one row each), grid ceil(BH * Nq / 4). Di = rowsum(dO * O) in
@@ -439,6 +445,7 @@ __device__ __forceinline__ void flash_bwd_mma(const T* __restrict__ Q, const T* 
 // smaller tiles: attention_bwd_v2_f16_d128_64x64s1 is D = 128, BC = 64, BR = 64, one stage
 #define ATTN_BWD_V2_FIT(TN, T, D, BC, BR, STAGES)                                                \
     ATTN_BWD_V2_KERNEL(attention_bwd_v2_##TN##_d##D##_##BC##x##BR##s##STAGES, T, D, BC, BR, STAGES)
+#if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v2)
 ATTN_BWD_V2_TYPE(f16, __half)
 ATTN_BWD_V2_TYPE(bf16, __nv_bfloat16)
 ATTN_BWD_V2(f16, __half, 64, 128, 128)
@@ -456,3 +463,4 @@ ATTN_BWD_V2_FIT(f16, __half, 64, 64, 64, 2)
 ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 64, 64, 64, 2)
 ATTN_BWD_V2_FIT(f16, __half, 128, 32, 64, 1)
 ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 128, 32, 64, 1)
+#endif

@@ -27,8 +27,11 @@
 //                       turns issuing their products (ping-pong)
 //
 // work (non-causal): 4 Nq Nk D flops (two matrix products); causal about half.
+// Each version's kernels sit inside #if !defined(CB_ONLY) || defined(CB_ONLY_attention_vN): the
+// launcher compiles the one version it launches (cudabook.compile.module(..., only=...)).
 #include "attention.cuh"
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_attention_v1)
 // ======================================================================================= v1
 // launch: block (32, 8), grid (ceil(Nk / 32), ceil(Nq / 8), BH). One thread per score.
 // S: (BH, Nq, Nk) float32. A warp reads one row of Q (a broadcast) and 32 rows of K D floats
@@ -83,6 +86,7 @@ extern "C" __global__ void attention_v1_pv(const float* __restrict__ P,
     for (int j = 0; j < Nk; j++) acc += p[j] * v[(size_t)j * D];
     O[((size_t)bh * Nq + i) * D + c] = acc;
 }
+#endif
 
 // ======================================================================================= v2
 // launch: block 128 = 32 queries x 4 threads, grid (ceil(Nq / 32), BH), static shared memory
@@ -165,8 +169,10 @@ __device__ __forceinline__ void flash_fp32(const float* __restrict__ Q, const fl
         float scale_log2, int causal) {                                                          \
         flash_fp32<D>(Q, K, V, O, lse, Nq, Nk, scale_log2, causal);                              \
     }
+#if !defined(CB_ONLY) || defined(CB_ONLY_attention_v2)
 ATTN_V2(64)
 ATTN_V2(128)
+#endif
 
 // ======================================================================================= v3
 // launch: block NW * 32 = 128, grid (ceil(Nq / BR), BH), dynamic shared memory
@@ -341,10 +347,12 @@ __device__ __forceinline__ void flash_mma(const T* __restrict__ Q, const T* __re
                                                          float scale_log2, int causal) {         \
         flash_mma<T, D, BR, BC, 4>(Q, K, V, O, lse, Nq, Nk, scale_log2, causal);                 \
     }
+#if !defined(CB_ONLY) || defined(CB_ONLY_attention_v3)
 ATTN_V3(attention_v3_f16_d64, __half, 64, 128, 64)
 ATTN_V3(attention_v3_bf16_d64, __nv_bfloat16, 64, 128, 64)
 ATTN_V3(attention_v3_f16_d128, __half, 128, 128, 64)
 ATTN_V3(attention_v3_bf16_d128, __nv_bfloat16, 128, 128, 64)
+#endif
 
 // ======================================================================================= v4
 // Hopper (sm_90a). launch: block 384 = 3 warpgroups, grid (ceil(Nq / 128), BH), dynamic shared
@@ -637,9 +645,11 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
         int causal) {                                                                            \
         flash_wgmma<T, D, 128, 2, SCHED, SCHED>(tq, tk, tv, O, lse, Nq, Nk, scale_log2, causal); \
     }
+#if !defined(CB_ONLY) || defined(CB_ONLY_attention_v4)
 ATTN_V4(attention_v4_f16_d64, __half, 64, true)
 ATTN_V4(attention_v4_bf16_d64, __nv_bfloat16, 64, true)
 ATTN_V4(attention_v4_f16_d128, __half, 128, true)
 ATTN_V4(attention_v4_bf16_d128, __nv_bfloat16, 128, true)
 ATTN_V4(attention_v4_nolap_bf16_d64, __nv_bfloat16, 64, false)
 ATTN_V4(attention_v4_nolap_bf16_d128, __nv_bfloat16, 128, false)
+#endif

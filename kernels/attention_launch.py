@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import smem_optin
+from cudabook.launch import Launch, version_name
 
 LOG2E = 1.4426950408889634
 #: attention_v3 tiles (queries per block BR, keys per tile BC) per head dimension; the same
@@ -49,6 +49,7 @@ BWD_V2_TILES = {64: (128, 128), 128: (128, 64)}
 BWD_V2_FIT = {64: [(128, 64, 2), (64, 64, 2)], 128: [(64, 64, 1), (32, 64, 1)]}
 HEAD_DIMS = (64, 128)           # every CUDA version is compiled for these
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+FWD_VERSIONS, BWD_VERSIONS = ("v1", "v2", "v3", "v4"), ("v1", "v2")
 FWD_DTYPES = {"v1": ("float32",), "v2": ("float32",), "v3": ("float16", "bfloat16"),
               "v4": ("float16", "bfloat16")}
 BWD_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16")}
@@ -56,8 +57,7 @@ BWD_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16")}
 
 # ============================================================================== checks
 def _lib(a) -> str:
-    m = type(a).__module__
-    return "torch" if m.startswith("torch") else ("cupy" if m.startswith("cupy") else m)
+    return cb.arrays.lib_of(a)
 
 
 def dtype_name(a) -> str:
@@ -71,14 +71,11 @@ def _check_array(a, name: str, device: bool = True) -> None:
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
         raise TypeError(f"{name}: expected a torch CUDA tensor or a CuPy array, got "
                         f"{type(a).__name__}")
-    lib = _lib(a)
-    on_gpu = a.is_cuda if lib == "torch" else lib == "cupy"
-    if device and not on_gpu:
+    info = cb.describe(a, name)
+    if device and not info.on_device:
         raise TypeError(f"{name}: expected a GPU array (a torch tensor on 'cuda' or a CuPy "
                         f"array), got {type(a).__module__}.{type(a).__name__} on the host")
-    ok = a.is_contiguous() if lib == "torch" else bool(getattr(a, "flags", {"C_CONTIGUOUS": 1})
-                                                          ["C_CONTIGUOUS"])
-    if not ok:
+    if not info.contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array (a strided view, such as a "
                          "transpose of (B, N, H, D), would be read as if it were dense); pass "
                          ".contiguous()")
@@ -167,20 +164,18 @@ def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
     'bf16' for v3 and v4). ``overlap=False`` (v4, bfloat16 only): the kernel without the overlap
     of P V with the softmax and without the ping-pong of the two consumer warpgroups."""
     cd = cb.ceil_div
+    version = _fwd_version(version)
     if version == "v1":
-        return {"scores": {"kernel": "attention_v1_scores", "grid": (cd(Nk, 32), cd(Nq, 8), BH),
-                           "block": (32, 8), "shared": 0},
-                "softmax": {"kernel": "attention_v1_softmax", "grid": (cd(BH * Nq, 4),),
-                            "block": (128,), "shared": 0},
-                "pv": {"kernel": "attention_v1_pv", "grid": (cd(D, 32), cd(Nq, 8), BH),
-                       "block": (32, 8), "shared": 0}}
+        return {"scores": Launch((cd(Nk, 32), cd(Nq, 8), BH), (32, 8),
+                                 kernel="attention_v1_scores"),
+                "softmax": Launch((cd(BH * Nq, 4),), (128,), kernel="attention_v1_softmax"),
+                "pv": Launch((cd(D, 32), cd(Nq, 8), BH), (32, 8), kernel="attention_v1_pv")}
     if version == "v2":
-        return {"kernel": f"attention_v2_d{D}", "grid": (cd(Nq, 32), BH), "block": (128,),
-                "shared": 0}
+        return Launch((cd(Nq, 32), BH), (128,), kernel=f"attention_v2_d{D}")
     if version == "v3":
         br, bc = V3_TILES[D]
-        return {"kernel": f"attention_v3_{dt}_d{D}", "grid": (cd(Nq, br), BH), "block": (128,),
-                "shared": (br + 2 * bc) * D * 2}
+        return Launch((cd(Nq, br), BH), (128,), shared=(br + 2 * bc) * D * 2,
+                      kernel=f"attention_v3_{dt}_d{D}")
     if version == "v4":
         bc = V4_TILES[D]
         name = f"attention_v4_{dt}_d{D}"
@@ -188,9 +183,8 @@ def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
             if dt != "bf16":
                 raise ValueError("attention_v4 without the overlap is compiled for bfloat16 only")
             name = f"attention_v4_nolap_{dt}_d{D}"
-        return {"kernel": name, "grid": (cd(Nq, V4_BR), BH), "block": (384,),
-                "shared": (V4_BR + 2 * V4_STAGES * bc) * D * 2 + 1024, "box_q": V4_BR,
-                "box_kv": bc}
+        return Launch((cd(Nq, V4_BR), BH), (384,), shared=(V4_BR + 2 * V4_STAGES * bc) * D * 2
+                      + 1024, kernel=name, box_q=V4_BR, box_kv=bc)
     raise ValueError(f"unknown forward version {version!r} (v1, v2, v3, v4)")
 
 
@@ -203,21 +197,19 @@ def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
     fits, and its entry "fallback" says so; where none fits, the own configuration is returned
     (backward() then refuses it, naming the shared memory it needs)."""
     cd = cb.ceil_div
-    pre = {"kernel": "attention_bwd_v1_preprocess" if version == "v1"
-           else f"attention_bwd_v2_preprocess_{dt}", "grid": (cd(BH * Nq, 4),), "block": (128,),
-           "shared": 0}
+    version = _bwd_version(version)
+    pre = Launch((cd(BH * Nq, 4),), (128,), kernel="attention_bwd_v1_preprocess"
+                 if version == "v1" else f"attention_bwd_v2_preprocess_{dt}")
     if version == "v1":
         return {"preprocess": pre,
-                "dkdv": {"kernel": f"attention_bwd_v1_dkdv_d{D}", "grid": (cd(Nk, 32), BH),
-                         "block": (128,), "shared": 0},
-                "dq": {"kernel": f"attention_bwd_v1_dq_d{D}", "grid": (cd(Nq, 32), BH),
-                       "block": (128,), "shared": 0}}
+                "dkdv": Launch((cd(Nk, 32), BH), (128,), kernel=f"attention_bwd_v1_dkdv_d{D}"),
+                "dq": Launch((cd(Nq, 32), BH), (128,), kernel=f"attention_bwd_v1_dq_d{D}")}
     if version == "v2":
         bc, br = BWD_V2_TILES[D]
         st = 2
         own = bwd_v2_shared(D, bc, br)
         if optin is None:
-            optin = _optin()
+            optin = cb.launch.smem_optin()
         note = None
         if optin is not None and own > optin:
             for fbc, fbr, fst in BWD_V2_FIT[D]:
@@ -230,14 +222,12 @@ def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
                             f"{'one stage' if st == 1 else 'two stages'}, {need / 1024:g} KiB) "
                             "instead")
                     break
-        main = {"kernel": bwd_v2_name(dt, D, bc, br, st), "grid": (cd(Nk, bc), BH),
-                "block": (2 * bc,), "shared": bwd_v2_shared(D, bc, br, st)}
-        if note:
-            main["fallback"] = note
+        main = Launch((cd(Nk, bc), BH), (2 * bc,), shared=bwd_v2_shared(D, bc, br, st),
+                      kernel=bwd_v2_name(dt, D, bc, br, st), **({"fallback": note} if note else {}))
         return {"preprocess": pre,
                 "main": main,
-                "convert": {"kernel": f"attention_bwd_v2_convert_{dt}",
-                            "grid": (cd(BH * Nq * D, 256),), "block": (256,), "shared": 0}}
+                "convert": Launch((cd(BH * Nq * D, 256),), (256,),
+                                  kernel=f"attention_bwd_v2_convert_{dt}")}
     raise ValueError(f"unknown backward version {version!r} (v1, v2)")
 
 
@@ -250,11 +240,31 @@ def flops(BH: int, Nq: int, Nk: int, D: int, causal: bool = False,
 
 
 # ============================================================================== launchers
-def module(which: str):
-    """kernels/attention_{forward,backward}.cu, compiled once per process (the forward for
-    sm_90a on a Hopper GPU: v4's wgmma and setmaxnreg are 'a' features)."""
-    opts = ("-arch=sm_90a",) if which == "forward" and tuple(cb.cc()) == (9, 0) else ()
-    return cb.cuda_module(f"attention_{which}", opts)
+def module(which: str, version: str | None = None):
+    """kernels/attention_{forward,backward}.cu compiled once per process and kept in the kernel
+    cache: the whole file, or ``version``'s kernels alone (the file's step guards). The forward
+    is built for sm_90a on a Hopper GPU (v4's wgmma and setmaxnreg are 'a' features)."""
+    if which not in ("forward", "backward"):
+        raise ValueError(f"module: which is 'forward' or 'backward', got {which!r}")
+    step = None if version is None else \
+        f"attention_{version}" if which == "forward" else f"attention_bwd_{version}"
+    return cb.module(f"attention_{which}", only=step or (), a_features=which == "forward")
+
+
+def _fwd_version(version: str) -> str:
+    """'v3' for 'v3' or 'attention_v3' (the one naming rule: cudabook.launch.version_name)."""
+    try:
+        return version_name(FWD_VERSIONS, version, "attention")
+    except ValueError:
+        raise ValueError(f"unknown forward version {version!r} (v1, v2, v3, v4)") from None
+
+
+def _bwd_version(version: str) -> str:
+    """'v2' for 'v2' or 'attention_bwd_v2'."""
+    try:
+        return version_name(BWD_VERSIONS, version, "attention_bwd")
+    except ValueError:
+        raise ValueError(f"unknown backward version {version!r} (v1, v2)") from None
 
 
 def hopper_problem(cc: tuple[int, int]) -> str | None:
@@ -269,71 +279,42 @@ def hopper_problem(cc: tuple[int, int]) -> str | None:
 _NOTED: set[str] = set()        # fallback kernels announced once
 
 
-def _optin() -> int | None:
-    """The most dynamic shared memory one block may opt into on this GPU (bytes; None without
-    a GPU): 227 KiB on an H100, 163 on an A100, 99 on an L4 / A10 / RTX 30-40, 64 on a T4."""
-    return smem_optin()
-
-
 def _require(what: str, dt: str, shared: int, optin: int | None = None) -> None:
     """Refuse on a GPU that cannot run the kernel (LaunchError with the reason); ``optin``
-    lowers this GPU's shared-memory limit (to plan for a smaller GPU)."""
+    (a smaller GPU's limit) lowers the shared-memory limit."""
     need = {"bfloat16": (8, 0), "float16": (7, 5)}.get(dt, (0, 0))
     cb.need_cc(*need, what=f"{what} in {dt}")
-    limit = _optin() if shared else None
-    if shared and optin is not None:
-        limit = optin if limit is None else min(limit, optin)
-    if limit is not None and shared > limit:
-        raise cb.LaunchError(f"{what} needs {shared // 1024} KiB of shared memory per block, "
-                             f"this GPU allows {limit // 1024} KiB (per block: H100 227 KiB, "
-                             "A100 163, L4 / A10 / RTX 30-40 99, T4 64)")
+    if shared:
+        cb.need_shared(shared, what, optin)
 
 
 def _ptr(a) -> np.uint64:
-    return np.uint64(a.data_ptr() if _lib(a) == "torch" else a.data.ptr)
+    return np.uint64(cb.describe(a).ptr)
 
 
 def _empty(like, shape, dt: str):
     """An uninitialised array on the GPU, from the library of ``like`` (torch or CuPy)."""
-    if _lib(like) == "torch":
-        import torch
-
-        return torch.empty(shape, dtype=getattr(torch, dt), device=like.device)
-    import cupy
-
-    return cupy.empty(shape, dtype=dt)
+    return cb.arrays.empty_like_lib(like, tuple(shape), dt)
 
 
 def _stream(like):
     """PyTorch's current stream for torch inputs (CuPy launches on the current CuPy stream)."""
-    import contextlib
-
-    import cupy
-
-    if _lib(like) == "torch":
-        import torch
-
-        return cupy.cuda.ExternalStream(torch.cuda.current_stream(like.device).cuda_stream)
-    return contextlib.nullcontext()
+    return cb.arrays.launch_stream(like)
 
 
 def kernel(mod, name: str):
-    """The RawKernel ``name`` of a compiled module (straight from CuPy's RawModule)."""
-    return mod.raw.get_function(name)
+    """The RawKernel ``name`` of a compiled module."""
+    return mod.get(name)
 
 
 def resources(mod, name: str) -> dict:
     """Registers per thread, static shared and local (spill) bytes of a kernel."""
-    a = kernel(mod, name).attributes
-    return {"registers": a["num_regs"], "shared_bytes": a["shared_size_bytes"],
-            "local_bytes": a["local_size_bytes"]}
+    r = mod.resources(name)
+    return {k: r[k] for k in ("registers", "shared_bytes", "local_bytes")}
 
 
-def _launch(mod, cfg: dict, args: tuple) -> None:
-    k = kernel(mod, cfg["kernel"])
-    if cfg["shared"] > 48 * 1024:             # above 48 KiB a kernel must opt in
-        k.max_dynamic_shared_size_bytes = cfg["shared"]
-    k(cfg["grid"], cfg["block"], args, shared_mem=cfg["shared"])
+def _launch(mod, cfg: Launch, args: tuple) -> None:
+    cb.launch.run(mod.get(cfg["kernel"]), cfg, args)
 
 
 def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | None = None,
@@ -344,8 +325,7 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
     Outputs are allocated by the inputs' library (o like q, lse (..., Nq) float32), or given as
     ``out = (o, lse)`` (NaN-prefilled by a check, say).
     """
-    if version not in FWD_DTYPES:
-        raise ValueError(f"unknown forward version {version!r} (v1, v2, v3, v4)")
+    version = _fwd_version(version)
     BH, Nq, Nk, D = check_qkv(q, k, v, FWD_DTYPES[version])
     cb.need_cc(7, 5, f"attention_{version}")
     dt = dtype_name(q)
@@ -357,7 +337,7 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
     if version in ("v3", "v4"):
         _require(f"attention_{version}", dt, cfg["shared"])
     s = 1 / math.sqrt(D) if scale is None else float(scale)
-    mod = module("forward")
+    mod = module("forward", version)
     if out is None:
         out = (_empty(q, tuple(q.shape), dt), _empty(q, tuple(q.shape[:-1]), "float32"))
     o, lse = out
@@ -373,10 +353,10 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
             _launch(mod, cfg["pv"], (_ptr(S), V, O, n_q, n_k, np.int32(D)))
             _keep_alive(q, [S])                      # S must outlive its readers
         elif version == "v4":                        # TMA descriptors of (BH N, D) matrices
-            tmap = cb.load_launch("hgemm").tensor_map
-            tq = tmap(int(Q), BH * Nq, D, cfg["box_q"], dt, box_cols=64)
-            tk = tmap(int(K), BH * Nk, D, cfg["box_kv"], dt, box_cols=64)
-            tv = tmap(int(V), BH * Nk, D, cfg["box_kv"], dt, box_cols=64)
+            tmap = cb.tma.tensor_map                 # 64 columns of 16 bits: 128-byte rows
+            tq = tmap(int(Q), BH * Nq, D, cfg["box_q"], 64, dt)
+            tk = tmap(int(K), BH * Nk, D, cfg["box_kv"], 64, dt)
+            tv = tmap(int(V), BH * Nk, D, cfg["box_kv"], 64, dt)
             _launch(mod, cfg, (tq, tk, tv, O, L, n_q, n_k, np.float32(s * LOG2E), c))
         else:
             _launch(mod, cfg, (Q, K, V, O, L, n_q, n_k, np.float32(s * LOG2E), c))
@@ -390,8 +370,7 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
 
     ``optin``: plan v2's tiles for a GPU that lets a block have this many bytes of shared memory
     (default: this GPU's limit; a smaller GPU's runs its tiles here, for the sanitizer)."""
-    if version not in BWD_DTYPES:
-        raise ValueError(f"unknown backward version {version!r} (v1, v2)")
+    version = _bwd_version(version)
     BH, Nq, Nk, D = check_qkv(q, k, v, BWD_DTYPES[version])
     cb.need_cc(7, 5, f"attention_bwd_{version}")
     dt = dtype_name(q)
@@ -399,7 +378,7 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
     _check_like(do, "do", dt, q.shape)
     _check_like(lse, "lse", "float32", q.shape[:-1])
     if optin is not None:
-        optin = min(optin, _optin() or optin)
+        optin = min(optin, cb.launch.smem_optin() or optin)
     cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt], optin)
     if version == "v2":
         _require("attention_bwd_v2", dt, cfg["main"]["shared"], optin)
@@ -407,7 +386,7 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
             _NOTED.add(cfg["main"]["kernel"])
             print(f"note: {cfg['main']['fallback']}")
     s = 1 / math.sqrt(D) if scale is None else float(scale)
-    mod = module("backward")
+    mod = module("backward", version)
     if out is None:
         out = tuple(_empty(q, tuple(a.shape), dt) for a in (q, k, v))
     dq, dk, dv = out

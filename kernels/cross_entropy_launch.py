@@ -90,7 +90,7 @@ def _int32_labels(labels):
     """int64 labels (PyTorch's default) as an int32 copy; anything else as it is (checked later).
     An id that int32 cannot hold is out of range for any C, so it is refused here."""
     if str(getattr(labels, "dtype", "")).replace("torch.", "") != "int64" or \
-            not cb.validate._on_device(labels):
+            not cb.arrays.describe(labels).on_device:
         return labels
     import cupy as cp
 

@@ -21,7 +21,7 @@ def embedding(tok, wte, x=None, check_ids: bool = True):
     import cupy as cp
 
     if str(getattr(tok, "dtype", "")).replace("torch.", "") == "int64" and \
-            cb.validate._on_device(tok):
+            cb.arrays.describe(tok).on_device:
         t64 = cp.asarray(tok)
         if check_ids and t64.size:
             lo, hi = int(t64.min()), int(t64.max())

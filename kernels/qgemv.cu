@@ -64,10 +64,14 @@
 // ceil(B/BT)) x 128; v4 (ceil(N/4), ceil(B/BT)) x 128; v5 (min(ceil(N/R), SMs x resident
 // blocks per SM)) x 256; v6 (ceil(N/16)) x 32 S; v7 (ceil(N/16)) x 32 S. No dynamic
 // shared memory.
+//
+// Each version's kernels sit inside #if !defined(CB_ONLY) || defined(CB_ONLY_<version>): the
+// launcher compiles the one version it launches (cudabook.compile.module(..., only=...)).
 #include <cuda_fp16.h>
 #include "common.cuh"
 
 // ----------------------------------------------------------------------------- v1
+#if !defined(CB_ONLY) || defined(CB_ONLY_qgemv_w8_v1)
 extern "C" __global__ void qgemv_w8_v1(const __half* __restrict__ x,
                                        const signed char* __restrict__ q,
                                        const __half* __restrict__ s,
@@ -88,7 +92,9 @@ extern "C" __global__ void qgemv_w8_v1(const __half* __restrict__ x,
         y[(size_t)b * N + n] = __float2half_rn(acc);
     }
 }
+#endif
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_qgemv_w4_v1)
 extern "C" __global__ void qgemv_w4_v1(const __half* __restrict__ x,
                                        const unsigned char* __restrict__ q,
                                        const __half* __restrict__ s,
@@ -114,6 +120,7 @@ extern "C" __global__ void qgemv_w4_v1(const __half* __restrict__ x,
         y[(size_t)b * N + n] = __float2half_rn(acc);
     }
 }
+#endif
 
 // ----------------------------------------------------------------------------- dequantizers
 // int8: bytes biased to unsigned (q + 128) placed under the exponent of 2^23: the float
@@ -451,7 +458,9 @@ extern "C" __global__ void __launch_bounds__(256) qgemv_w4_v5_c##CPT##_r##R(    
         __half* __restrict__ y, int B, int N, int K, int G) {                                \
     qgemv_w4_v5_body<CPT, R>(x, q, s, bias, y, N, K, G);                                     \
 }
+#if !defined(CB_ONLY) || defined(CB_ONLY_qgemv_w4_v5)
 QGEMV_V5(1, 4) QGEMV_V5(1, 8) QGEMV_V5(2, 2) QGEMV_V5(2, 4) QGEMV_V5(4, 2)
+#endif
 #undef QGEMV_V5
 
 #define QGEMV_V4(BT)                                                                         \
@@ -461,7 +470,9 @@ extern "C" __global__ void __launch_bounds__(128) qgemv_w4_v4_b##BT(            
         __half* __restrict__ y, int B, int N, int K, int G) {                                \
     qgemv_w4_v4_body<BT>(x, q, s, bias, y, B, N, K, G);                                      \
 }
+#if !defined(CB_ONLY) || defined(CB_ONLY_qgemv_w4_v4)
 QGEMV_V4(1) QGEMV_V4(2) QGEMV_V4(4)
+#endif
 #undef QGEMV_V4
 
 #define QGEMV(NAME, MODE, BT, R)                                                             \
@@ -474,10 +485,18 @@ extern "C" __global__ void __launch_bounds__(128) NAME##_b##BT##_r##R(          
 #define QGEMV_ALL(NAME, MODE)                                                                \
     QGEMV(NAME, MODE, 1, 2) QGEMV(NAME, MODE, 2, 2) QGEMV(NAME, MODE, 4, 2)                  \
     QGEMV(NAME, MODE, 8, 2) QGEMV(NAME, MODE, 16, 2) QGEMV(NAME, MODE, 1, 4)
+#if !defined(CB_ONLY) || defined(CB_ONLY_qgemv_w8_v2)
 QGEMV_ALL(qgemv_w8_v2, 8)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_qgemv_f8_v2)
 QGEMV_ALL(qgemv_f8_v2, 9)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_qgemv_w4_v2)
 QGEMV_ALL(qgemv_w4_v2, 4)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_qgemv_w4_v3)
 QGEMV_ALL(qgemv_w4_v3, 5)
+#endif
 #undef QGEMV_ALL
 #undef QGEMV
 
@@ -616,7 +635,9 @@ extern "C" __global__ void __launch_bounds__(32 * S, MINB) qgemv_w4_v6_s##S##_u#
         __half* __restrict__ y, int B, int N, int K, int G) {                                \
     qgemv_w4_v6_body<S, U, GQ>(x, q, s, bias, y, B, N, K, G);                                \
 }
+#if !defined(CB_ONLY) || defined(CB_ONLY_qgemv_w4_v6)
 QGEMV_V6(8, 1, 1, 4) QGEMV_V6(8, 1, 0, 4) QGEMV_V6(16, 1, 1, 2) QGEMV_V6(16, 1, 0, 2)
+#endif
 #undef QGEMV_V6
 
 // ----------------------------------------------------------------------------- v7 (W4, sm_80+)
@@ -707,5 +728,7 @@ extern "C" __global__ void __launch_bounds__(32 * S, 32 / S) qgemv_w4_v7_s##S(  
         __half* __restrict__ y, int B, int N, int K, int G) {                                \
     qgemv_w4_v7_body<S>(x, tiles, sq, bias, y, B, N, K);                                     \
 }
+#if !defined(CB_ONLY) || defined(CB_ONLY_qgemv_w4_v7)
 QGEMV_V7(4) QGEMV_V7(8) QGEMV_V7(16)
+#endif
 #undef QGEMV_V7

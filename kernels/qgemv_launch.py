@@ -37,6 +37,7 @@ import cudabook as cb
 from cudabook.launch import LaunchError, ceil_div
 
 __all__ = ["VERSIONS", "WHAT", "MAX_B", "QWeight", "prepare", "qgemv", "config", "kernel_name",
+           "module",
            "supports", "sanitize_targets"]
 
 VERSIONS = {8: ("qgemv_w8_v1", "qgemv_w8_v2"),
@@ -322,7 +323,7 @@ def v7_split(N: int, B: int = 1, sms: int | None = None) -> int:
     if not 1 <= B <= V6_MAX_B:
         raise LaunchError(f"qgemv_w4_v7 takes B <= {V6_MAX_B} (the rows of x are the 8 columns "
                           f"of one mma), got B = {B}; use qgemv_w4_v3")
-    sms = cb.env.info().sms if sms is None else sms
+    sms = cb.launch.device().sms if sms is None else sms
     for S in V7_SPLITS:
         if ceil_div(N, 16) <= sms * (32 // S):
             return S
@@ -340,22 +341,18 @@ def _resident(mod, name: str) -> int:
     """SMs x resident blocks per SM of kernel ``name`` (the driver's occupancy, cached)."""
     if name not in _RESIDENT:
         per_sm = cb.occupancy.driver_blocks_per_sm(mod.get(name), V5_THREADS)
-        _RESIDENT[name] = max(1, per_sm) * cb.env.info().sms
+        _RESIDENT[name] = max(1, per_sm) * cb.launch.device().sms
     return _RESIDENT[name]
 
 
 def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str | None = None,
           rows: int | None = None):
     """y = x @ dequant(w)^T (+ bias): x (B, K) fp16, B 1..16; y (B, N) fp16 (returned)."""
-    import cupy as cp
-
-    mod = cb.cuda_module("qgemv")
-    gv = cb.load_launch("gemv")
     if not isinstance(w, QWeight):
         raise TypeError(f"w: expected a QWeight from qgemv.prepare(W, bits, group), got "
                         f"{type(w).__name__}")
-    xc, lib = gv.as_cupy(x, "x")
-    cb.expect(xc, "x", dtype=np.float16, ndim=2)
+    cb.expect(x, "x", dtype=np.float16, ndim=2)
+    xc = cb.as_cupy(x, "x")
     B, K = (int(s) for s in xc.shape)
     if K != w.K:
         raise ValueError(f"x has K = {K} columns but the weight is ({w.N}, {w.K})")
@@ -363,9 +360,12 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
         raise LaunchError(f"qgemv: batch B = {B}; these kernels take 1..{MAX_B} rows of x")
     _check_group(w.bits, K, w.group)
     version = version or DEFAULT[w.kind]    # w4_v5 is not the default: lesson 10 times it
-    if version not in VERSIONS[w.kind]:
+    kinds = VERSIONS[w.kind]
+    if not isinstance(version, str) or not (version in kinds or f"qgemv_{version}" in kinds):
         raise ValueError(f"{version!r} is not a kernel for {w.kind} weights; choose from "
-                         f"{VERSIONS[w.kind]}")
+                         f"{kinds}")
+    version = version if version in kinds else f"qgemv_{version}"
+    mod = module(version)
     qdt = np.int8 if (w.bits == 8 and w.fmt == "int") else np.uint8
     cb.expect(w.q, "w.q", dtype=qdt, shape=(w.N, K if w.bits == 8 else K // 2))
     cb.expect(w.scales, "w.scales", dtype=np.float16, shape=(w.N, K // w.group))
@@ -374,17 +374,12 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
                           "aligned (pass fresh arrays, not views at an offset)")
     bc = np.uint64(0)
     if bias is not None:
-        bc = gv.as_cupy(bias, "bias")[0]
-        cb.expect(bc, "bias", dtype=np.float16, shape=(w.N,))
+        cb.expect(bias, "bias", dtype=np.float16, shape=(w.N,))
+        bc = cb.as_cupy(bias, "bias")
     if out is None:
-        if lib == "torch":
-            import torch
-
-            out = torch.empty((B, w.N), dtype=torch.float16, device=x.device)
-        else:
-            out = cp.empty((B, w.N), cp.float16)
-    oc = gv.as_cupy(out, "out")[0]
-    cb.expect(oc, "out", dtype=np.float16, shape=(B, w.N))
+        out = cb.arrays.empty_like_lib(x, (B, w.N), "float16")
+    cb.expect(out, "out", dtype=np.float16, shape=(B, w.N))
+    oc = cb.as_cupy(out, "out")
     if version in ("qgemv_w4_v6", "qgemv_w4_v7") and not _cc_ok():
         raise LaunchError(f"{version} multiplies with mma.sync m16n8k16 (fp16 in, fp32 sums): it "
                           "needs compute capability 8.0+; this GPU is "
@@ -394,9 +389,15 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
     grid, block = config(version, B, w.N, rows, K, resident, w.group)
     q, s = w.tiles() if version == "qgemv_w4_v7" else (w.q, w.scales)
     args = (xc, q, s, bc, oc, np.int32(B), np.int32(w.N), np.int32(K), np.int32(w.group))
-    with gv._stream_of(lib):
+    with cb.arrays.launch_stream(x):
         mod.get(name)(grid, block, args)
     return out
+
+
+def module(version: str):
+    """kernels/qgemv.cu with ``version``'s kernels alone (the file's step guards), compiled once
+    per process and kept in the kernel cache."""
+    return cb.module("qgemv", only=version)
 
 
 def sanitize_targets():

@@ -33,7 +33,7 @@ def sample(logits, u, out=None, temperature: float = 1.0, top_k: int = 1, top_p:
     import cupy as cp
 
     if str(getattr(logits, "dtype", "")).replace("torch.", "") == "float32" and \
-            cb.validate._on_device(logits):
+            cb.arrays.describe(logits).on_device:
         cb.expect(logits, "logits", ndim=2)
         l32 = cp.asarray(logits)
         big = cp.isfinite(l32) & (cp.abs(l32) > 65504)

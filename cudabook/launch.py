@@ -26,7 +26,8 @@ import numbers
 from dataclasses import dataclass
 
 __all__ = ["LaunchError", "ceil_div", "round_up", "grid_1d", "grid_2d", "row_block", "need_cc",
-           "smem_optin", "need_shared", "Launch", "DeviceFacts", "device", "version_name", "run"]
+           "smem_optin", "need_shared", "Launch", "DeviceFacts", "device", "version_name", "run",
+           "returns_launch"]
 
 
 class LaunchError(ValueError):
@@ -125,6 +126,11 @@ class Launch(tuple):
     def get(self, key: str, default=None):
         return self._fields.get(key, default)
 
+    def __contains__(self, key) -> bool:
+        if isinstance(key, str):                 # "fallback" in cfg: a field, as in a dict
+            return key in self._fields
+        return super().__contains__(key)
+
     def keys(self):
         return self._fields.keys()
 
@@ -148,6 +154,31 @@ class Launch(tuple):
                           if k not in ("grid", "block") and v not in (None, 0))
         return f"Launch(grid={self._fields['grid']}, block={self._fields['block']}" + \
             (f", {extra})" if extra else ")")
+
+
+def as_launch(cfg) -> Launch:
+    """``cfg`` as a launch record: a record stays one; ``(grid, block)``, ``(grid, block,
+    shared)`` and a dict with ``grid`` and ``block`` keys become one."""
+    if isinstance(cfg, Launch):
+        return cfg
+    if isinstance(cfg, dict):
+        f = dict(cfg)
+        return Launch(f.pop("grid"), f.pop("block"), **f)
+    if isinstance(cfg, tuple) and len(cfg) in (2, 3):
+        return Launch(cfg[0], cfg[1], shared=cfg[2] if len(cfg) == 3 else 0)
+    raise TypeError(f"not a launch configuration: {cfg!r}")
+
+
+def returns_launch(config):
+    """Decorator of a ``config()`` that spells its grids as ``(grid, block)`` tuples or dicts:
+    what it returns becomes a ``Launch`` record (so every ``config()`` of the book returns one)."""
+    import functools
+
+    @functools.wraps(config)
+    def wrapped(*args, **kwargs):
+        return as_launch(config(*args, **kwargs))
+
+    return wrapped
 
 
 @dataclass(frozen=True)

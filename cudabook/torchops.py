@@ -74,18 +74,13 @@ def on_torch_stream() -> Iterator[None]:
     default stream, which both already share)."""
     import torch
 
+    from .arrays import _external
+
     s = torch.cuda.current_stream()
     if not s.cuda_stream:
         yield
         return
-    import warnings
-
-    import cupy
-
-    with warnings.catch_warnings():     # CuPy 14.2 deprecates ExternalStream; Colab's CuPy lacks
-        warnings.simplefilter("ignore", DeprecationWarning)       # its successor
-        ext = cupy.cuda.ExternalStream(s.cuda_stream)
-    with ext:
+    with _external(s.cuda_stream):
         yield
 
 

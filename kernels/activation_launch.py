@@ -21,7 +21,7 @@ __all__ = ["ACTIVATIONS", "activation", "bias_gelu", "bias_add", "bias_gelu_f64"
 ACTIVATIONS = ("relu_v1", "gelu_v1", "gelu_v2")
 
 def _module():
-    return cb.cuda_module("activation")     # compiled once per process
+    return cb.module("activation")     # compiled once per process
 
 
 def activation(x, version: str = "gelu_v1", y=None):

@@ -209,7 +209,7 @@ def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
         st = 2
         own = bwd_v2_shared(D, bc, br)
         if optin is None:
-            optin = cb.launch.smem_optin()
+            optin = _optin()
         note = None
         if optin is not None and own > optin:
             for fbc, fbr, fst in BWD_V2_FIT[D]:
@@ -279,13 +279,20 @@ def hopper_problem(cc: tuple[int, int]) -> str | None:
 _NOTED: set[str] = set()        # fallback kernels announced once
 
 
+def _optin() -> int | None:
+    """The most dynamic shared memory one block may opt into on this GPU (the launch core's
+    device facts; None without a GPU)."""
+    return cb.launch.smem_optin()
+
+
 def _require(what: str, dt: str, shared: int, optin: int | None = None) -> None:
     """Refuse on a GPU that cannot run the kernel (LaunchError with the reason); ``optin``
     (a smaller GPU's limit) lowers the shared-memory limit."""
     need = {"bfloat16": (8, 0), "float16": (7, 5)}.get(dt, (0, 0))
     cb.need_cc(*need, what=f"{what} in {dt}")
     if shared:
-        cb.need_shared(shared, what, optin)
+        have = _optin()
+        cb.need_shared(shared, what, optin if have is None else min(have, optin or have))
 
 
 def _ptr(a) -> np.uint64:
@@ -378,7 +385,7 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
     _check_like(do, "do", dt, q.shape)
     _check_like(lse, "lse", "float32", q.shape[:-1])
     if optin is not None:
-        optin = min(optin, cb.launch.smem_optin() or optin)
+        optin = min(optin, _optin() or optin)
     cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt], optin)
     if version == "v2":
         _require("attention_bwd_v2", dt, cfg["main"]["shared"], optin)

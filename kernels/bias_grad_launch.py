@@ -18,7 +18,7 @@ VERSIONS = ("bias_grad_v1", "bias_grad_v2")
 
 
 def _module():
-    return cb.cuda_module("bias_grad")     # compiled once per process
+    return cb.module("bias_grad")     # compiled once per process
 
 
 def bias_grad(dz, db=None, version: str = "bias_grad_v2"):

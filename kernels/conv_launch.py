@@ -17,7 +17,7 @@ __all__ = ["MAX_K", "conv2d", "sanitize_targets"]
 MAX_K = 7                         # CONV_MAX_K of conv.cu: the shared tile's halo
 
 def _module():
-    return cb.cuda_module("conv")     # compiled once per process
+    return cb.module("conv")     # compiled once per process
 
 
 def conv2d(x, w, y=None, version: str = "conv2d_v2"):

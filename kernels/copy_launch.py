@@ -9,21 +9,22 @@ from __future__ import annotations
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import LaunchError, ceil_div, returns_launch
 
 __all__ = ["VERSIONS", "copy", "config", "sanitize_targets"]
 
 VERSIONS = ("copy_v1", "copy_v2", "copy_v3", "copy_v4")
 
 def _module():
-    return cb.cuda_module("copy")     # compiled once per process
+    return cb.module("copy")     # compiled once per process
 
 
+@returns_launch
 def config(version: str, n: int) -> tuple[tuple[int], tuple[int]]:
     """(grid, block) of ``version`` for n elements."""
     per_thread = {"copy_v1": 1, "copy_v3": 4, "copy_v4": 16}
     if version == "copy_v2":
-        return (8 * max(cb.env.info().sms, 1),), (256,)
+        return (8 * max(cb.launch.device().sms, 1),), (256,)
     if version not in per_thread:
         raise ValueError(f"unknown version {version!r}; copy.cu has {VERSIONS}")
     return (max(1, ceil_div(n, 256 * per_thread[version])),), (256,)

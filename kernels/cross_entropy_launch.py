@@ -23,7 +23,7 @@ _KERNELS = {np.dtype(np.float32): "cross_entropy_v1", np.dtype(np.float64): "cro
 
 
 def _module():
-    return cb.cuda_module("cross_entropy")     # compiled once per process
+    return cb.module("cross_entropy")     # compiled once per process
 
 
 def _ptr_range(a) -> tuple[int, int] | None:

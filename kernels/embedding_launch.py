@@ -43,6 +43,6 @@ def embedding(tok, wte, x=None, check_ids: bool = True):
             raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {V})")
     x = cp.empty((M, d), cp.float32) if x is None else x
     cb.expect(x, "x", dtype=np.float32, shape=(M, d))
-    cb.cuda_module("embedding").get("embedding_v1")((M,), (128,), (tok, wte, x, np.int32(M),
+    cb.module("embedding").get("embedding_v1")((M,), (128,), (tok, wte, x, np.int32(M),
                                                                    np.int32(d), np.int32(V)))
     return x

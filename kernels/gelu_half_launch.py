@@ -22,6 +22,6 @@ def gelu_half(x):
         raise ValueError(f"gelu_half_v1 reads half2: x needs an even size (got {n}) and a "
                          "4-byte aligned start")
     if n:
-        cb.cuda_module("gelu_half").get("gelu_half_v1")((ceil_div(n // 2, 256),), (256,),
+        cb.module("gelu_half").get("gelu_half_v1")((ceil_div(n // 2, 256),), (256,),
                                                          (x, np.int64(n)))
     return x

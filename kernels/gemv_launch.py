@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import LaunchError, ceil_div, returns_launch
 
 __all__ = ["VERSIONS", "WHAT", "MAX_B", "gemv", "config", "kernel_name", "as_cupy",
            "sanitize_targets"]
@@ -59,6 +59,7 @@ def kernel_name(version: str, B: int, rows: int = DEFAULT_ROWS) -> str:
     raise ValueError(f"unknown version {version!r}; gemv.cu has {VERSIONS}")
 
 
+@returns_launch
 def config(version: str, B: int, N: int, rows: int = DEFAULT_ROWS):
     """(grid, block) of ``version`` for batch B and N weight rows (gemv.cu's launch comment)."""
     if version == "gemv_v1":
@@ -73,35 +74,24 @@ def config(version: str, B: int, N: int, rows: int = DEFAULT_ROWS):
 
 
 def as_cupy(a: Any, name: str):
-    """(the CuPy view of ``a``, "torch" or "cupy"): no copy. TypeError for anything else."""
-    import cupy as cp
-
-    mod = type(a).__module__
-    if mod.startswith("torch"):
-        if not a.is_cuda:
-            raise TypeError(f"{name}: a PyTorch tensor on the host; move it with .to('cuda')")
-        return cp.asarray(a), "torch"
-    if isinstance(a, cp.ndarray):
-        return a, "cupy"
-    if isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: a NumPy array lives on the host; move it with cupy.asarray(...)")
-    if hasattr(a, "__cuda_array_interface__"):
-        return cp.asarray(a), "cupy"
-    raise TypeError(f"{name}: expected a CuPy array or a PyTorch CUDA tensor, got "
-                    f"{mod}.{type(a).__name__}")
+    """(the CuPy view of ``a``, "torch" or "cupy"): no copy. TypeError for anything else (the
+    launch core's ``cudabook.arrays.as_cupy``)."""
+    view = cb.as_cupy(a, name)
+    return view, ("torch" if cb.arrays.lib_of(a) == "torch" else "cupy")
 
 
 def _module():
-    return cb.cuda_module("gemv")      # compiled once per process
+    return cb.module("gemv")      # compiled once per process
 
 
 def _stream_of(lib: str):
+    """PyTorch's current stream for torch inputs, else CuPy's (``cudabook.arrays.stream_for``)."""
     import cupy as cp
 
     if lib == "torch":
         import torch
 
-        return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        return cb.arrays._external(torch.cuda.current_stream().cuda_stream)
     return cp.cuda.get_current_stream()
 
 

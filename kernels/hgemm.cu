@@ -35,6 +35,9 @@
 // Launches (kernels/hgemm.py, config()): v1 grid (ceil(N/32), ceil(M/32)) x 128 threads;
 // v2 grid (ceil(N/128), ceil(M/128)) x 256; v3-v10 a 1D grid of tiles (v9 persistent: one block
 // per SM), dynamic shared memory as config() says (over 48 KiB: the launcher raises the limit).
+// The non-template kernels of each version sit inside #if !defined(CB_ONLY) ||
+// defined(CB_ONLY_hgemm_vN) (the probes: CB_ONLY_hgemm_probe): a launch compiles its version
+// alone (cudabook.compile.module(..., only=...)); the templates cost nothing until named.
 #include "mma.cuh"
 #include <mma.h>
 
@@ -63,6 +66,7 @@ template <typename T> __device__ __forceinline__ void mma16816(float* c, const u
     else mma_m16n8k16_f16(c, a, b);
 }
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v1) || defined(CB_ONLY_hgemm_v2)
 // ============================================================================ v1, v2: WMMA
 
 // launch: grid (ceil(N/32), ceil(M/32)), block 128: warps 2x2, each one 16x16 tile of C
@@ -180,6 +184,7 @@ hgemm_v2(const __half* A, const __half* B, __half* C, int M, int N, int K) {
             __syncwarp();
         }
 }
+#endif
 
 // ============================================================================ v3-v6: mma.sync
 
@@ -376,6 +381,8 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ A, const T* __res
         gemm_mma<__VA_ARGS__, T>(A, B, C, M, N, K);                                               \
     }
 //        kernel           type            threads BM   BN   WM  WN  STAGES SWZ    DBUF   GROUP
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v3) || defined(CB_ONLY_hgemm_v4) || \
+    defined(CB_ONLY_hgemm_v5) || defined(CB_ONLY_hgemm_v6)
 HG_MMA_KERNEL(hgemm_v3,      __half,        256,   128, 128, 64, 32, 1,     false, false, 1)
 HG_MMA_KERNEL(hgemm_v4,      __half,        256,   128, 128, 64, 32, 1,     true,  false, 1)
 HG_MMA_KERNEL(hgemm_v5,      __half,        256,   128, 128, 64, 32, 3,     true,  false, 1)
@@ -384,6 +391,7 @@ HG_MMA_KERNEL(hgemm_v3_bf16, __nv_bfloat16, 256,   128, 128, 64, 32, 1,     fals
 HG_MMA_KERNEL(hgemm_v4_bf16, __nv_bfloat16, 256,   128, 128, 64, 32, 1,     true,  false, 1)
 HG_MMA_KERNEL(hgemm_v5_bf16, __nv_bfloat16, 256,   128, 128, 64, 32, 3,     true,  false, 1)
 HG_MMA_KERNEL(hgemm_v6_bf16, __nv_bfloat16, 256,   128, 256, 64, 64, 3,     true,  true,  8)
+#endif
 
 // The autotuner's family (instantiated by name from hgemm.py): swizzled, any tile shape.
 template <int BM, int BN, int WM, int WN, int STAGES, bool DBUF, int GROUP, typename T>
@@ -572,8 +580,10 @@ __device__ __forceinline__ void gemm_mma10_any(const T* A, const T* B, T* C, int
         gemm_mma10_any<__VA_ARGS__, T>(A, B, C, M, N, K);                                         \
     }
 //              kernel          type            BM   BN   STAGES EPI   GROUP
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v10)
 HG_MMA10_KERNEL(hgemm_v10,      __half,         128, 256, 3,     true, 8)
 HG_MMA10_KERNEL(hgemm_v10_bf16, __nv_bfloat16,  128, 256, 3,     true, 8)
+#endif
 
 // v10's family, for the probe and the autotuner (instantiated by name from hgemm_launch.py).
 template <int BM, int BN, int STAGES, bool EPI, int GROUP, typename T>
@@ -584,6 +594,7 @@ hgemm_mma10_t(const T* A, const T* B, T* C, int M, int N, int K) {
 
 // ============================================================================ layout probe
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_probe)
 // Not a ladder step: which elements of A (16x16), B (16x8) and C (16x8) each lane holds in
 // mma.m16n8k16, measured. A(m, k) = 16 m + k and B(k, n) = 8 k + n (exact in fp16) are loaded
 // with ldmatrix exactly as hgemm_v3 does and each lane writes its registers out; then two mma of
@@ -648,6 +659,7 @@ mma_peak(float* out, int iters) {
     for (int j = 0; j < 8; j++) s += c[j][0] + c[j][1] + c[j][2] + c[j][3];
     if (s == -1.0f) out[threadIdx.x] = s;
 }
+#endif
 
 // ============================================================================ v7-v9: Hopper
 
@@ -749,6 +761,7 @@ __device__ __forceinline__ void gemm_wgmma(const T* __restrict__ A, const T* __r
 #endif
 }
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v7)
 extern "C" __global__ void __launch_bounds__(256)
 hgemm_v7(const __half* A, const __half* B, __half* C, int M, int N, int K) {
     gemm_wgmma<128, 4, __half>(A, B, C, M, N, K);
@@ -758,6 +771,7 @@ hgemm_v7_bf16(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, 
               int K) {
     gemm_wgmma<128, 4, __nv_bfloat16>(A, B, C, M, N, K);
 }
+#endif
 
 // v8/v9: 384 threads = 3 warpgroups. Warpgroup 0 is the producer: after giving most of its
 // registers away (setmaxnreg.dec), one thread issues the TMA copies of A (128 x 64) and B
@@ -834,6 +848,7 @@ __device__ __forceinline__ void gemm_tma_ws(const TmaDesc& ta, const TmaDesc& tb
 #endif
 }
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v8)
 extern "C" __global__ void __launch_bounds__(384, 1)
 hgemm_v8(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc tb, __half* C, int M,
          int N, int K) {
@@ -844,6 +859,7 @@ hgemm_v8_bf16(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDes
               __nv_bfloat16* C, int M, int N, int K) {
     gemm_tma_ws<256, 4, false, __nv_bfloat16>(ta, tb, C, M, N, K);
 }
+#endif
 
 // The autotuner's Hopper family (instantiated by name from hgemm.py).
 template <int BN, int STAGES, bool PERSIST, typename T>

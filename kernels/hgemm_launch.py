@@ -27,12 +27,13 @@ is using.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
 from typing import Any
 
 import numpy as np
 
-from cudabook.launch import LaunchError
+from cudabook.arrays import ArrayInfo
+from cudabook.launch import Launch, LaunchError, version_name
 
 VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10")
 
@@ -111,47 +112,28 @@ class UnsupportedError(LaunchError):
 _DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 
-@dataclass
-class Operand:
-    """What a launch needs to know about an array, whatever library made it."""
-    name: str
-    ptr: int
-    shape: tuple
-    dtype: str
-    contiguous: bool
-    lib: str          # "cupy", "torch", "numba", "numpy"
-    obj: Any
+#: What a launch needs to know about an array, whatever library made it: the launch core's
+#: description (``cudabook.arrays.ArrayInfo``: name, ptr, shape, dtype, contiguous, lib, obj).
+Operand = ArrayInfo
 
 
 def _describe(x: Any, name: str) -> Operand:
-    mod = type(x).__module__
-    if mod.startswith("torch"):
-        if not x.is_cuda:
-            raise TypeError(f"{name}: a PyTorch tensor on the host; move it with .to('cuda')")
-        return Operand(name, int(x.data_ptr()), tuple(x.shape), str(x.dtype).replace("torch.", ""),
-                       bool(x.is_contiguous()), "torch", x)
-    if mod.startswith("cupy"):
-        return Operand(name, int(x.data.ptr), tuple(x.shape), str(x.dtype),
-                       bool(x.flags.c_contiguous), "cupy", x)
-    if isinstance(x, np.ndarray):
-        from cudabook import env
+    """``x`` described by the launch core, refused unless it lives on the GPU (a NumPy array is
+    accepted only in simulator mode, where shapes are checked without a GPU)."""
+    import cudabook as cb
 
-        if env.HAS_GPU:
+    try:
+        info = cb.describe(x, name)
+    except TypeError:
+        raise TypeError(f"{name}: expected a GPU array (CuPy, PyTorch CUDA tensor, Numba device "
+                        f"array), got {type(x).__module__}.{type(x).__name__}") from None
+    if not info.on_device:
+        if info.lib == "torch":
+            raise TypeError(f"{name}: a PyTorch tensor on the host; move it with .to('cuda')")
+        if cb.HAS_GPU or info.lib != "numpy":
             raise TypeError(f"{name}: a NumPy array lives on the host; move it with "
                             "cupy.asarray(...) first")
-        return Operand(name, int(x.ctypes.data), x.shape, str(x.dtype),
-                       bool(x.flags.c_contiguous), "numpy", x)
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is None:
-        raise TypeError(f"{name}: expected a GPU array (CuPy, PyTorch CUDA tensor, Numba device "
-                        f"array), got {mod}.{type(x).__name__}")
-    shape = tuple(cai["shape"])
-    dt = str(np.dtype(cai["typestr"]))
-    strides = cai.get("strides")
-    itemsize = np.dtype(cai["typestr"]).itemsize
-    dense = strides is None or tuple(strides) == tuple(
-        int(np.prod(shape[i + 1:])) * itemsize for i in range(len(shape)))
-    return Operand(name, int(cai["data"][0]), shape, dt, dense, "numba", x)
+    return info
 
 
 def check_operands(A: Any, B: Any, C: Any | None = None) -> tuple[int, int, int, str]:
@@ -227,7 +209,7 @@ def require(version: str, cc: tuple[int, int], dtype: str = "float16",
     if optin is None:
         optin = _smem_optin(cc)
     if optin is not None:
-        need = config(version, 1, 1, 8, cc, params, dtype=dtype, optin=optin)["shared"]
+        need = config(version, 1, 1, 8, cc, params, sms=1, dtype=dtype, optin=optin)["shared"]
         if need > optin:
             raise UnsupportedError(_smem_message(version, need, optin))
 
@@ -378,10 +360,15 @@ def shared_bytes(version: str, cc: tuple[int, int] = (9, 0), params: dict | None
     return stages * (bm + bn) * BK * 2 + extra
 
 
+def _record(grid, block, shared=0, kernel=None, **extra) -> Launch:
+    return Launch(grid, block, shared=shared, kernel=kernel, **extra)
+
+
 def config(version: str, M: int, N: int, K: int, cc: tuple[int, int] = (9, 0),
-           params: dict | None = None, sms: int = 132, dtype: str = "float16",
-           optin: int | None = None) -> dict:
-    """{"grid", "block", "shared", "kernel"} of a launch; ``sms`` sizes v9's persistent grid.
+           params: dict | None = None, sms: int | None = None, dtype: str = "float16",
+           optin: int | None = None) -> Launch:
+    """The launch record (grid, block, shared, kernel; v9 and fallbacks: params) of a launch;
+    ``sms`` sizes v9's persistent grid (default: this GPU's SM count).
 
     ``optin``: the shared memory a block may have (default: this GPU's when ``cc`` is its
     compute capability, else unlimited). A fixed version whose kernel needs more launches the
@@ -392,20 +379,27 @@ def config(version: str, M: int, N: int, K: int, cc: tuple[int, int] = (9, 0),
         optin = _smem_optin(cc)
     cdiv = lambda a, b: (a + b - 1) // b   # noqa: E731
     if version == "v1":
-        return dict(grid=(cdiv(N, 32), cdiv(M, 32)), block=(128,), shared=0, kernel="hgemm_v1")
+        return _record(grid=(cdiv(N, 32), cdiv(M, 32)), block=(128,), shared=0, kernel="hgemm_v1")
     if version == "v2":
-        return dict(grid=(cdiv(N, 128), cdiv(M, 128)), block=(256,), shared=0, kernel="hgemm_v2")
+        return _record(grid=(cdiv(N, 128), cdiv(M, 128)), block=(256,), shared=0, kernel="hgemm_v2")
     sfx = "_bf16" if dtype == "bfloat16" else ""
     if version == "v9":
         fam, p = _family(cc, dtype, params, optin)
         check_params(fam, p)
         if fam == "tma":
             tiles = cdiv(M, 128) * cdiv(N, p["BN"])
+            if p["PERSIST"] and sms is None:
+                import cudabook as cb
+
+                if not cb.HAS_GPU:
+                    raise ValueError("config: v9's persistent grid is one block per SM: pass sms= "
+                                     "(there is no GPU here to read it from)")
+                sms = _sms()
             grid = min(tiles, sms) if p["PERSIST"] else tiles
-            return dict(grid=(grid,), block=(384,), shared=shared_bytes("v9", cc, p),
+            return _record(grid=(grid,), block=(384,), shared=shared_bytes("v9", cc, p),
                         kernel=template_name("tma", p, dtype), params=p)
         threads = 256 if "EPI" in p else (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
-        return dict(grid=(cdiv(M, p["BM"]) * cdiv(N, p["BN"]),), block=(threads,),
+        return _record(grid=(cdiv(M, p["BM"]) * cdiv(N, p["BN"]),), block=(threads,),
                     shared=shared_bytes("v9", cc, p), kernel=template_name("mma", p, dtype),
                     params=p)
     if version not in _FIXED:
@@ -417,37 +411,56 @@ def config(version: str, M: int, N: int, K: int, cc: tuple[int, int] = (9, 0),
             if params_shared(p) > optin:
                 continue
             threads = 256 if "EPI" in p else (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
-            return dict(grid=(cdiv(M, p["BM"]) * cdiv(N, p["BN"]),), block=(threads,),
+            return _record(grid=(cdiv(M, p["BM"]) * cdiv(N, p["BN"]),), block=(threads,),
                         shared=params_shared(p), kernel=template_name("mma", p, dtype), params=p,
                         fallback=f"hgemm_{version} needs {own // 1024} KiB of shared memory per "
                                  f"block, this GPU allows {optin // 1024} KiB: running "
                                  f"{params_label(p)} ({params_shared(p) // 1024} KiB) instead")
-    return dict(grid=(cdiv(M, bm) * cdiv(N, bn),), block=(threads,),
+    return _record(grid=(cdiv(M, bm) * cdiv(N, bn),), block=(threads,),
                 shared=own, kernel=f"hgemm_{version}{sfx}")
 
 
 # ============================================================================ compiling
 
-_MODULES: dict = {}
-
-
 def arch_options(cc: tuple[int, int]) -> tuple[str, ...]:
-    """NVRTC options: sm_90a on Hopper (wgmma and setmaxnreg are 'a' features), else default."""
-    return ("-arch=sm_90a",) if tuple(cc) == (9, 0) else ()
+    """NVRTC options: sm_90a on Hopper (wgmma and setmaxnreg are 'a' features), else default
+    (the launch core's rule, ``cudabook.compile.arch_options``)."""
+    from cudabook.compile import arch_options as rule
+
+    return rule(True, tuple(cc))
 
 
 def load(cc: tuple[int, int] | None = None, name_expressions: tuple[str, ...] = ()):
-    """kernels/hgemm.cu compiled for this GPU, with v9's template instantiations (cached)."""
+    """kernels/hgemm.cu whole, with v9's template instantiations (default: v9's and the
+    fallbacks config() picks on this GPU), compiled once per process (and kept in the kernel
+    cache). Launches compile less: ``kernel_module``."""
     import cudabook as cb
 
     cc = tuple(cc or cb.cc())
     exprs = tuple(name_expressions) or _default_exprs(cc)
-    key = (cc, exprs)
-    if key not in _MODULES:
-        mod = cb.load_cuda("hgemm", options=arch_options(cc), name_expressions=exprs)
-        mod.cc, mod.sm90a, mod.exprs = cc, cc == (9, 0), exprs
-        _MODULES[key] = mod
-    return _MODULES[key]
+    return _tag(cb.module("hgemm", arch_options(cc), name_expressions=exprs), cc, exprs)
+
+
+def kernel_module(name: str, cc: tuple[int, int] | None = None):
+    """The module holding kernel ``name`` alone: a template instantiation (``hgemm_tma_t<...>``)
+    by its name expression, a fixed version's kernels by the file's step guard
+    (``hgemm_v3_bf16``: ``-DCB_ONLY_hgemm_v3``). What a launch compiles the first time."""
+    import cudabook as cb
+
+    cc = tuple(cc or cb.cc())
+    if "<" in name:
+        mod = cb.module("hgemm", arch_options(cc), only="hgemm_templates", name_expressions=(name,))
+        return _tag(mod, cc, (name,))
+    step = re.match(r"(hgemm_v\d+|mma_layout_probe|mma_peak)", name)
+    if step is None:
+        raise ValueError(f"hgemm.cu has no kernel {name!r}")
+    tok = "hgemm_probe" if step.group(1).startswith("mma_") else step.group(1)
+    return _tag(cb.module("hgemm", arch_options(cc), only=tok), cc, ())
+
+
+def _tag(mod, cc: tuple[int, int], exprs: tuple[str, ...]):
+    mod.cc, mod.sm90a, mod.exprs = cc, arch_options(cc) != (), exprs
+    return mod
 
 
 def _default_exprs(cc: tuple[int, int]) -> tuple[str, ...]:
@@ -462,68 +475,35 @@ def _default_exprs(cc: tuple[int, int]) -> tuple[str, ...]:
 
 # ============================================================================ TMA descriptors
 
-_TMAPS: dict = {}
-
-
 def tensor_map(ptr: int, rows: int, cols: int, box_rows: int, dtype: str = "float16",
                box_cols: int = BK) -> np.void:
-    """A TMA descriptor (CUtensorMap, 128 bytes) of a row-major (rows, cols) 16-bit matrix at
-    ``ptr``: boxes of ``box_rows`` x ``box_cols``, 128-byte swizzle, zeros outside the matrix.
+    """A TMA descriptor of a row-major (rows, cols) 16-bit matrix at ``ptr``: boxes of
+    ``box_rows`` x ``box_cols`` (64 values: 128 bytes), 128-byte swizzle, zeros outside the
+    matrix. Encoded by the driver (``cudabook/tma.py``, the book's one builder) and passed by
+    value to a ``const __grid_constant__ TmaDesc`` kernel parameter."""
+    import cudabook as cb
 
-    Built with ``cuda.bindings.driver.cuTensorMapEncodeTiled`` (pip install cuda-bindings) and
-    returned as a NumPy ``np.void``, which CuPy passes by value to a
-    ``const __grid_constant__ TmaDesc`` parameter.
-    """
-    key = (ptr, rows, cols, box_rows, box_cols, dtype)
-    if key in _TMAPS:
-        return _TMAPS[key]
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError as e:
-        raise UnsupportedError("TMA descriptors are built with the CUDA driver API from Python: "
-                               "pip install cuda-bindings") from e
-    import ctypes
-
-    if cols * 2 % 16 or ptr % 16:
-        raise ValueError("TMA needs 16-byte aligned rows and start address")
-    dt = {"float16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-          "bfloat16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}[dtype]
-    err, tm = cu.cuTensorMapEncodeTiled(
-        dt, 2, ptr, [cu.cuuint64_t(cols), cu.cuuint64_t(rows)], [cu.cuuint64_t(cols * 2)],
-        [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if int(err) != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err}")
-    raw = bytes((ctypes.c_char * 128).from_address(tm.getPtr()))
-    val = np.frombuffer(raw, dtype=np.dtype((np.void, 128)))[0]
-    if len(_TMAPS) > 256:
-        _TMAPS.clear()
-    _TMAPS[key] = val
-    return val
+    return cb.tma.tensor_map(ptr, rows, cols, box_rows, box_cols, dtype, swizzle=128)
 
 
 # ============================================================================ launching
 
 def _stream_for(ops: list[Operand]):
     """The stream of the operands' library: PyTorch's current stream for torch tensors."""
-    import cupy
+    import cudabook as cb
 
-    if any(o.lib == "torch" for o in ops):
-        import torch
-
-        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    return cupy.cuda.get_current_stream()
+    return cb.arrays.launch_stream(*(o.obj for o in ops))
 
 
-def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None) -> dict:
+def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None) -> Launch:
     """Check the operands and the GPU, then launch ``version`` computing C = A @ B^T.
 
-    Returns the launch configuration. Refuses (UnsupportedError) a version this GPU cannot run,
+    ``mod``: a module from load(), or None: the launch compiles the one kernel it needs
+    (``kernel_module``, once per process and machine). ``version``: "v9" or "hgemm_v9".
+    Returns the launch record. Refuses (UnsupportedError) a version this GPU cannot run,
     and (TypeError/ValueError) bad operands, before anything reaches the GPU.
     """
+    version = version_name(VERSIONS, version, "hgemm")
     M, N, K, dtype = check_operands(A, B, C)
     cc = tuple(getattr(mod, "cc", None) or _cc())
     require(version, cc, dtype, params=params)
@@ -532,7 +512,7 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
         raise UnsupportedError(f"v9's tma family (wgmma, TMA) needs compute capability 9.0 "
                                f"exactly; this GPU is {cc[0]}.{cc[1]}: give mma parameters")
     needs_90a = version in HOPPER_ONLY or fam == "tma"
-    if needs_90a and not getattr(mod, "sm90a", False):
+    if needs_90a and mod is not None and not getattr(mod, "sm90a", False):
         raise UnsupportedError(f"hgemm_{version} was not compiled for sm_90a: load the module "
                                "with hgemm.load() (it passes -arch=sm_90a on Hopper)")
     optin = _smem_optin()
@@ -566,13 +546,15 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
 
 
 def kernel(mod, name: str):
-    """The RawKernel ``name`` of a module from load()."""
-    return mod.raw.get_function(name)
+    """The RawKernel ``name`` of a module from load() (a name expression for a template)."""
+    return mod.get(name)
 
 
 def module_for(mod, name: str):
     """``mod``, or (for a v9 instantiation it was not compiled with) the module of load() that
     adds it: an extra NVRTC compile the first time a new parameter set is launched."""
+    if mod is None:
+        return kernel_module(name)
     if "<" in name and name not in getattr(mod, "exprs", ()):
         return load(mod.cc, (*getattr(mod, "exprs", ()), name))
     return mod
@@ -610,7 +592,7 @@ def _smem_optin(cc: tuple[int, int] | None = None) -> int | None:
 def _sms() -> int:
     import cudabook as cb
 
-    return cb.env.info().sms or 132
+    return cb.launch.device().sms
 
 
 def pad_k(X: Any, K8: int):
@@ -647,7 +629,7 @@ def matmul(A: Any, B: Any, version: str = "v9", out: Any | None = None, mod=None
             import cupy
 
             out = cupy.empty((M, N), dtype=A.dtype)
-    launch(mod or load(), version, A, B, out)
+    launch(mod, version, A, B, out)
     return out
 
 

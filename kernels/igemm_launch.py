@@ -20,13 +20,12 @@ A10 and RTX 30/40 allow 99 KiB) they run their 128x128 step instead (FALLBACK, a
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div, smem_optin
+from cudabook.launch import Launch, LaunchError, ceil_div, smem_optin
 
 __all__ = ["VERSIONS", "FP8_VERSIONS", "WHAT", "MIN_CC", "FALLBACK", "HOPPER", "int8_matmul",
            "fp8_matmul", "default_fp8", "module", "tensor_map", "config", "kernel_for",
@@ -65,20 +64,22 @@ FALLBACK = {"igemm_v3": "igemm_v2", "fp8gemm_v2": "fp8gemm_v1"}
 _NOTED: set[str] = set()
 
 
-def config(version: str, M: int, N: int, sms: int = 132, fast: bool = False):
-    """(grid, block, dynamic shared bytes) of ``version`` (igemm.cu's launch comment); ``sms``:
-    the GPU's multiprocessors (the persistent grid of fp8gemm_v3), ``fast``: v3's fast-accumulation
-    kernel."""
+def config(version: str, M: int, N: int, sms: int | None = None, fast: bool = False) -> Launch:
+    """The launch record (grid, block, shared: dynamic shared bytes) of ``version`` (igemm.cu's
+    launch comment); ``sms``: the GPU's multiprocessors (the persistent grid of fp8gemm_v3;
+    default: this GPU's), ``fast``: v3's fast-accumulation kernel."""
     if version == "igemm_v1":
-        return (ceil_div(N, 64), ceil_div(M, 64)), (256,), 0
+        return Launch((ceil_div(N, 64), ceil_div(M, 64)), (256,), kernel=version)
     if version in HOPPER:
         _, bn, stages = TMA_KERNELS[bool(fast)]
         tiles = ceil_div(M, 128) * ceil_div(N, bn)
-        return ((max(1, min(tiles, sms)),), (384,),
-                stages * (128 + bn) * 128 + 1024 + 2 * 64 * (2 * bn + 16))
+        sms = _sms() if sms is None else sms
+        return Launch((max(1, min(tiles, sms)),), (384,),
+                      shared=stages * (128 + bn) * 128 + 1024 + 2 * 64 * (2 * bn + 16))
     if version in TILES:
         bm, bn = TILES[version]
-        return (ceil_div(M, bm) * ceil_div(N, bn),), (256,), STAGES * (bm + bn) * 128
+        return Launch((ceil_div(M, bm) * ceil_div(N, bn),), (256,),
+                      shared=STAGES * (bm + bn) * 128, kernel=version)
     raise ValueError(f"unknown version {version!r}; igemm.cu has {VERSIONS + FP8_VERSIONS}")
 
 
@@ -92,11 +93,11 @@ def kernel_for(version: str, optin: int | None = None) -> str:
     memory (default: this GPU's): the version's own, else its FALLBACK, else LaunchError naming
     the shared memory it needs."""
     optin = _optin() if optin is None else optin
-    smem = config(version, 1, 1)[2]
+    smem = config(version, 1, 1).shared
     if smem <= optin:
         return version
     fb = FALLBACK.get(version)
-    if fb is not None and config(fb, 1, 1)[2] <= optin:
+    if fb is not None and config(fb, 1, 1).shared <= optin:
         return fb
     raise LaunchError(f"{version} needs {smem // 1024} KiB of shared memory per block, this GPU "
                       f"allows {optin // 1024} KiB")
@@ -112,69 +113,22 @@ def _need(version: str) -> None:
 
 
 def module(name_expressions: tuple[str, ...] = ()):
-    """kernels/igemm.cu compiled once per process, with -arch=sm_90a on compute capability 9.0
-    (fp8gemm_v3's wgmma, TMA and setmaxnreg); ``name_expressions``: template kernels to
-    instantiate too (``fp8gemm_tma_t<BN, STAGES, PERSIST, GROUP>``, for probes)."""
-    opts = ("-arch=sm_90a",) if cb.HAS_GPU and cb.cc() == (9, 0) else ()
-    if name_expressions:
-        key = (opts, tuple(name_expressions))
-        if key not in _MODS:
-            _MODS[key] = cb.load_cuda("igemm", options=opts,
-                                      name_expressions=tuple(name_expressions))
-        return _MODS[key]
-    return cb.cuda_module("igemm", opts)
-
-
-_MODS: dict = {}
-_TMAPS: dict = {}
+    """kernels/igemm.cu compiled once per process (and kept in the kernel cache), with
+    -arch=sm_90a on compute capability 9.0 (fp8gemm_v3's wgmma, TMA and setmaxnreg: the launch
+    core's architecture rule); ``name_expressions``: template kernels to instantiate too
+    (``fp8gemm_tma_t<BN, STAGES, PERSIST, GROUP>``, for probes)."""
+    return cb.module("igemm", name_expressions=tuple(name_expressions) or None, a_features=True)
 
 
 def tensor_map(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int = 128) -> np.void:
-    """A TMA descriptor (CUtensorMap, 128 bytes) of a row-major (rows, cols) 8-bit matrix at
-    ``ptr``: boxes of ``box_rows`` x ``box_cols`` bytes, 128-byte swizzle, zeros outside the
-    matrix (the edge tiles). Encoded by the driver's cuTensorMapEncodeTiled, called through
-    ctypes (one symbol of libcuda, the library CuPy already runs on), and returned as an
-    ``np.void`` that CuPy passes by value to a ``const __grid_constant__ TmaDesc`` parameter."""
-    key = (ptr, rows, cols, box_rows, box_cols)
-    if key in _TMAPS:
-        return _TMAPS[key]
-    import ctypes
-
-    if cols % 16 or ptr % 16:
-        raise LaunchError("TMA needs 16-byte aligned rows and start address")
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    buf = np.zeros(128 + 64, np.uint8)                  # CUtensorMap is 64-byte aligned
-    at = buf.ctypes.data + (-buf.ctypes.data) % 64
-    # enums (cuda.h): UINT8 0, INTERLEAVE_NONE 0, SWIZZLE_128B 3, L2_PROMOTION_L2_256B 3,
-    # FLOAT_OOB_FILL_NONE 0 (out-of-bounds elements read as zeros)
-    err = _libcuda().cuTensorMapEncodeTiled(
-        ctypes.c_void_p(at), 0, u32(2), ctypes.c_void_p(ptr), (u64 * 2)(cols, rows),
-        (u64 * 1)(cols), (u32 * 2)(box_cols, box_rows), (u32 * 2)(1, 1), 0, 3, 3, 0)
-    if err != 0:
-        raise LaunchError(f"cuTensorMapEncodeTiled failed: CUresult {err}")
-    off = at - buf.ctypes.data
-    val = np.frombuffer(buf[off:off + 128].tobytes(), dtype=np.dtype((np.void, 128)))[0]
-    if len(_TMAPS) > 256:
-        _TMAPS.clear()
-    _TMAPS[key] = val
-    return val
-
-
-def _libcuda():
-    import ctypes
-
-    global _CUDA
-    if _CUDA is None:
-        _CUDA = ctypes.CDLL("nvcuda.dll" if sys.platform.startswith("win") else "libcuda.so.1")
-        _CUDA.cuTensorMapEncodeTiled.restype = ctypes.c_int
-    return _CUDA
-
-
-_CUDA = None
+    """A TMA descriptor of a row-major (rows, cols) 8-bit matrix at ``ptr``: boxes of
+    ``box_rows`` x ``box_cols`` bytes, 128-byte swizzle, zeros outside the matrix (the edge
+    tiles); built by the book's one builder, ``cudabook/tma.py``."""
+    return cb.tma.tensor_map(ptr, rows, cols, box_rows, box_cols, "uint8", swizzle=128)
 
 
 def _sms() -> int:
-    return cb.env.info().sms or 132
+    return cb.launch.device().sms
 
 
 def _bytes(a: Any, name: str, want: tuple[str, ...]):
@@ -210,15 +164,11 @@ def _launch(mod, version, A, B, C, M, N, K, extra=()):
     name = kernel_for(version)
     if name != version and version not in _NOTED:
         _NOTED.add(version)
-        print(f"note: {version} needs {config(version, 1, 1)[2] // 1024} KiB of shared memory per "
-              f"block, this GPU allows {_optin() // 1024} KiB: running {name} "
+        print(f"note: {version} needs {config(version, 1, 1).shared // 1024} KiB of shared memory "
+              f"per block, this GPU allows {_optin() // 1024} KiB: running {name} "
               f"({WHAT[name]}) instead")
-    grid, block, smem = config(name, M, N)
-    kern = mod.get(name)
-    if smem > 48 * 1024:
-        kern.max_dynamic_shared_size_bytes = smem
-    kern(grid, block, (A, B, C, np.int32(M), np.int32(N), np.int32(K)) + extra,
-         shared_mem=smem)
+    cb.launch.run(mod.get(name), config(name, M, N),
+                  (A, B, C, np.int32(M), np.int32(N), np.int32(K)) + extra)
 
 
 def int8_matmul(A: Any, B: Any, C: Any = None, version: str = "igemm_v3"):

@@ -29,7 +29,7 @@ _THREADS = 256
 
 
 def _module():
-    return cb.cuda_module("im2col")     # compiled once per process
+    return cb.module("im2col")     # compiled once per process
 
 
 def _dtype(a: Any, name: str) -> np.dtype:

@@ -23,7 +23,7 @@ __all__ = ["DECODE_ATTENTION", "kv_append", "decode_attention", "merge_heads", "
 
 
 def _module():
-    return cb.cuda_module("kvcache")
+    return cb.module("kvcache")
 
 
 def _ptr(a) -> np.uint64:

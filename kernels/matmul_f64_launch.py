@@ -28,7 +28,7 @@ def matmul_f64(A, B, C=None):
     C = cp.empty((M, N), cp.float64) if C is None else C
     cb.expect(C, "C", dtype=np.float64, shape=(M, N))
     s = [np.int64(x // 8) for x in (*A.strides, *B.strides)]
-    cb.cuda_module("matmul_f64").get("matmul_f64_v1")(
+    cb.module("matmul_f64").get("matmul_f64_v1")(
         grid_2d(M, N, 16), (16, 16), (A, B, C, np.int32(M), np.int32(N), np.int32(K), *s))
     return C
 

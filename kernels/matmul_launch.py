@@ -17,7 +17,7 @@ import numpy as np
 
 import cudabook as cb
 from cudabook.check import dot_tolerance
-from cudabook.launch import ceil_div, grid_2d
+from cudabook.launch import ceil_div, grid_2d, returns_launch
 
 __all__ = ["VERSIONS", "NUMBA_VERSIONS", "WHAT", "TUNED_DEFAULT", "config", "check_operands",
            "launch_cupy", "load_tuned", "tuned_params", "tuned_options", "tuned_threads",
@@ -103,6 +103,7 @@ def tuned_options(params: dict | None = None, only_tuned: bool = False) -> tuple
     return opts + (("-DMM_ONLY_TUNED",) if only_tuned else ())
 
 
+@returns_launch
 def config(version: str, M: int, N: int, K: int, params: dict | None = None) -> dict:
     """Grid, block and dynamic shared memory of ``matmul_<version>`` for C[M, N] = A @ B."""
     if version not in VERSIONS:
@@ -129,8 +130,11 @@ def check_operands(A, B, C) -> tuple[int, int, int]:
         if np.dtype(x.dtype) != np.float32:
             raise TypeError(f"matmul: {name} is {x.dtype}; these kernels are float32 only "
                             f"(use .astype(float32))")
-        contiguous = x.flags["C_CONTIGUOUS"] if hasattr(x, "flags") else x.is_c_contiguous()
-        if not contiguous:
+        info = cb.describe(x, name)
+        if cb.HAS_GPU and not info.on_device:
+            raise TypeError(f"matmul: {name} is a {info.lib} array on the host; the kernels read "
+                            "GPU memory: move it with cupy.asarray(...)")
+        if not info.contiguous:
             raise ValueError(f"matmul: {name} must be C-contiguous (row-major) - a transposed "
                              "view or a slice is not; use cupy.ascontiguousarray")
     (M, K), (K2, N) = A.shape, B.shape

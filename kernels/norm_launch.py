@@ -19,7 +19,7 @@ import numbers
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div, row_block, smem_optin
+from cudabook.launch import LaunchError, ceil_div, returns_launch, row_block, smem_optin
 
 __all__ = ["LAYERNORM_VERSIONS", "RMSNORM_VERSIONS", "layernorm", "rmsnorm", "config",
            "sanitize_targets"]
@@ -33,6 +33,7 @@ V4_REGS, V4_SMEM_MAX = 8, 14
 V5_REGS = 4
 
 
+@returns_launch
 def config(version: str, M: int, N: int, sms: int | None = None) -> tuple[tuple[int], tuple[int]]:
     """(grid, block) of ``version`` for an (M, N) input (see the launch comments in norm.cu).
     ``sms``: the GPU's SM count, which layernorm_v5's persistent grid needs (default: this GPU's)."""
@@ -48,7 +49,7 @@ def config(version: str, M: int, N: int, sms: int | None = None) -> tuple[tuple[
         return (M,), (512,)
     if version == "layernorm_v5":                  # pairs of blocks, each half of every row
         if sms is None:
-            sms = cb.env.info().sms
+            sms = cb.launch.device().sms
         half = ceil_div(ceil_div(N, 4), 2)         # float4 of a half row
         t = ceil_div(ceil_div(half, V5_REGS), 32) * 32
         t = 512 if N % 4 or t > 1024 else max(128, t)   # 512: the streamed fallback
@@ -117,7 +118,7 @@ def rmsnorm(x, gamma, eps: float, y=None, version: str = "rmsnorm_v2"):
 
 
 def _module():
-    return cb.cuda_module("norm")     # compiled once per process
+    return cb.module("norm")     # compiled once per process
 
 
 def _optin() -> int:
@@ -147,7 +148,7 @@ def sanitize_targets():
         for v in RMSNORM_VERSIONS:
             yield f"{v} ({M}x{N})", (lambda v=v, x=x, g=g, y=y: rmsnorm(x, g, 1e-5, y, version=v))
     if cb.env.cc() >= (9, 0):
-        M, N = 3 * (cb.env.info().sms // 2) + 1, 1028
+        M, N = 3 * (cb.launch.device().sms // 2) + 1, 1028
         x = cp.random.standard_normal((M, N), dtype=cp.float32)
         g = cp.random.uniform(0.5, 1.5, N, dtype=cp.float32)
         b = cp.random.standard_normal(N, dtype=cp.float32)

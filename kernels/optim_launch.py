@@ -21,7 +21,7 @@ __all__ = ["sgd", "AdamW", "adamw_numba", "sanitize_targets"]
 
 
 def _module():
-    return cb.cuda_module("optim")     # compiled once per process
+    return cb.module("optim")     # compiled once per process
 
 
 def _flat(p, g, n: int | None = None) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import LaunchError, ceil_div, returns_launch
 
 __all__ = ["VERSIONS", "WHAT", "MAX_B", "QWeight", "prepare", "qgemv", "config", "kernel_name",
            "module",
@@ -264,6 +264,7 @@ def kernel_name(version: str, B: int, rows: int | None = None, K: int | None = N
     return f"{version}_b{batch_tile(B)}_r{rows}"
 
 
+@returns_launch
 def config(version: str, B: int, N: int, rows: int | None = None, K: int | None = None,
            resident: int | None = None, G: int | None = None):
     """(grid, block) of ``version`` (qgemv.cu's launch comment). qgemv_w4_v5 needs K and the

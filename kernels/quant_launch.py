@@ -25,7 +25,7 @@ __all__ = ["quantize", "dequantize", "pack_int4", "unpack_int4", "sanitize_targe
 
 
 def _module():
-    return cb.cuda_module("quant")
+    return cb.module("quant")
 
 
 def _grid(n: int) -> tuple[int]:

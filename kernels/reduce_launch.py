@@ -22,7 +22,7 @@ __all__ = ["LADDER", "ladder", "total", "maximum", "sanitize_targets"]
 LADDER = {"reduce_v1": 1, "reduce_v2": 1, "reduce_v3": 2, "reduce_v4": 2}
 
 def _module():
-    return cb.cuda_module("reduce")     # compiled once per process
+    return cb.module("reduce")     # compiled once per process
 
 
 def _vector(x, what: str, aligned: bool) -> int:

@@ -19,7 +19,7 @@ __all__ = ["add_layernorm", "residual_add", "to_half", "sanitize_targets"]
 
 
 def _module():
-    return cb.cuda_module("residual")
+    return cb.module("residual")
 
 
 def add_layernorm(x, dx, gamma, beta, y, eps: float = 1e-5):

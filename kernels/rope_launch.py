@@ -22,7 +22,7 @@ __all__ = ["rope", "rope_qkv", "dev_ptr"]
 
 
 def _module():
-    return cb.cuda_module("rope")
+    return cb.module("rope")
 
 
 def dev_ptr(a) -> np.uint64:

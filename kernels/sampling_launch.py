@@ -20,7 +20,7 @@ KMAX = 64     # SAMPLE_KMAX of sampling.cu: the winners live in shared memory
 
 
 def _module():
-    return cb.cuda_module("sampling")
+    return cb.module("sampling")
 
 
 def sample(logits, u, out=None, temperature: float = 1.0, top_k: int = 1, top_p: float = 1.0):

@@ -14,13 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div, row_block
+from cudabook.launch import LaunchError, ceil_div, returns_launch, row_block, version_name
 
 __all__ = ["VERSIONS", "softmax", "config", "sanitize_targets"]
 
 VERSIONS = ("softmax_v1", "softmax_v2", "softmax_v3", "softmax_v4", "softmax_v5")
 
 
+@returns_launch
 def config(version: str, M: int, N: int, vec: bool = False) -> tuple[tuple[int], tuple[int]]:
     """(grid, block) of ``version`` for an (M, N) input (see the launch comments in softmax.cu)."""
     if version == "softmax_v1":
@@ -35,9 +36,11 @@ def config(version: str, M: int, N: int, vec: bool = False) -> tuple[tuple[int],
 
 
 def softmax(x, y=None, version: str = "softmax_v5"):
-    """softmax over the last dimension of the float32 (M, N) ``x`` into ``y`` (returned)."""
+    """softmax over the last dimension of the float32 (M, N) ``x`` into ``y`` (returned);
+    ``version``: "softmax_v3" or "v3"."""
     import cupy as cp
 
+    version = version_name(VERSIONS, version, "softmax")
     mod = _module()                   # first: without a GPU this says so
     cb.expect(x, "x", dtype=np.float32, ndim=2)
     M, N = (int(s) for s in x.shape)
@@ -55,7 +58,7 @@ def softmax(x, y=None, version: str = "softmax_v5"):
 
 
 def _module():
-    return cb.cuda_module("softmax")     # compiled once per process
+    return cb.module("softmax")     # compiled once per process
 
 
 def sanitize_targets():

@@ -31,7 +31,7 @@ NN_ROWS, TN_WARPS, NT_ROWS = 4, 4, 32        # THIN_NN_ROWS, THIN_TN_WARPS, THIN
 
 
 def _module(N: int):
-    return cb.cuda_module("thin_matmul", (f"-DTHIN_N={N}",))
+    return cb.module("thin_matmul", (f"-DTHIN_N={N}",))
 
 
 def _dims(kind: str, X, Y) -> tuple[int, int, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, grid_2d
+from cudabook.launch import LaunchError, grid_2d, returns_launch
 
 __all__ = ["VERSIONS", "TILES", "transpose", "config", "sanitize_targets"]
 
@@ -20,9 +20,10 @@ TILES = {"transpose_v1": (32, 32), "transpose_v2": (32, 32), "transpose_v3": (32
          "transpose_v4": (64, 32), "transpose_v5": (64, 64)}
 
 def _module():
-    return cb.cuda_module("transpose")     # compiled once per process
+    return cb.module("transpose")     # compiled once per process
 
 
+@returns_launch
 def config(version: str, rows: int, cols: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """(grid, block) of ``version`` for a rows x cols input."""
     if version not in TILES:

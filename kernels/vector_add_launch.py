@@ -10,21 +10,22 @@ from __future__ import annotations
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import LaunchError, ceil_div, returns_launch
 
 __all__ = ["VERSIONS", "vector_add", "config", "sanitize_targets"]
 
 VERSIONS = ("vector_add_v1", "vector_add_v2", "vector_add_v3", "vector_add_v4")
 
 def _module():
-    return cb.cuda_module("vector_add")     # compiled once per process
+    return cb.module("vector_add")     # compiled once per process
 
 
+@returns_launch
 def config(version: str, n: int) -> tuple[tuple[int], tuple[int]]:
     """(grid, block) of ``version`` for n elements."""
     per_thread = {"vector_add_v1": 1, "vector_add_v3": 4, "vector_add_v4": 16}
     if version == "vector_add_v2":
-        return (4 * max(cb.env.info().sms, 1),), (256,)
+        return (4 * max(cb.launch.device().sms, 1),), (256,)
     if version not in per_thread:
         raise ValueError(f"unknown version {version!r}; vector_add.cu has {VERSIONS}")
     return (max(1, ceil_div(n, 256 * per_thread[version])),), (256,)

@@ -118,7 +118,7 @@ def test_launch_helpers_refuse_bad_input_before_the_gpu():
     gv = cb.load_launch("gemv")
     assert gv.kernel_name("gemv_v4", 11) == "gemv_v4_b8_r2"
     assert gv.config("gemv_v4", 11, 1001) == ((501, 2), (128,))
-    assert ig.config("igemm_v3", 4096, 4096)[2] == 3 * 384 * 128
+    assert ig.config("igemm_v3", 4096, 4096).shared == 3 * 384 * 128
 
 
 @gpu
@@ -342,9 +342,11 @@ def test_fp8gemm_v3_launcher_without_gpu():
     # rows of 128 bytes, 1 KiB of alignment slack, two 64 x 128 bf16 C tiles (rows + 16 bytes);
     # use_fast_accum: 128 x 256 tiles, 3 stages
     smem = 5 * 256 * 128 + 1024 + 2 * 64 * (2 * 128 + 16)
-    assert ig.config("fp8gemm_v3", 4096, 4096, sms=132) == ((132,), (384,), smem)
+    assert ig.config("fp8gemm_v3", 4096, 4096, sms=132) == ((132,), (384,))
+    assert ig.config("fp8gemm_v3", 4096, 4096, sms=132).shared == smem
     smem = 3 * 384 * 128 + 1024 + 2 * 64 * (2 * 256 + 16)
-    assert ig.config("fp8gemm_v3", 4096, 4096, sms=132, fast=True) == ((132,), (384,), smem)
+    assert ig.config("fp8gemm_v3", 4096, 4096, sms=132, fast=True) == ((132,), (384,))
+    assert ig.config("fp8gemm_v3", 4096, 4096, sms=132, fast=True).shared == smem
     assert ig.config("fp8gemm_v3", 1, 8, sms=132)[0] == (1,)
     assert ig.config("fp8gemm_v3", 4097, 511, sms=132, fast=True)[0] == (66,)
     if not cb.HAS_GPU:

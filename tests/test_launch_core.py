@@ -29,6 +29,7 @@ def test_launch_record_is_a_grid_block_tuple_with_fields():
     assert cfg[0] == (4,) and cfg[1] == (128,)
     assert cfg.shared == 2048 and cfg["kernel"] == "k_v1" and cfg.get("tile") == 32
     assert cfg.get("missing", 7) == 7 and cfg.threads == 128
+    assert "tile" in cfg and "missing" not in cfg and (4,) in cfg
     assert set(cfg.keys()) == {"grid", "block", "shared", "kernel", "tile"}
     assert pickle.loads(pickle.dumps(cfg)).as_dict() == cfg.as_dict()
     assert cfg.replace(shared=0).shared == 0 and cfg.shared == 2048

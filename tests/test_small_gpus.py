@@ -152,7 +152,7 @@ def test_hgemm_launch_refuses_before_compiling(monkeypatch):
 # ============================================================================ igemm (CPU)
 
 def test_igemm_128x256_versions_fall_back_on_99_kib():
-    assert ig.config("igemm_v3", 4096, 4096)[2] == 144 * KIB
+    assert ig.config("igemm_v3", 4096, 4096).shared == 144 * KIB
     assert ig.kernel_for("igemm_v3", 163 * KIB) == "igemm_v3"
     assert ig.kernel_for("igemm_v3", 99 * KIB) == "igemm_v2"
     assert ig.kernel_for("fp8gemm_v2", 99 * KIB) == "fp8gemm_v1"

@@ -2,7 +2,7 @@
 (the lesson, the tests and the sanitizer all use it), and the compile options of matmul_v10.
 
     config(version, M, N, K, params)  -> {"grid", "block", "shared"}
-    check_operands(A, B, C)           -> (M, N, K), or a clear error about what does not fit
+    check_operands(A, B, C, device)   -> (M, N, K), or a clear error about what does not fit
     launch_cupy(mod, version, A, B, C)   validates the operands and launches mod.matmul_<version>
     tuned_params / tuned_options / load_tuned   matmul_v10 (and v11) compiled for chosen tile sizes
     numba_config / launch_numba       the same for the Numba twins (kernels/matmul.py)
@@ -121,8 +121,9 @@ def config(version: str, M: int, N: int, K: int, params: dict | None = None) -> 
     return {"grid": (ceil_div(N, bn), ceil_div(M, bm)), "block": (nt,), "shared": sh}
 
 
-def check_operands(A, B, C) -> tuple[int, int, int]:
-    """(M, N, K) of C[M, N] = A[M, K] @ B[K, N], or a clear error about what does not fit."""
+def check_operands(A, B, C, device: bool = False) -> tuple[int, int, int]:
+    """(M, N, K) of C[M, N] = A[M, K] @ B[K, N], or a clear error about what does not fit;
+    ``device``: the arrays must also live on the GPU (what the CUDA C++ launch reads)."""
     for name, x in (("A", A), ("B", B), ("C", C)):
         if getattr(x, "ndim", None) != 2:
             raise ValueError(f"matmul: {name} must be a 2D matrix, got shape "
@@ -131,7 +132,7 @@ def check_operands(A, B, C) -> tuple[int, int, int]:
             raise TypeError(f"matmul: {name} is {x.dtype}; these kernels are float32 only "
                             f"(use .astype(float32))")
         info = cb.describe(x, name)
-        if cb.HAS_GPU and not info.on_device:
+        if device and cb.HAS_GPU and not info.on_device:
             raise TypeError(f"matmul: {name} is a {info.lib} array on the host; the kernels read "
                             "GPU memory: move it with cupy.asarray(...)")
         if not info.contiguous:
@@ -156,7 +157,7 @@ def launch_cupy(mod, version: str, A, B, C, params: dict | None = None) -> dict:
 
     ``params`` (v10, v11 only) defaults to the tile sizes ``mod`` was compiled with (``load_tuned``).
     """
-    M, N, K = check_operands(A, B, C)
+    M, N, K = check_operands(A, B, C, device=True)
     if version in _TUNED and params is None:
         params = mod.__dict__.get("params")
     cfg = config(version, M, N, K, params)

@@ -50,6 +50,9 @@ def test_check_operands_errors():
     B = np.zeros((5, 6), np.float32)
     C = np.zeros((4, 6), np.float32)
     assert mm.check_operands(A, B, C) == (4, 6, 5)
+    if cb.HAS_GPU:                       # the CUDA C++ launch reads GPU memory only
+        with pytest.raises(TypeError, match="A is a numpy array on the host"):
+            mm.check_operands(A, B, C, device=True)
     with pytest.raises(ValueError, match="inner dimensions"):
         mm.check_operands(A, np.zeros((4, 6), np.float32), C)
     with pytest.raises(TypeError, match="float32 only"):

@@ -6,7 +6,8 @@ fresh process once the kernel cache holds it.
 
 For every ``kernels/<op>_launch.py`` with ``sanitize_targets()`` (default: all of them), two fresh
 Python processes run the op's targets one by one, each timed to completion (compile, load,
-launch, synchronise): the first with an empty kernel cache (``CUDABOOK_CACHE_DIR`` in a temporary
+launch, synchronise; a target's time includes what the op's generator prepared before it,
+such as a module it compiles up front): the first with an empty kernel cache (``CUDABOOK_CACHE_DIR`` in a temporary
 directory), the second with the cache the first one filled. Both are pinned to ``--cpus``
 (default ``0,1``: two vCPUs, what Colab gives) with ``taskset`` where it exists. The first target
 of a version in the cold process is that version's compile; the warm process's first target,
@@ -36,11 +37,13 @@ import cudabook as cb
 t_import = time.perf_counter() - t0
 lm = cb.load_launch(sys.argv[1])
 rows = []
+t = time.perf_counter()          # a target's time includes what the generator did before it
 for name, fn in lm.sanitize_targets():
-    t = time.perf_counter()
     fn()
     cupy.cuda.Device().synchronize()
-    rows.append((name, time.perf_counter() - t))
+    now = time.perf_counter()
+    rows.append((name, now - t))
+    t = now
 print("ROWS" + json.dumps({"import_s": t_import, "targets": rows}))
 """
 

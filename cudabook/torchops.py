@@ -13,35 +13,28 @@
     model = to.CNN(digits.init_cnn_params())              # the small CNN: im2col + matmul
 
 Zero copy: ``as_array`` and ``as_tensor`` check that the result starts at the same address as
-their argument (``data_ptr``) and refuse otherwise. Every Function passes its inputs through
-``.contiguous()`` first (a no-op for contiguous tensors): the kernels read raw row-major memory,
-and a transposed or sliced tensor (a ``grad_output`` often is one) would be read as if dense.
-Launches go to CuPy's current stream, which is PyTorch's default (legacy) stream unless one of
-them was switched: ``on_torch_stream()`` makes CuPy follow PyTorch's current stream.
+their argument (``cudabook.describe``'s ``ptr``) and refuse otherwise. Every Function passes its
+inputs through ``.contiguous()`` first (a no-op for contiguous tensors): the kernels read raw
+row-major memory, and a transposed or sliced tensor (a ``grad_output`` often is one) would be
+read as if dense. Launches go to CuPy's current stream; every Function runs its kernels inside
+``on_torch_stream(tensors)``, which makes it PyTorch's current stream of the tensors' device
+(``cudabook.arrays.launch_stream``; nothing changes when both are the default stream).
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from . import env
+from .arrays import describe, launch_stream
 from .compile import load_launch
 
 __all__ = ["as_array", "as_tensor", "on_torch_stream", "Matmul", "BiasGelu", "BiasAdd",
            "SoftmaxCrossEntropy", "linear", "cross_entropy", "MLP", "Im2col", "conv_gelu", "CNN"]
 
 MATMUL_VERSION = "v10"    # Chapter 4's SGEMM with its tuned tile sizes (any shape)
-
-
-def _ptr(x: Any) -> int:
-    if hasattr(x, "data_ptr"):
-        return int(x.data_ptr())
-    if hasattr(x, "__cuda_array_interface__"):
-        return int(x.__cuda_array_interface__["data"][0])
-    return int(x.__array_interface__["data"][0])
 
 
 def as_array(t: Any):
@@ -53,7 +46,7 @@ def as_array(t: Any):
         a = cupy.from_dlpack(t)
     else:
         a = np.from_dlpack(t)
-    if t.numel() and _ptr(a) != _ptr(t):
+    if t.numel() and describe(a).ptr != describe(t).ptr:
         raise RuntimeError("as_array: DLPack returned a copy (the addresses differ)")
     return a
 
@@ -63,25 +56,20 @@ def as_tensor(a: Any):
     import torch
 
     t = torch.from_dlpack(a)
-    if t.numel() and _ptr(a) != _ptr(t):
+    if t.numel() and describe(a).ptr != describe(t).ptr:
         raise RuntimeError("as_tensor: DLPack returned a copy (the addresses differ)")
     return t
 
 
-@contextlib.contextmanager
-def on_torch_stream() -> Iterator[None]:
-    """CuPy launches on PyTorch's current CUDA stream inside the block (if it is not the
-    default stream, which both already share)."""
-    import torch
+def on_torch_stream(*tensors: Any):
+    """A context manager: CuPy launches on PyTorch's current CUDA stream inside the block, the
+    stream of the tensors' device (default: the current device's). A no-op when CuPy is on it
+    already (both start on the default stream). Built on ``cudabook.arrays.launch_stream``."""
+    if not tensors:
+        import torch
 
-    from .arrays import _external
-
-    s = torch.cuda.current_stream()
-    if not s.cuda_stream:
-        yield
-        return
-    with _external(s.cuda_stream):
-        yield
+        tensors = (torch.empty(0, device="cuda"),)     # no memory: names the current device
+    return launch_stream(*tensors)
 
 
 def _arrays(*ts: Any) -> list:
@@ -98,11 +86,11 @@ def _need_gpu(*ts: Any) -> None:
 def _matmul_module():
     """matmul.cu compiled once per process: matmul_v10 alone with its tuned tile sizes
     (``matmul_launch.load_tuned``), or the whole ladder for another MATMUL_VERSION."""
-    from .compile import cuda_module
+    from .compile import module
 
     if MATMUL_VERSION == "v10":
         return load_launch("matmul").load_tuned()
-    return cuda_module("matmul")
+    return module("matmul")
 
 
 def _matmul(A, B):
@@ -163,14 +151,14 @@ def _make_functions() -> dict:
         def forward(ctx, x, W):
             _need_gpu(x, W)
             ctx.save_for_backward(x, W)
-            with on_torch_stream():
+            with on_torch_stream(x):
                 a, w = _arrays(x, W)
                 return as_tensor(_matmul(a, w))
 
         @staticmethod
         def backward(ctx, dy):
             x, W = ctx.saved_tensors
-            with on_torch_stream():
+            with on_torch_stream(dy):
                 d, a, w = _arrays(dy, x, W)
                 dx = as_tensor(_matmul_nt(d, w)) if ctx.needs_input_grad[0] else None
                 dW = as_tensor(_matmul_tn(a, d)) if ctx.needs_input_grad[1] else None
@@ -184,7 +172,7 @@ def _make_functions() -> dict:
             _need_gpu(h, b)
             ctx.save_for_backward(h, b)
             al = load_launch("activation")
-            with on_torch_stream():
+            with on_torch_stream(h):
                 a, c = _arrays(h, b)
                 y = al.bias_gelu_f64(a, c) if a.dtype == np.float64 else al.bias_gelu(a, c)
                 return as_tensor(y)
@@ -192,7 +180,7 @@ def _make_functions() -> dict:
         @staticmethod
         def backward(ctx, dy):
             h, b = ctx.saved_tensors
-            with on_torch_stream():
+            with on_torch_stream(dy):
                 d, a, c = _arrays(dy, h, b)
                 dh = load_launch("activation").gelu_backward(a, c, d)
                 db = load_launch("bias_grad").bias_grad(dh)
@@ -204,13 +192,13 @@ def _make_functions() -> dict:
         @staticmethod
         def forward(ctx, h, b):
             _need_gpu(h, b)
-            with on_torch_stream():
+            with on_torch_stream(h):
                 a, c = _arrays(h, b)
                 return as_tensor(load_launch("activation").bias_add(a, c))
 
         @staticmethod
         def backward(ctx, dy):
-            with on_torch_stream():
+            with on_torch_stream(dy):
                 (d,) = _arrays(dy)
                 db = load_launch("bias_grad").bias_grad(d)
             return dy.clone(), as_tensor(db)
@@ -223,7 +211,7 @@ def _make_functions() -> dict:
         def forward(ctx, logits, labels):
             _need_gpu(logits, labels)
             ce = load_launch("cross_entropy")
-            with on_torch_stream():
+            with on_torch_stream(logits):
                 (z,) = _arrays(logits)
                 lab = as_array(labels.to(torch.int32).contiguous())
                 loss, dz = ce.cross_entropy(z, lab)
@@ -325,14 +313,14 @@ def _make_im2col():
             _need_gpu(x)
             ctx.K, ctx.pad, ctx.x_shape = K, pad, tuple(x.shape)
             ic = load_launch("im2col")
-            with on_torch_stream():
+            with on_torch_stream(x):
                 (a,) = _arrays(x)
                 return as_tensor(ic.im2col(a, K, pad))
 
         @staticmethod
         def backward(ctx, dcols):
             ic = load_launch("im2col")
-            with on_torch_stream():
+            with on_torch_stream(dcols):
                 (d,) = _arrays(dcols)
                 dx = as_tensor(ic.col2im(d, ctx.x_shape, ctx.K, ctx.pad))
             return dx, None, None

@@ -10,11 +10,22 @@
     g.peer_copy(dst, src)                    # a kernel on dst's GPU reads src on another GPU
     us = g.device_time_us(lambda: g.ring(bufs), iters=20)
 
-Every call checks its buffers (float32, or bf16 PyTorch tensors for the ring; 1-D, contiguous, one per GPU in device order, equal
-sizes) and refuses with a message; a machine with fewer than 2 GPUs, or a pair of GPUs without
-peer access, is refused when the group is made. The group runs on streams of its own, ordered
-after the work already queued on each GPU's current stream, and each GPU's current stream waits
-for the group's work: use the buffers before and after as usual. NVLink multicast is never used.
+    ONE_SHOT_VERSIONS, KERNELS     one_shot_v1 (pull) / v2 (push); every kernel of allreduce.cu
+    config(kernel, n, sms)         -> Launch(grid, block=256, kernel=kernel) on one GPU
+    PeerGroup(devices)             the entry point: a stateful object (the GPUs, their streams,
+                                   flags and receive areas live as long as the group), with
+                                   ring(bufs), one_shot(ins, outs, version), peer_copy(dst, src)
+    set_peer_access, memcpy_peer_us, sweep   the lesson's measurements
+    sanitize_targets()             the ring's step kernels on every GPU of the host
+
+Every call checks its buffers (float32, or bf16 PyTorch tensors for the ring; 1-D, contiguous,
+on the GPU, one per GPU in device order, equal sizes, 16-byte aligned; one_shot v1's outputs
+apart from its inputs, v2's messages at most ONE_SHOT_MAX_BYTES) and refuses with a message; a
+machine with fewer than 2 GPUs, or a pair of GPUs without peer access, is refused when the group
+is made. The group runs on streams of its own, ordered after the work already queued on each
+GPU's current stream, and each GPU's current stream waits for the group's work: use the buffers
+before and after as usual. NVLink multicast is never used. Versions are spelled "v2" or
+"one_shot_v2".
 """
 
 from __future__ import annotations
@@ -25,10 +36,16 @@ from typing import Callable, Sequence
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 
-__all__ = ["PeerGroup", "MAX_ONE_SHOT_BLOCKS", "ONE_SHOT_MAX_BYTES", "set_peer_access", "memcpy_peer_us", "sweep",
+__all__ = ["PeerGroup", "ONE_SHOT_VERSIONS", "KERNELS", "MAX_ONE_SHOT_BLOCKS",
+           "ONE_SHOT_MAX_BYTES", "config", "set_peer_access", "memcpy_peer_us", "sweep",
            "sanitize_targets"]
+
+ONE_SHOT_VERSIONS = ("v1", "v2")
+#: the kernels of allreduce.cu (the ring's steps, float32 and bf16, and the one-shots)
+KERNELS = ("ring_step_add", "ring_step_copy", "one_shot_v1", "one_shot_v2", "ring_step_add_bf16",
+           "ring_step_copy_bf16")
 
 #: the one-shot grid's upper bound: its blocks wait for each other's peers, so all must be resident
 MAX_ONE_SHOT_BLOCKS = 64
@@ -37,9 +54,26 @@ MAX_ONE_SHOT_BLOCKS = 64
 ONE_SHOT_MAX_BYTES = 4 << 20
 
 
+def config(kernel: str, n: int, sms: int) -> Launch:
+    """Grid and block of ``kernel`` over n elements on a GPU of ``sms`` SMs: a ring step runs
+    blocks of 256 threads, 4 float4 each, at most 4 per SM; a one-shot at most one block per SM
+    and MAX_ONE_SHOT_BLOCKS in all, since its blocks wait for each other's peers (``sms``: the
+    smallest SM count of the group)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; allreduce.cu has {KERNELS}")
+    if kernel.startswith("one_shot"):
+        return Launch((max(1, min(ceil_div(n, 256 * 4), MAX_ONE_SHOT_BLOCKS, sms)),), (256,),
+                      kernel=kernel)
+    return Launch((max(1, min(ceil_div(n, 4 * 256 * 4), 4 * sms)),), (256,), kernel=kernel)
+
+
 class PeerGroup:
     """The GPUs ``devices`` (default: all), with peer access enabled between every pair, one
-    stream, one compiled module and one flag array per GPU."""
+    stream, the module's kernels, one flag array and one receive area per GPU.
+
+    A stateful object is right for a peer group, unlike the book's other launchers: peer access,
+    the streams, the flags the one-shots wait on (and their epochs) and v2's receive areas are
+    set up once and must outlive every call, so the group is made once and its methods launch."""
 
     def __init__(self, devices: Sequence[int] | None = None):
         import cupy as cp
@@ -67,17 +101,15 @@ class PeerGroup:
                 for b in devices:
                     if a != b:
                         set_peer_access(a, b, True)
-                mod = cb.load_cuda("allreduce")            # one module per GPU, loaded there
-                k = {n: mod.get(n) for n in ("ring_step_add", "ring_step_copy", "one_shot_v1",
-                                             "one_shot_v2", "ring_step_add_bf16",
-                                             "ring_step_copy_bf16")}
-                k["spin"] = cb.load_cuda("profiling").get("spin")
+                mod = cb.module("allreduce")   # compiled once; each kernel loads on each GPU
+                k = {n: mod.get(n) for n in KERNELS}
+                k["spin"] = cb.module("profiling").get("spin")
                 self.mods.append(k)
                 self.streams.append(cp.cuda.Stream(non_blocking=True))
                 self.flags.append(cp.zeros(self.world * MAX_ONE_SHOT_BLOCKS, cp.uint32))
                 # one_shot_v2's receive area: 2 halves x world senders x cap lines of 16 bytes
                 self.lines.append(cp.zeros(2 * self.world * self.cap * 4, cp.uint32))
-                self.sms.append(cp.cuda.Device(a).attributes["MultiProcessorCount"])
+                self.sms.append(cb.launch.device(a).sms)
         self.flag_ptrs, self.line_ptrs = [], []
         for a in devices:
             with cp.cuda.Device(a):
@@ -101,15 +133,16 @@ class PeerGroup:
         n = None
         for r, (b, d) in enumerate(zip(bufs, self.devices)):
             cb.expect(b, f"{what}[{r}]", dtype=dtype, ndim=1)
-            if b.device.id != d:
-                raise LaunchError(f"{what}[{r}] is on GPU {b.device.id}; rank {r} is GPU {d}")
+            info = cb.describe(b, f"{what}[{r}]")
+            if info.device_id is not None and info.device_id != d:
+                raise LaunchError(f"{what}[{r}] is on GPU {info.device_id}; rank {r} is GPU {d}")
             if n is None:
                 n = int(b.shape[0])
             elif int(b.shape[0]) != n:
                 raise LaunchError(f"{what}: sizes differ across GPUs ({n} on GPU "
                                   f"{self.devices[0]}, {b.shape[0]} on GPU {d}): an all-reduce "
                                   "needs the same number of elements on every rank")
-            if b.data.ptr % 16:
+            if info.ptr % 16:
                 raise LaunchError(f"{what}[{r}] is not 16-byte aligned (a view at an odd "
                                   "offset?): the kernels load float4")
         return n
@@ -149,7 +182,7 @@ class PeerGroup:
 
     # ------------------------------------------------------------------ collectives
     def _grid(self, r: int, count: int) -> tuple[int]:
-        return (max(1, min(ceil_div(count, 4 * 256 * 4), 4 * self.sms[r])),)
+        return config("ring_step_add", count, self.sms[r]).grid
 
     def ring(self, bufs, sync_start: bool = True, ordered: bool = True) -> None:
         """In-place ring all-reduce (sum): world - 1 reduce-scatter steps, a barrier, world - 1
@@ -223,12 +256,11 @@ class PeerGroup:
         ordering with the current streams (for back-to-back calls after a synchronize)."""
         import cupy as cp
 
-        if version not in ("v1", "v2"):
-            raise LaunchError(f"one_shot: version is 'v1' or 'v2', got {version!r}")
+        version = version_name(ONE_SHOT_VERSIONS, version, "one_shot")   # "v2" or "one_shot_v2"
         n = self._check(ins, "one_shot ins")
         if self._check(outs, "one_shot outs") != n:
             raise LaunchError(f"one_shot: outs have {outs[0].shape[0]} elements, ins {n}")
-        blocks = max(1, min(ceil_div(n, 256 * 4), MAX_ONE_SHOT_BLOCKS, *self.sms))
+        cfg = config(f"one_shot_{version}", n, min(self.sms))
         if ordered:
             self._enter()
         if version == "v2":
@@ -239,7 +271,7 @@ class PeerGroup:
             ep = np.uint32(self.epoch2)
             for r, d in enumerate(self.devices):
                 with cp.cuda.Device(d):
-                    self.mods[r]["one_shot_v2"]((blocks,), (256,),
+                    self.mods[r]["one_shot_v2"](cfg.grid, cfg.block,
                                                 (ins[r], outs[r], self.line_ptrs[r], np.int32(r),
                                                  np.int32(self.world), np.int64(n),
                                                  np.int64(self.cap), ep),
@@ -247,12 +279,12 @@ class PeerGroup:
             if ordered:
                 self._leave()
             return
-        for o in outs:
-            for i in ins:
-                if o.data.ptr < i.data.ptr + 4 * n and i.data.ptr < o.data.ptr + 4 * n:
+        key = tuple(cb.describe(b).ptr for b in ins)
+        for o in (cb.describe(b).ptr for b in outs):
+            for i in key:
+                if o < i + 4 * n and i < o + 4 * n:
                     raise LaunchError("one_shot v1: an output overlaps an input; the peers may "
                                       "still be reading it (use separate output buffers)")
-        key = tuple(b.data.ptr for b in ins)
         if getattr(self, "_in_key", None) != key:
             self._in_key, self._in_ptrs = key, []
             for d in self.devices:
@@ -262,7 +294,7 @@ class PeerGroup:
         self.epoch += 2
         for r, d in enumerate(self.devices):
             with cp.cuda.Device(d):
-                self.mods[r]["one_shot_v1"]((blocks,), (256,),
+                self.mods[r]["one_shot_v1"](cfg.grid, cfg.block,
                                             (self._in_ptrs[r], outs[r], self.flag_ptrs[r],
                                              np.int32(r), np.int32(self.world), np.int64(n), ep),
                                             stream=self.streams[r])

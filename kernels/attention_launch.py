@@ -6,6 +6,15 @@ PyTorch op built on them.
     dq, dk, dv = al.backward(q, k, v, o, lse, do, causal=True)   # (or CuPy arrays, fp16/fp32)
     o = al.flash_attention(q, k, v, causal=True)                 # differentiable (autograd)
 
+  FWD_VERSIONS, BWD_VERSIONS   the ladders ("v3" or "attention_v3"; "v2" or "attention_bwd_v2")
+  FWD_DTYPES, BWD_DTYPES       the dtypes of each step; MIN_CC the compute capability per dtype
+  fwd_config(), bwd_config()   a cb.Launch record (grid, block, shared, kernel), or a dict of
+                               named records for a plan of several kernels (v1; the backward)
+  forward(), backward()        the entry points: check, plan, launch, return the outputs
+  flash_attention()            the torch.autograd op (forward v2/v3, backward v1/v2)
+  check_qkv()                  the op's checks (below); module(), kernel(), resources()
+  sanitize_targets()           every kernel on ragged sizes, for tools/sanitize.py
+
 Inputs: q (B, H, Nq, D) or (BH, Nq, D), k and v (..., Nk, D), one dtype, C-contiguous, on the
 GPU; any Nq, Nk >= 1; D = 64 or 128. Forward v1 (naive, three kernels) and v2 (fp32 flash) take
 float32, v3 (tensor cores) and v4 (Hopper: wgmma, TMA, warp specialisation; compute capability
@@ -17,9 +26,11 @@ an A100 or an H100 has them. On a GPU with less (L4 / A10 / RTX 30-40: 99 KiB, T
 bwd_config() picks the largest smaller instantiation that fits (BWD_V2_FIT) and backward() prints
 a note the first time; forward v3 needs at most 64 KiB and fits every GPU from the T4 up.
 
-16-bit tensors reach the kernels as raw device pointers: CuPy 14 has no bfloat16 dtype, so a
-bfloat16 tensor cannot cross into CuPy through DLPack (float16 and float32 could). The kernels run
-on PyTorch's current stream when the inputs are torch tensors.
+Each launch compiles only its ladder step (the files' CB_ONLY guards, through cb.module); the
+forward file is built for sm_90a on a Hopper GPU (v4's wgmma and setmaxnreg are 'a' features).
+16-bit tensors reach the kernels as raw device pointers (cb.describe): CuPy 14 has no bfloat16
+dtype, so a bfloat16 tensor cannot cross into CuPy. The kernels run on PyTorch's current stream
+when the inputs are torch tensors (cb.arrays.launch_stream).
 """
 
 from __future__ import annotations
@@ -53,43 +64,25 @@ FWD_VERSIONS, BWD_VERSIONS = ("v1", "v2", "v3", "v4"), ("v1", "v2")
 FWD_DTYPES = {"v1": ("float32",), "v2": ("float32",), "v3": ("float16", "bfloat16"),
               "v4": ("float16", "bfloat16")}
 BWD_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16")}
+#: the lowest compute capability of the kernels of each dtype (bfloat16 arithmetic from 8.0);
+#: attention_v4 needs 9.0 exactly (hopper_problem)
+MIN_CC = {"float32": (7, 5), "float16": (7, 5), "bfloat16": (8, 0)}
 
 
 # ============================================================================== checks
-def _lib(a) -> str:
-    return cb.arrays.lib_of(a)
-
-
-def dtype_name(a) -> str:
-    """'float32', 'float16', 'bfloat16' for torch, CuPy and NumPy arrays."""
-    return str(a.dtype).replace("torch.", "")
-
-
-def _check_array(a, name: str, device: bool = True) -> None:
-    """A C-contiguous array on the GPU (torch CUDA tensor or CuPy array); ``device=False``
-    skips the device check (the tests check shapes with CPU tensors)."""
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise TypeError(f"{name}: expected a torch CUDA tensor or a CuPy array, got "
-                        f"{type(a).__name__}")
-    info = cb.describe(a, name)
-    if device and not info.on_device:
-        raise TypeError(f"{name}: expected a GPU array (a torch tensor on 'cuda' or a CuPy "
-                        f"array), got {type(a).__module__}.{type(a).__name__} on the host")
-    if not info.contiguous:
-        raise ValueError(f"{name}: expected a C-contiguous array (a strided view, such as a "
-                         "transpose of (B, N, H, D), would be read as if it were dense); pass "
-                         ".contiguous()")
-
-
 def check_qkv(q, k, v, dtypes, head_dims=HEAD_DIMS,
               device: bool = True) -> tuple[int, int, int, int]:
-    """(BH, Nq, Nk, D) of attention inputs, or a clear error (see the module's docstring)."""
+    """(BH, Nq, Nk, D) of attention inputs, or a clear error (see the module's docstring);
+    ``device=False`` skips the device check (the tests check shapes with CPU tensors)."""
     for name, a in (("q", q), ("k", k), ("v", v)):
-        _check_array(a, name, device)
+        cb.expect(a, name, device=device)
+        if device and not cb.HAS_GPU:       # expect takes host arrays in simulator mode
+            raise TypeError(f"{name}: expected a GPU array (a torch tensor on 'cuda' or a CuPy "
+                            "array); this is simulator mode, where these kernels cannot run")
         if len(a.shape) not in (3, 4):
             raise ValueError(f"{name}: expected (B, H, N, D) or (BH, N, D), got shape "
                              f"{tuple(a.shape)}")
-    dt = [dtype_name(a) for a in (q, k, v)]
+    dt = [cb.describe(a).dtype for a in (q, k, v)]
     if len(set(dt)) > 1:
         raise TypeError(f"q, k and v must share one dtype, got {dt[0]}, {dt[1]}, {dt[2]}")
     if dt[0] not in dtypes:
@@ -117,14 +110,6 @@ def check_qkv(q, k, v, dtypes, head_dims=HEAD_DIMS,
     if max(Nq, Nk) * D >= 2**31:
         raise cb.LaunchError("a sequence of 2^31 or more elements per head is not supported")
     return BH, Nq, Nk, D
-
-
-def _check_like(a, name: str, dt: str, shape: tuple) -> None:
-    _check_array(a, name)
-    if dtype_name(a) != dt:
-        raise TypeError(f"{name}: expected dtype {dt}, got {dtype_name(a)}")
-    if tuple(int(x) for x in a.shape) != tuple(int(x) for x in shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(a.shape)}")
 
 
 # ============================================================================== launch description
@@ -241,14 +226,16 @@ def flops(BH: int, Nq: int, Nk: int, D: int, causal: bool = False,
 
 # ============================================================================== launchers
 def module(which: str, version: str | None = None):
-    """kernels/attention_{forward,backward}.cu compiled once per process and kept in the kernel
-    cache: the whole file, or ``version``'s kernels alone (the file's step guards). The forward
-    is built for sm_90a on a Hopper GPU (v4's wgmma and setmaxnreg are 'a' features)."""
+    """kernels/attention_{forward,backward}.cu through cb.module (once per process, kept in the
+    kernel cache): the whole file, or ``version``'s kernels alone (the file's step guards; the
+    entry points compile that way). The forward is built for sm_90a on a Hopper GPU."""
     if which not in ("forward", "backward"):
         raise ValueError(f"module: which is 'forward' or 'backward', got {which!r}")
-    step = None if version is None else \
-        f"attention_{version}" if which == "forward" else f"attention_bwd_{version}"
-    return cb.module(f"attention_{which}", only=step or (), a_features=which == "forward")
+    if which == "forward":
+        step = () if version is None else f"attention_{_fwd_version(version)}"
+        return cb.module("attention_forward", only=step, a_features=True)
+    step = () if version is None else f"attention_bwd_{_bwd_version(version)}"
+    return cb.module("attention_backward", only=step)
 
 
 def _fwd_version(version: str) -> str:
@@ -280,37 +267,13 @@ _NOTED: set[str] = set()        # fallback kernels announced once
 
 
 def _optin() -> int | None:
-    """The most dynamic shared memory one block may opt into on this GPU (the launch core's
-    device facts; None without a GPU)."""
+    """The most dynamic shared memory one block may opt into here (cb.launch.smem_optin; None
+    without a GPU). Read through this name so that tests can pretend to be a smaller GPU."""
     return cb.launch.smem_optin()
 
 
-def _require(what: str, dt: str, shared: int, optin: int | None = None) -> None:
-    """Refuse on a GPU that cannot run the kernel (LaunchError with the reason); ``optin``
-    (a smaller GPU's limit) lowers the shared-memory limit."""
-    need = {"bfloat16": (8, 0), "float16": (7, 5)}.get(dt, (0, 0))
-    cb.need_cc(*need, what=f"{what} in {dt}")
-    if shared:
-        have = _optin()
-        cb.need_shared(shared, what, optin if have is None else min(have, optin or have))
-
-
-def _ptr(a) -> np.uint64:
-    return np.uint64(cb.describe(a).ptr)
-
-
-def _empty(like, shape, dt: str):
-    """An uninitialised array on the GPU, from the library of ``like`` (torch or CuPy)."""
-    return cb.arrays.empty_like_lib(like, tuple(shape), dt)
-
-
-def _stream(like):
-    """PyTorch's current stream for torch inputs (CuPy launches on the current CuPy stream)."""
-    return cb.arrays.launch_stream(like)
-
-
 def kernel(mod, name: str):
-    """The RawKernel ``name`` of a compiled module."""
+    """The RawKernel ``name`` of a compiled module (``mod.get(name)``)."""
     return mod.get(name)
 
 
@@ -318,10 +281,6 @@ def resources(mod, name: str) -> dict:
     """Registers per thread, static shared and local (spill) bytes of a kernel."""
     r = mod.resources(name)
     return {k: r[k] for k in ("registers", "shared_bytes", "local_bytes")}
-
-
-def _launch(mod, cfg: Launch, args: tuple) -> None:
-    cb.launch.run(mod.get(cfg["kernel"]), cfg, args)
 
 
 def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | None = None,
@@ -334,39 +293,44 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
     """
     version = _fwd_version(version)
     BH, Nq, Nk, D = check_qkv(q, k, v, FWD_DTYPES[version])
-    cb.need_cc(7, 5, f"attention_{version}")
-    dt = dtype_name(q)
+    dt = cb.describe(q).dtype
     cfg = fwd_config(version, BH, Nq, Nk, D, SHORT[dt], overlap)
     if version == "v4":
-        why = hopper_problem(cb.cc())
+        why = hopper_problem(cb.launch.device().cc)
         if why:
             raise cb.LaunchError(why)
+    cb.need_cc(*MIN_CC[dt], what=f"attention_{version} in {dt}")
     if version in ("v3", "v4"):
-        _require(f"attention_{version}", dt, cfg["shared"])
+        cb.need_shared(cfg["shared"], f"attention_{version}", _optin())
     s = 1 / math.sqrt(D) if scale is None else float(scale)
-    mod = module("forward", version)
+    mod = cb.module("attention_forward", only=f"attention_{version}", a_features=True)
     if out is None:
-        out = (_empty(q, tuple(q.shape), dt), _empty(q, tuple(q.shape[:-1]), "float32"))
+        out = (cb.arrays.empty_like_lib(q, tuple(q.shape), dt),
+               cb.arrays.empty_like_lib(q, tuple(q.shape[:-1]), "float32"))
     o, lse = out
-    _check_like(o, "o", dt, q.shape)
-    _check_like(lse, "lse", "float32", q.shape[:-1])
-    Q, K, V, O, L = (_ptr(a) for a in (q, k, v, o, lse))
+    cb.expect(o, "o", dtype=dt, shape=tuple(q.shape))
+    cb.expect(lse, "lse", dtype="float32", shape=tuple(q.shape[:-1]))
+    Q, K, V, O, L = (np.uint64(cb.describe(a).ptr) for a in (q, k, v, o, lse))
     n_q, n_k, c = np.int32(Nq), np.int32(Nk), np.int32(bool(causal))
-    with _stream(q):
+    with cb.arrays.launch_stream(q):
         if version == "v1":
-            S = _empty(q, (BH, Nq, Nk), "float32")   # the N x N score matrix: O(N^2) memory
-            _launch(mod, cfg["scores"], (Q, K, _ptr(S), n_q, n_k, np.int32(D), np.float32(s), c))
-            _launch(mod, cfg["softmax"], (_ptr(S), L, np.int32(BH * Nq), n_k))
-            _launch(mod, cfg["pv"], (_ptr(S), V, O, n_q, n_k, np.int32(D)))
+            S = cb.arrays.empty_like_lib(q, (BH, Nq, Nk), "float32")   # N x N scores: O(N^2)
+            P = np.uint64(cb.describe(S).ptr)
+            for step, args in (("scores", (Q, K, P, n_q, n_k, np.int32(D), np.float32(s), c)),
+                               ("softmax", (P, L, np.int32(BH * Nq), n_k)),
+                               ("pv", (P, V, O, n_q, n_k, np.int32(D)))):
+                cb.launch.run(mod.get(cfg[step]["kernel"]), cfg[step], args)
             _keep_alive(q, [S])                      # S must outlive its readers
         elif version == "v4":                        # TMA descriptors of (BH N, D) matrices
             tmap = cb.tma.tensor_map                 # 64 columns of 16 bits: 128-byte rows
             tq = tmap(int(Q), BH * Nq, D, cfg["box_q"], 64, dt)
             tk = tmap(int(K), BH * Nk, D, cfg["box_kv"], 64, dt)
             tv = tmap(int(V), BH * Nk, D, cfg["box_kv"], 64, dt)
-            _launch(mod, cfg, (tq, tk, tv, O, L, n_q, n_k, np.float32(s * LOG2E), c))
+            cb.launch.run(mod.get(cfg["kernel"]), cfg,
+                          (tq, tk, tv, O, L, n_q, n_k, np.float32(s * LOG2E), c))
         else:
-            _launch(mod, cfg, (Q, K, V, O, L, n_q, n_k, np.float32(s * LOG2E), c))
+            cb.launch.run(mod.get(cfg["kernel"]), cfg,
+                          (Q, K, V, O, L, n_q, n_k, np.float32(s * LOG2E), c))
     return o, lse
 
 
@@ -379,49 +343,54 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
     (default: this GPU's limit; a smaller GPU's runs its tiles here, for the sanitizer)."""
     version = _bwd_version(version)
     BH, Nq, Nk, D = check_qkv(q, k, v, BWD_DTYPES[version])
-    cb.need_cc(7, 5, f"attention_bwd_{version}")
-    dt = dtype_name(q)
-    _check_like(o, "o", dt, q.shape)
-    _check_like(do, "do", dt, q.shape)
-    _check_like(lse, "lse", "float32", q.shape[:-1])
+    dt = cb.describe(q).dtype
+    cb.need_cc(*MIN_CC[dt], what=f"attention_bwd_{version} in {dt}")
+    cb.expect(o, "o", dtype=dt, shape=tuple(q.shape))
+    cb.expect(do, "do", dtype=dt, shape=tuple(q.shape))
+    cb.expect(lse, "lse", dtype="float32", shape=tuple(q.shape[:-1]))
+    limit = _optin()
     if optin is not None:
-        optin = min(optin, _optin() or optin)
-    cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt], optin)
+        limit = optin if limit is None else min(optin, limit)
+    cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt], limit)
     if version == "v2":
-        _require("attention_bwd_v2", dt, cfg["main"]["shared"], optin)
-        if "fallback" in cfg["main"] and cfg["main"]["kernel"] not in _NOTED:
-            _NOTED.add(cfg["main"]["kernel"])
-            print(f"note: {cfg['main']['fallback']}")
+        main = cfg["main"]
+        cb.need_shared(main["shared"], "attention_bwd_v2", limit)
+        if "fallback" in main and main["kernel"] not in _NOTED:
+            _NOTED.add(main["kernel"])
+            print(f"note: {main['fallback']}")
     s = 1 / math.sqrt(D) if scale is None else float(scale)
-    mod = module("backward", version)
+    mod = cb.module("attention_backward", only=f"attention_bwd_{version}")
     if out is None:
-        out = tuple(_empty(q, tuple(a.shape), dt) for a in (q, k, v))
+        out = tuple(cb.arrays.empty_like_lib(q, tuple(a.shape), dt) for a in (q, k, v))
     dq, dk, dv = out
     for name, a, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
-        _check_like(a, name, dt, like.shape)
-    Di = _empty(q, (BH, Nq), "float32")
-    Q, K, V, O, L, dO, dQ, dK, dV, DI = (_ptr(a) for a in (q, k, v, o, lse, do, dq, dk, dv, Di))
+        cb.expect(a, name, dtype=dt, shape=tuple(like.shape))
+    Di = cb.arrays.empty_like_lib(q, (BH, Nq), "float32")
+    Q, K, V, O, L, dO, dQ, dK, dV, DI = (np.uint64(cb.describe(a).ptr)
+                                         for a in (q, k, v, o, lse, do, dq, dk, dv, Di))
     n_q, n_k, c, sc = np.int32(Nq), np.int32(Nk), np.int32(bool(causal)), np.float32(s)
     keep = [Di]
-    with _stream(q):
+    with cb.arrays.launch_stream(q):
         if version == "v1":
-            _launch(mod, cfg["preprocess"], (O, dO, DI, np.int32(BH * Nq), np.int32(D)))
-            _launch(mod, cfg["dkdv"], (Q, K, V, dO, L, DI, dK, dV, n_q, n_k, sc, c))
-            _launch(mod, cfg["dq"], (Q, K, V, dO, L, DI, dQ, n_q, n_k, sc, c))
+            plan = (("preprocess", (O, dO, DI, np.int32(BH * Nq), np.int32(D))),
+                    ("dkdv", (Q, K, V, dO, L, DI, dK, dV, n_q, n_k, sc, c)),
+                    ("dq", (Q, K, V, dO, L, DI, dQ, n_q, n_k, sc, c)))
         else:
-            acc = _empty(q, (BH, Nq, D), "float32")  # dQ in fp32, summed over key blocks
-            keep.append(acc)
-            A = _ptr(acc)
-            _launch(mod, cfg["preprocess"], (O, dO, DI, A, np.int32(BH * Nq), np.int32(D)))
-            _launch(mod, cfg["main"], (Q, K, V, dO, L, DI, A, dK, dV, n_q, n_k, sc, c))
-            _launch(mod, cfg["convert"], (A, dQ, np.uint64(BH * Nq * D), sc))
+            acc = cb.arrays.empty_like_lib(q, (BH, Nq, D), "float32")  # dQ in fp32, summed
+            keep.append(acc)                                           # over key blocks
+            A = np.uint64(cb.describe(acc).ptr)
+            plan = (("preprocess", (O, dO, DI, A, np.int32(BH * Nq), np.int32(D))),
+                    ("main", (Q, K, V, dO, L, DI, A, dK, dV, n_q, n_k, sc, c)),
+                    ("convert", (A, dQ, np.uint64(BH * Nq * D), sc)))
+        for step, args in plan:
+            cb.launch.run(mod.get(cfg[step]["kernel"]), cfg[step], args)
         _keep_alive(q, keep)
     return dq, dk, dv
 
 
 def _keep_alive(like, bufs: list) -> None:
     """Workspace freed on return must not be reused before the kernels that read it finish."""
-    if _lib(like) == "torch":
+    if cb.arrays.lib_of(like) == "torch":
         import torch
 
         st = torch.cuda.current_stream(like.device)
@@ -486,7 +455,7 @@ def sanitize_targets():
         yield f"attention_{ver}", lambda ver=ver: forward(q, k, v, True, ver)
     o, lse = forward(q, k, v, True, "v2")
     yield "attention_bwd_v1", lambda: backward(q, k, v, o, lse, o, True, "v1")
-    if cb.cc() >= (8, 0):
+    if cb.launch.device().cc >= (8, 0):
         qh, kh, vh = (x.astype(cp.float16) for x in (q, k, v))
         oh, lh = forward(qh, kh, vh, True, "v3")
         yield "attention_v3 f16", lambda: forward(qh, kh, vh, True, "v3")

@@ -2,6 +2,12 @@
 
     el = cb.load_launch("embedding")
     x = el.embedding(tok, wte)     # tok (M,) int32 or int64, wte (V, d) fp16 -> x (M, d) fp32
+
+  embedding()   the entry point (embedding_v1, one block of 128 threads per token): check,
+                launch, return x (CuPy float32, or the ``x`` given)
+
+Refused before a launch: dtypes and shapes, no tokens, an odd width, ids outside the vocabulary
+(``check_ids``). The kernel runs on CuPy's current stream.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 import cudabook as cb
+from cudabook.launch import Launch
 
 __all__ = ["embedding"]
 
@@ -21,8 +28,8 @@ def embedding(tok, wte, x=None, check_ids: bool = True):
     import cupy as cp
 
     if str(getattr(tok, "dtype", "")).replace("torch.", "") == "int64" and \
-            cb.arrays.describe(tok).on_device:
-        t64 = cp.asarray(tok)
+            cb.describe(tok, "tok").on_device:
+        t64 = cb.as_cupy(tok, "tok")
         if check_ids and t64.size:
             lo, hi = int(t64.min()), int(t64.max())
             if lo < 0 or hi >= int(wte.shape[0]):
@@ -37,12 +44,13 @@ def embedding(tok, wte, x=None, check_ids: bool = True):
         raise ValueError("no tokens: an empty prompt has nothing to embed")
     if d % 2:
         raise ValueError(f"embedding width {d} must be even (half2 loads)")
+    tok, wte = cb.as_cupy(tok, "tok"), cb.as_cupy(wte, "wte")
     if check_ids:
         lo, hi = int(tok.min()), int(tok.max())
         if lo < 0 or hi >= V:
             raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {V})")
     x = cp.empty((M, d), cp.float32) if x is None else x
     cb.expect(x, "x", dtype=np.float32, shape=(M, d))
-    cb.module("embedding").get("embedding_v1")((M,), (128,), (tok, wte, x, np.int32(M),
-                                                                   np.int32(d), np.int32(V)))
+    cb.launch.run(cb.module("embedding").get("embedding_v1"), Launch((M,), (128,)),
+                  (tok, wte, cb.as_cupy(x, "x"), np.int32(M), np.int32(d), np.int32(V)))
     return x

@@ -2,6 +2,11 @@
 
     gl = cb.load_launch("gelu_half")
     gl.gelu_half(h)          # h fp16, any shape, an even number of elements, contiguous
+
+  gelu_half()   the entry point (gelu_half_v1, one thread per half2): check, launch, return x
+
+Refused before a launch: another dtype, a strided view, an odd size, a start that is not 4-byte
+aligned. The kernel runs on CuPy's current stream.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import ceil_div
+from cudabook.launch import Launch, ceil_div
 
 __all__ = ["gelu_half"]
 
@@ -22,6 +27,6 @@ def gelu_half(x):
         raise ValueError(f"gelu_half_v1 reads half2: x needs an even size (got {n}) and a "
                          "4-byte aligned start")
     if n:
-        cb.module("gelu_half").get("gelu_half_v1")((ceil_div(n // 2, 256),), (256,),
-                                                         (x, np.int64(n)))
+        cb.launch.run(cb.module("gelu_half").get("gelu_half_v1"),
+                      Launch((ceil_div(n // 2, 256),), (256,)), (cb.as_cupy(x, "x"), np.int64(n)))
     return x

@@ -3,14 +3,20 @@
     gv = cb.load_launch("gemv")
     y = gv.gemv(x, W)                       # x (B, K) fp16, W (N, K) fp16 -> y (B, N) fp16
     y = gv.gemv(x, W, bias, out=y)          # bias (N,) fp16; out preallocated (B, N) fp16
-    gv.gemv(x, W, version="gemv_v2")        # one rung of the ladder (gemv.cu's header)
+    gv.gemv(x, W, version="gemv_v2")        # one rung of the ladder ("v2" works too)
+
+  VERSIONS, WHAT      the ladder (gemv.cu's header), one line per step
+  config()            a cb.Launch record: grid, block and the instantiation (kernel_name())
+  gemv()              the entry point: check, pick the version, launch, return y
+  sanitize_targets()  every version on ragged shapes, for tools/sanitize.py
 
 The stable entry point is ``gemv(x, W, bias=None, out=None)``: fp32 accumulation, fp16 result,
 B from 1 to 32 (one launch; batch tiles of up to 8 rows of x share each weight load), any K and
 N (K % 8 == 0 with 16-byte aligned x and W takes the vectorised gemv_v4, anything else gemv_v2).
 x may also be 1-D (K,), giving y of shape (N,). CuPy arrays and PyTorch CUDA tensors are
 accepted (no copy; a torch x gives a torch y, launched on torch's current stream). Bad input is
-refused before anything is launched: dtype, shape, contiguity, host arrays, B outside 1..32.
+refused before anything is launched: dtype, shape, contiguity, host arrays, B outside 1..32,
+a vectorised version on unaligned operands.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div, returns_launch
+from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 
 __all__ = ["VERSIONS", "WHAT", "MAX_B", "gemv", "config", "kernel_name", "as_cupy",
            "sanitize_targets"]
@@ -48,71 +54,51 @@ def batch_tile(B: int) -> int:
 
 def kernel_name(version: str, B: int, rows: int = DEFAULT_ROWS) -> str:
     """The instantiation of ``version`` for batch ``B`` (gemv_v3_b4, gemv_v4_b1_r2, ...)."""
+    version = version_name(VERSIONS, version, "gemv")
     if version in ("gemv_v1", "gemv_v2"):
         return version
     if version == "gemv_v3":
         return f"gemv_v3_b{batch_tile(B)}"
-    if version == "gemv_v4":
-        if rows not in ROWS:
-            raise ValueError(f"gemv_v4: rows must be one of {ROWS}, got {rows!r}")
-        return f"gemv_v4_b{batch_tile(B)}_r{rows}"
-    raise ValueError(f"unknown version {version!r}; gemv.cu has {VERSIONS}")
+    if rows not in ROWS:
+        raise ValueError(f"gemv_v4: rows must be one of {ROWS}, got {rows!r}")
+    return f"gemv_v4_b{batch_tile(B)}_r{rows}"
 
 
-@returns_launch
-def config(version: str, B: int, N: int, rows: int = DEFAULT_ROWS):
-    """(grid, block) of ``version`` for batch B and N weight rows (gemv.cu's launch comment)."""
+def config(version: str, B: int, N: int, rows: int = DEFAULT_ROWS) -> Launch:
+    """The launch of ``version`` for batch B and N weight rows (gemv.cu's launch comment):
+    grid, block and the kernel (its instantiation for B and ``rows``)."""
+    version = version_name(VERSIONS, version, "gemv")
     if version == "gemv_v1":
-        return (ceil_div(N, 128), B), (128,)
-    if version == "gemv_v2":
-        return (ceil_div(N, 4), B), (128,)
-    if version == "gemv_v3":
-        return (ceil_div(N, 4), ceil_div(B, batch_tile(B))), (128,)
-    if version == "gemv_v4":
-        return (ceil_div(N, rows), ceil_div(B, batch_tile(B))), (128,)
-    raise ValueError(f"unknown version {version!r}; gemv.cu has {VERSIONS}")
+        grid = (ceil_div(N, 128), B)
+    elif version == "gemv_v2":
+        grid = (ceil_div(N, 4), B)
+    elif version == "gemv_v3":
+        grid = (ceil_div(N, 4), ceil_div(B, batch_tile(B)))
+    else:
+        grid = (ceil_div(N, rows), ceil_div(B, batch_tile(B)))
+    return Launch(grid, (128,), kernel=kernel_name(version, B, rows))
 
 
 def as_cupy(a: Any, name: str):
-    """(the CuPy view of ``a``, "torch" or "cupy"): no copy. TypeError for anything else (the
-    launch core's ``cudabook.arrays.as_cupy``)."""
-    view = cb.as_cupy(a, name)
-    return view, ("torch" if cb.arrays.lib_of(a) == "torch" else "cupy")
-
-
-def _module():
-    return cb.module("gemv")      # compiled once per process
-
-
-def _stream_of(lib: str):
-    """PyTorch's current stream for torch inputs, else CuPy's (``cudabook.arrays.stream_for``)."""
-    import cupy as cp
-
-    if lib == "torch":
-        import torch
-
-        return cb.arrays._external(torch.cuda.current_stream().cuda_stream)
-    return cp.cuda.get_current_stream()
+    """(the CuPy view of ``a``, "torch" or "cupy"): no copy. Kept for callers of this shape; the
+    launch core's ``cb.as_cupy`` is the view alone."""
+    return cb.as_cupy(a, name), ("torch" if cb.arrays.lib_of(a) == "torch" else "cupy")
 
 
 def gemv(x: Any, W: Any, bias: Any = None, out: Any = None, *, version: str = "auto",
          rows: int = DEFAULT_ROWS):
     """y = x @ W^T (+ bias): x (B, K) or (K,) fp16, W (N, K) fp16, bias (N,) fp16 or None;
     fp32 accumulation, y (B, N) (or (N,)) fp16, written into ``out`` when given and returned."""
-    import cupy as cp
-
-    mod = _module()                      # first: without a GPU this says so
-    xc, lib = as_cupy(x, "x")
-    Wc, _ = as_cupy(W, "W")
-    one_d = xc.ndim == 1
-    if one_d:
-        xc = xc.reshape(1, -1)
-    cb.expect(xc, "x", dtype=np.float16, ndim=2)
-    cb.expect(Wc, "W", dtype=np.float16, ndim=2)
-    B, K = (int(s) for s in xc.shape)
-    N = int(Wc.shape[0])
-    if int(Wc.shape[1]) != K:
-        raise ValueError(f"x has K = {K} columns but W is {tuple(Wc.shape)}: W must be (N, K), "
+    mod = cb.module("gemv")              # first: without a GPU this says so
+    cb.expect(x, "x", dtype=np.float16)
+    if len(x.shape) not in (1, 2):
+        raise ValueError(f"x: expected (B, K) or (K,), got shape {tuple(x.shape)}")
+    cb.expect(W, "W", dtype=np.float16, ndim=2)
+    one_d = len(x.shape) == 1
+    B, K = (1, int(x.shape[0])) if one_d else (int(x.shape[0]), int(x.shape[1]))
+    N = int(W.shape[0])
+    if int(W.shape[1]) != K:
+        raise ValueError(f"x has K = {K} columns but W is {tuple(W.shape)}: W must be (N, K), "
                          "nn.Linear's weight layout (y = x @ W.T)")
     if not 1 <= B <= MAX_B:
         raise LaunchError(f"gemv: batch B = {B}; this kernel takes 1..{MAX_B} rows of x "
@@ -121,31 +107,24 @@ def gemv(x: Any, W: Any, bias: Any = None, out: Any = None, *, version: str = "a
         raise LaunchError(f"gemv: empty problem (N, K) = ({N}, {K})")
     if N >= 2**31 // 4 or N * K >= 2**62:
         raise LaunchError(f"gemv: N = {N} rows is more than one grid dimension holds")
-    bc = None
     if bias is not None:
-        bc, _ = as_cupy(bias, "bias")
-        cb.expect(bc, "bias", dtype=np.float16, shape=(N,))
+        cb.expect(bias, "bias", dtype=np.float16, shape=(N,))
+    y_shape = (N,) if one_d else (B, N)
     if out is None:
-        shape = (N,) if one_d else (B, N)
-        if lib == "torch":
-            import torch
-
-            out = torch.empty(shape, dtype=torch.float16, device=x.device)
-        else:
-            out = cp.empty(shape, cp.float16)
-    oc, _ = as_cupy(out, "out")
-    cb.expect(oc, "out", dtype=np.float16, shape=(N,) if one_d else (B, N))
+        out = cb.arrays.empty_like_lib(x, y_shape, "float16")
+    cb.expect(out, "out", dtype=np.float16, shape=y_shape)
+    xc, Wc, oc = cb.as_cupy(x, "x"), cb.as_cupy(W, "W"), cb.as_cupy(out, "out")
     vec_ok = K % 8 == 0 and xc.data.ptr % 16 == 0 and Wc.data.ptr % 16 == 0
-    if version == "auto":
-        version = "gemv_v4" if vec_ok else "gemv_v2"
+    version = ("gemv_v4" if vec_ok else "gemv_v2") if version == "auto" else \
+        version_name(VERSIONS, version, "gemv")
     if version in ("gemv_v3", "gemv_v4") and not vec_ok:
         raise LaunchError(f"{version} reads 16 bytes at a time: it needs K % 8 == 0 (K = {K}) and "
                           "16-byte aligned x and W; use version='auto' (falls back to gemv_v2)")
-    name = kernel_name(version, B, rows)
-    grid, block = config(version, B, N, rows)
-    bptr = bc if bc is not None else np.uint64(0)
-    with _stream_of(lib):
-        mod.get(name)(grid, block, (xc, Wc, bptr, oc, np.int32(B), np.int32(N), np.int32(K)))
+    cfg = config(version, B, N, rows)
+    args = (xc, Wc, np.uint64(0) if bias is None else cb.as_cupy(bias, "bias"), oc,
+            np.int32(B), np.int32(N), np.int32(K))
+    with cb.arrays.launch_stream(x):
+        cb.launch.run(mod.get(cfg.kernel), cfg, args)
     return out
 
 

@@ -8,20 +8,26 @@ Numba kernel can reach them only by calling a CUDA C++ or PTX device function th
 ``cuda.declare_device`` and ``link=``), so this chapter has no Numba twins. The interop route
 instead: ``matmul``/``launch`` take CuPy arrays, PyTorch CUDA tensors (fp16 and bf16) and Numba
 device arrays alike, read their device pointers (no copy) and launch on the stream their library
-is using.
+is using (``cudabook.arrays``).
 
   VERSIONS, WHAT, MIN_CC        the ladder, one line per step, and the architecture each needs
-  load(cc)                      hgemm.cu compiled for this GPU (-arch=sm_90a on Hopper)
-  check_operands(A, B, C)       dtype / shape / layout / alignment checks with clear errors
-  require(version, cc, dtype)   refuse a version the GPU cannot run, naming the minimum cc
-  config(version, M, N, K)      grid, block and dynamic shared memory of a launch (a smaller
-                                variant where the GPU's shared memory is too small: FALLBACKS)
+                                (a version is "v9" or "hgemm_v9")
+  config(version, M, N, K)      the launch record (grid, block, shared, kernel) of a launch (a
+                                smaller variant where the GPU's shared memory is too small:
+                                FALLBACKS); sms/optin/cc are arguments, read from the GPU when
+                                there is one
+  matmul(A, B, version)         the entry point: pads K to a multiple of 8 if needed, returns C
+  launch(mod, version, A, B, C) check, then launch into C (tensor maps built for v8/v9 on Hopper);
+                                ``mod`` None compiles only the launched kernel (kernel_module)
+  check_operands(A, B, C)       dtype / shape / layout / alignment / device checks, clear errors
+  require(version, cc, dtype)   refuse a version the GPU cannot run, naming the minimum cc or the
+                                shared memory it needs
   runnable(cc)                  the versions this GPU can run, with the reason for each other
-  launch(mod, version, A, B, C) check, then launch (tensor maps built for v8/v9 on Hopper)
-  matmul(A, B, version)         the friendly entry point: pads K to a multiple of 8 if needed
-  tensor_map(...)               a TMA descriptor through cuda.bindings' cuTensorMapEncodeTiled
+  load(cc)                      hgemm.cu whole, compiled for this GPU (-arch=sm_90a on Hopper)
+  tensor_map(...)               a TMA descriptor (cudabook/tma.py, the book's one builder)
   autotune(n, candidates)       v9: time the template's candidates against cuBLAS, keep the best
   tolerance(A, B, K, dtype)     the per-element error bound of fp32 accumulation (check())
+  sanitize_targets()            the shared-memory versions on a ragged shape, for tools/sanitize.py
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from cudabook.arrays import ArrayInfo
-from cudabook.launch import Launch, LaunchError, version_name
+import cudabook as cb
+from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 
 VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10")
 
@@ -112,40 +118,25 @@ class UnsupportedError(LaunchError):
 _DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 
-#: What a launch needs to know about an array, whatever library made it: the launch core's
-#: description (``cudabook.arrays.ArrayInfo``: name, ptr, shape, dtype, contiguous, lib, obj).
-Operand = ArrayInfo
-
-
-def _describe(x: Any, name: str) -> Operand:
-    """``x`` described by the launch core, refused unless it lives on the GPU (a NumPy array is
-    accepted only in simulator mode, where shapes are checked without a GPU)."""
-    import cudabook as cb
-
-    try:
-        info = cb.describe(x, name)
-    except TypeError:
-        raise TypeError(f"{name}: expected a GPU array (CuPy, PyTorch CUDA tensor, Numba device "
-                        f"array), got {type(x).__module__}.{type(x).__name__}") from None
-    if not info.on_device:
-        if info.lib == "torch":
-            raise TypeError(f"{name}: a PyTorch tensor on the host; move it with .to('cuda')")
-        if cb.HAS_GPU or info.lib != "numpy":
-            raise TypeError(f"{name}: a NumPy array lives on the host; move it with "
-                            "cupy.asarray(...) first")
-    return info
-
-
 def check_operands(A: Any, B: Any, C: Any | None = None) -> tuple[int, int, int, str]:
     """(M, N, K, dtype) of C = A @ B^T, or TypeError/ValueError saying what is wrong.
 
-    A (M, K) and B (N, K) must share a 16-bit dtype (float16 or bfloat16) and be C-contiguous
-    with 16-byte aligned starts; K must be a multiple of 8 (16-byte rows: ``matmul`` pads it).
-    C (M, N) has their dtype and a 4-byte aligned start.
+    A (M, K) and B (N, K) must live on the GPU, share a 16-bit dtype (float16 or bfloat16) and
+    be C-contiguous with 16-byte aligned starts; K must be a multiple of 8 (16-byte rows:
+    ``matmul`` pads it). C (M, N) has their dtype and a 4-byte aligned start.
     """
-    a, b = _describe(A, "A"), _describe(B, "B")
-    ops = [a, b] + ([_describe(C, "C")] if C is not None else [])
-    for o in ops:
+    ops = []
+    for x, name in ((A, "A"), (B, "B"), (C, "C")):
+        if x is None:
+            continue
+        o = cb.describe(x, name) if hasattr(x, "shape") else None    # the launch core's view
+        # on the GPU (a NumPy array only in simulator mode, where shapes are checked without one)
+        if o is None or not (o.on_device or (o.lib == "numpy" and not cb.HAS_GPU)):
+            raise TypeError(f"{name}: expected a GPU array (CuPy, PyTorch CUDA tensor, Numba "
+                            f"device array), got {type(x).__module__}.{type(x).__name__}"
+                            + ("" if o is None else " on the host: move it with "
+                               "cupy.asarray(...) or .to('cuda')"))
+        ops.append(o)
         if len(o.shape) != 2:
             raise ValueError(f"{o.name}: expected a 2D matrix, got shape {o.shape}")
         if o.dtype not in _DTYPES:
@@ -155,6 +146,7 @@ def check_operands(A: Any, B: Any, C: Any | None = None) -> tuple[int, int, int,
         if not o.contiguous:
             raise ValueError(f"{o.name}: expected a C-contiguous matrix (a strided view would be "
                              "read as if it were dense); pass a contiguous copy")
+    a, b = ops[0], ops[1]
     if a.dtype != b.dtype:
         raise TypeError(f"A is {a.dtype} but B is {b.dtype}: both inputs must have one dtype")
     (M, K), (N, K2) = a.shape, b.shape
@@ -188,8 +180,7 @@ def require(version: str, cc: tuple[int, int], dtype: str = "float16",
     needed) unless ``version`` with ``dtype`` inputs runs on a GPU of compute capability ``cc``
     that lets a block opt into ``optin`` bytes of shared memory (default: this GPU's, when ``cc``
     is its compute capability; not checked without a GPU); ``params``: v9's, if not its own."""
-    if version not in VERSIONS:
-        raise ValueError(f"unknown version {version!r}; the ladder is {', '.join(VERSIONS)}")
+    version = version_name(VERSIONS, version, "hgemm")
     need = MIN_CC[version]
     if version in HOPPER_ONLY and tuple(cc) != (9, 0):
         raise UnsupportedError(
@@ -229,7 +220,7 @@ def runnable(cc: tuple[int, int] | None = None, dtype: str = "float16",
              quiet: bool = False) -> list[str]:
     """The versions a GPU of compute capability ``cc`` (default: this one) runs with ``dtype``
     inputs, in ladder order; each other version is printed with the reason (unless ``quiet``)."""
-    cc = tuple(cc or _cc())
+    cc = tuple(cc or cb.cc())
     names = []
     for v in VERSIONS:
         try:
@@ -351,6 +342,7 @@ def check_params(family: str, p: dict) -> None:
 def shared_bytes(version: str, cc: tuple[int, int] = (9, 0), params: dict | None = None,
                  dtype: str = "float16") -> int:
     """Dynamic shared memory of one block (bytes)."""
+    version = version_name(VERSIONS, version, "hgemm")
     if version in ("v1", "v2"):
         return 0
     if version == "v9":
@@ -360,106 +352,94 @@ def shared_bytes(version: str, cc: tuple[int, int] = (9, 0), params: dict | None
     return stages * (bm + bn) * BK * 2 + extra
 
 
-def _record(grid, block, shared=0, kernel=None, **extra) -> Launch:
-    return Launch(grid, block, shared=shared, kernel=kernel, **extra)
+def _threads(p: dict) -> int:
+    """Threads of a block of an mma.sync template instantiation (v10's: 8 warps)."""
+    return 256 if "EPI" in p else (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
 
 
 def config(version: str, M: int, N: int, K: int, cc: tuple[int, int] = (9, 0),
            params: dict | None = None, sms: int | None = None, dtype: str = "float16",
            optin: int | None = None) -> Launch:
     """The launch record (grid, block, shared, kernel; v9 and fallbacks: params) of a launch;
-    ``sms`` sizes v9's persistent grid (default: this GPU's SM count).
+    ``sms`` sizes v9's persistent grid (default: this GPU's SM count, ``cb.launch.device()``;
+    without a GPU it must be given).
 
     ``optin``: the shared memory a block may have (default: this GPU's when ``cc`` is its
     compute capability, else unlimited). A fixed version whose kernel needs more launches the
     first of its FALLBACKS that fits (v6 on an L4: 128 x 128 tiles; the entry "fallback" says
     so); v9's defaults are chosen to fit. When nothing fits, the version's own configuration is
     returned and launch() refuses it with the shared memory it needs."""
+    version = version_name(VERSIONS, version, "hgemm")
     if optin is None:
         optin = _smem_optin(cc)
-    cdiv = lambda a, b: (a + b - 1) // b   # noqa: E731
     if version == "v1":
-        return _record(grid=(cdiv(N, 32), cdiv(M, 32)), block=(128,), shared=0, kernel="hgemm_v1")
+        return Launch((ceil_div(N, 32), ceil_div(M, 32)), (128,), kernel="hgemm_v1")
     if version == "v2":
-        return _record(grid=(cdiv(N, 128), cdiv(M, 128)), block=(256,), shared=0, kernel="hgemm_v2")
-    sfx = "_bf16" if dtype == "bfloat16" else ""
+        return Launch((ceil_div(N, 128), ceil_div(M, 128)), (256,), kernel="hgemm_v2")
     if version == "v9":
         fam, p = _family(cc, dtype, params, optin)
         check_params(fam, p)
         if fam == "tma":
-            tiles = cdiv(M, 128) * cdiv(N, p["BN"])
+            tiles = ceil_div(M, 128) * ceil_div(N, p["BN"])
             if p["PERSIST"] and sms is None:
-                import cudabook as cb
-
                 if not cb.HAS_GPU:
                     raise ValueError("config: v9's persistent grid is one block per SM: pass sms= "
                                      "(there is no GPU here to read it from)")
-                sms = _sms()
-            grid = min(tiles, sms) if p["PERSIST"] else tiles
-            return _record(grid=(grid,), block=(384,), shared=shared_bytes("v9", cc, p),
-                        kernel=template_name("tma", p, dtype), params=p)
-        threads = 256 if "EPI" in p else (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
-        return _record(grid=(cdiv(M, p["BM"]) * cdiv(N, p["BN"]),), block=(threads,),
-                    shared=shared_bytes("v9", cc, p), kernel=template_name("mma", p, dtype),
-                    params=p)
-    if version not in _FIXED:
-        raise ValueError(f"unknown version {version!r}; the ladder is {', '.join(VERSIONS)}")
+                sms = cb.launch.device().sms
+            return Launch((min(tiles, sms) if p["PERSIST"] else tiles,), (384,),
+                          shared=shared_bytes("v9", cc, p), kernel=template_name("tma", p, dtype),
+                          params=p)
+        return Launch((ceil_div(M, p["BM"]) * ceil_div(N, p["BN"]),), (_threads(p),),
+                      shared=shared_bytes("v9", cc, p), kernel=template_name("mma", p, dtype),
+                      params=p)
     bm, bn, threads, _ = _FIXED[version]
     own = shared_bytes(version)
     if optin is not None and own > optin:
         for p in variants(version)[1:]:
             if params_shared(p) > optin:
                 continue
-            threads = 256 if "EPI" in p else (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
-            return _record(grid=(cdiv(M, p["BM"]) * cdiv(N, p["BN"]),), block=(threads,),
-                        shared=params_shared(p), kernel=template_name("mma", p, dtype), params=p,
-                        fallback=f"hgemm_{version} needs {own // 1024} KiB of shared memory per "
-                                 f"block, this GPU allows {optin // 1024} KiB: running "
-                                 f"{params_label(p)} ({params_shared(p) // 1024} KiB) instead")
-    return _record(grid=(cdiv(M, bm) * cdiv(N, bn),), block=(threads,),
-                shared=own, kernel=f"hgemm_{version}{sfx}")
+            return Launch((ceil_div(M, p["BM"]) * ceil_div(N, p["BN"]),), (_threads(p),),
+                          shared=params_shared(p), kernel=template_name("mma", p, dtype), params=p,
+                          fallback=f"hgemm_{version} needs {own // 1024} KiB of shared memory per "
+                                   f"block, this GPU allows {optin // 1024} KiB: running "
+                                   f"{params_label(p)} ({params_shared(p) // 1024} KiB) instead")
+    sfx = "_bf16" if dtype == "bfloat16" else ""
+    return Launch((ceil_div(M, bm) * ceil_div(N, bn),), (threads,), shared=own,
+                  kernel=f"hgemm_{version}{sfx}")
 
 
 # ============================================================================ compiling
 
-def arch_options(cc: tuple[int, int]) -> tuple[str, ...]:
-    """NVRTC options: sm_90a on Hopper (wgmma and setmaxnreg are 'a' features), else default
-    (the launch core's rule, ``cudabook.compile.arch_options``)."""
-    from cudabook.compile import arch_options as rule
-
-    return rule(True, tuple(cc))
-
-
 def load(cc: tuple[int, int] | None = None, name_expressions: tuple[str, ...] = ()):
     """kernels/hgemm.cu whole, with v9's template instantiations (default: v9's and the
-    fallbacks config() picks on this GPU), compiled once per process (and kept in the kernel
-    cache). Launches compile less: ``kernel_module``."""
-    import cudabook as cb
-
+    fallbacks config() picks on a GPU of compute capability ``cc``, default this one), compiled
+    for this GPU once per process (and kept in the kernel cache; -arch=sm_90a on Hopper: the
+    launch core's rule). Launches with ``mod=None`` compile less: ``kernel_module``."""
     cc = tuple(cc or cb.cc())
     exprs = tuple(name_expressions) or _default_exprs(cc)
-    return _tag(cb.module("hgemm", arch_options(cc), name_expressions=exprs), cc, exprs)
+    return _tag(cb.module("hgemm", a_features=True, name_expressions=exprs), cc, exprs)
 
 
 def kernel_module(name: str, cc: tuple[int, int] | None = None):
     """The module holding kernel ``name`` alone: a template instantiation (``hgemm_tma_t<...>``)
-    by its name expression, a fixed version's kernels by the file's step guard
-    (``hgemm_v3_bf16``: ``-DCB_ONLY_hgemm_v3``). What a launch compiles the first time."""
-    import cudabook as cb
-
+    by its name expression with every ladder step left out (``only`` names no step of the
+    file: the templates cost nothing until named), a fixed version's kernels by the file's step
+    guard (``hgemm_v3_bf16``: ``-DCB_ONLY_hgemm_v3``). What a launch compiles the first time."""
     cc = tuple(cc or cb.cc())
     if "<" in name:
-        mod = cb.module("hgemm", arch_options(cc), only="hgemm_templates", name_expressions=(name,))
+        mod = cb.module("hgemm", a_features=True, only="hgemm_templates", name_expressions=(name,))
         return _tag(mod, cc, (name,))
     step = re.match(r"(hgemm_v\d+|mma_layout_probe|mma_peak)", name)
     if step is None:
         raise ValueError(f"hgemm.cu has no kernel {name!r}")
     tok = "hgemm_probe" if step.group(1).startswith("mma_") else step.group(1)
-    return _tag(cb.module("hgemm", arch_options(cc), only=tok), cc, ())
+    return _tag(cb.module("hgemm", a_features=True, only=tok), cc, ())
 
 
 def _tag(mod, cc: tuple[int, int], exprs: tuple[str, ...]):
-    mod.cc, mod.sm90a, mod.exprs = cc, arch_options(cc) != (), exprs
+    """What launch() reads from a module: the cc it plans for, whether it was compiled for
+    sm_90a (``cudabook.compile.arch_options``, the rule cb.module applied), its instantiations."""
+    mod.cc, mod.sm90a, mod.exprs = cc, cb.compile.arch_options(True) != (), exprs
     return mod
 
 
@@ -481,31 +461,23 @@ def tensor_map(ptr: int, rows: int, cols: int, box_rows: int, dtype: str = "floa
     ``box_rows`` x ``box_cols`` (64 values: 128 bytes), 128-byte swizzle, zeros outside the
     matrix. Encoded by the driver (``cudabook/tma.py``, the book's one builder) and passed by
     value to a ``const __grid_constant__ TmaDesc`` kernel parameter."""
-    import cudabook as cb
-
     return cb.tma.tensor_map(ptr, rows, cols, box_rows, box_cols, dtype, swizzle=128)
 
 
 # ============================================================================ launching
 
-def _stream_for(ops: list[Operand]):
-    """The stream of the operands' library: PyTorch's current stream for torch tensors."""
-    import cudabook as cb
-
-    return cb.arrays.launch_stream(*(o.obj for o in ops))
-
-
 def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None) -> Launch:
-    """Check the operands and the GPU, then launch ``version`` computing C = A @ B^T.
+    """Check the operands and the GPU, then launch ``version`` computing C = A @ B^T (what
+    matmul() runs; K must already be a multiple of 8). Returns the launch record.
 
     ``mod``: a module from load(), or None: the launch compiles the one kernel it needs
     (``kernel_module``, once per process and machine). ``version``: "v9" or "hgemm_v9".
-    Returns the launch record. Refuses (UnsupportedError) a version this GPU cannot run,
-    and (TypeError/ValueError) bad operands, before anything reaches the GPU.
+    Refuses (UnsupportedError) a version this GPU cannot run, and (TypeError/ValueError) bad
+    operands, before anything reaches the GPU.
     """
     version = version_name(VERSIONS, version, "hgemm")
     M, N, K, dtype = check_operands(A, B, C)
-    cc = tuple(getattr(mod, "cc", None) or _cc())
+    cc = tuple(getattr(mod, "cc", None) or cb.cc())
     require(version, cc, dtype, params=params)
     fam = _family(cc, dtype, params)[0] if version == "v9" else None
     if fam == "tma" and cc != (9, 0):
@@ -516,7 +488,7 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
         raise UnsupportedError(f"hgemm_{version} was not compiled for sm_90a: load the module "
                                "with hgemm.load() (it passes -arch=sm_90a on Hopper)")
     optin = _smem_optin()
-    sms = _sms()
+    sms = cb.launch.device().sms
     key = (version, M, N, K, cc, dtype, sms, optin) if params is None else None
     cfg = _CONFIGS.get(key) if key else None
     if cfg is None:                     # config() is pure: planned once per shape (prefill
@@ -529,19 +501,16 @@ def launch(mod, version: str, A: Any, B: Any, C: Any, params: dict | None = None
         _NOTED.add(cfg["kernel"])
         print(f"note: {cfg['fallback']}")
     kern = kernel(module_for(mod, cfg["kernel"]), cfg["kernel"])
-    if cfg["shared"] > MAX_STATIC_SHARED:
-        kern.max_dynamic_shared_size_bytes = cfg["shared"]
-    ops = [_describe(x, n) for x, n in ((A, "A"), (B, "B"), (C, "C"))]
-    a, b, c = (np.uint64(o.ptr) for o in ops)
+    a, b, c = (cb.describe(x).ptr for x in (A, B, C))
     dims = (np.int32(M), np.int32(N), np.int32(K))
     if version == "v8" or fam == "tma":
         bn = 256 if version == "v8" else cfg["params"]["BN"]
-        args = (tensor_map(ops[0].ptr, M, K, 128, dtype), tensor_map(ops[1].ptr, N, K, bn, dtype),
-                c, *dims)
+        args = (tensor_map(a, M, K, 128, dtype), tensor_map(b, N, K, bn, dtype), np.uint64(c),
+                *dims)
     else:
-        args = (a, b, c, *dims)
-    with _stream_for(ops):
-        kern(cfg["grid"], cfg["block"], args, shared_mem=cfg["shared"])
+        args = (np.uint64(a), np.uint64(b), np.uint64(c), *dims)
+    with cb.arrays.launch_stream(A, B, C):      # PyTorch's current stream for torch tensors
+        cb.launch.run(kern, cfg, args)
     return cfg
 
 
@@ -552,7 +521,8 @@ def kernel(mod, name: str):
 
 def module_for(mod, name: str):
     """``mod``, or (for a v9 instantiation it was not compiled with) the module of load() that
-    adds it: an extra NVRTC compile the first time a new parameter set is launched."""
+    adds it: an extra NVRTC compile the first time a new parameter set is launched; for ``mod``
+    None, the module of that kernel alone (``kernel_module``)."""
     if mod is None:
         return kernel_module(name)
     if "<" in name and name not in getattr(mod, "exprs", ()):
@@ -567,69 +537,52 @@ def resources(mod, name: str) -> dict:
             "local_bytes": a["local_size_bytes"]}
 
 
-def _cc() -> tuple[int, int]:
-    import cudabook as cb
-
-    return cb.cc()
-
-
 _NOTED: set[str] = set()                              # fallback kernels announced once
 _CONFIGS: dict = {}                                   # launch(): config() per shape
 
 
 def _smem_optin(cc: tuple[int, int] | None = None) -> int | None:
-    """The most dynamic shared memory one block may opt into on this GPU (bytes:
-    ``sharedMemPerBlockOptin``); None without a GPU, or when ``cc`` is not this GPU's."""
-    from cudabook import env
-    from cudabook.launch import smem_optin
-
-    optin = smem_optin()
-    if optin is None or (cc is not None and tuple(cc) != env.cc()):
+    """This GPU's opt-in shared memory per block (``cb.launch.device().smem_optin``, bytes);
+    None without a GPU, or when ``cc`` is not this GPU's compute capability (config() and
+    require() then plan for that GPU without a limit). The one place hgemm reads it:
+    tests/test_small_gpus.py replaces it to plan for other GPUs' limits."""
+    if not cb.HAS_GPU:
         return None
-    return optin
-
-
-def _sms() -> int:
-    import cudabook as cb
-
-    return cb.launch.device().sms
+    dev = cb.launch.device()
+    return dev.smem_optin if cc is None or tuple(cc) == dev.cc else None
 
 
 def pad_k(X: Any, K8: int):
     """X (R, K) copied into a zero-filled (R, K8) matrix (same library, same dtype)."""
-    if type(X).__module__.startswith("torch"):
+    if cb.arrays.lib_of(X) == "torch":
         import torch
 
         return torch.nn.functional.pad(X, (0, K8 - X.shape[1]))
     import cupy
 
     Y = cupy.zeros((X.shape[0], K8), dtype=X.dtype)
-    Y[:, :X.shape[1]] = cupy.asarray(X)
+    Y[:, :X.shape[1]] = cb.as_cupy(X, "X")
     return Y
 
 
-def matmul(A: Any, B: Any, version: str = "v9", out: Any | None = None, mod=None):
-    """C = A @ B^T with the chosen version, for CuPy arrays or PyTorch CUDA tensors.
+def matmul(A: Any, B: Any, version: str = "v9", out: Any | None = None, mod=None,
+           params: dict | None = None):
+    """The entry point: C = A @ B^T with the chosen version (v9 by default, "v9" or "hgemm_v9";
+    ``params``: v9's, if not its own), for CuPy arrays, PyTorch CUDA tensors or Numba device
+    arrays; returns C. ``mod``: as in launch() (None: compile only the kernel launched).
 
     K not a multiple of 8 is padded with zeros (a copy of A and B: 2(M + N)K bytes read and
     written once more, which the timings of the lesson count). ``out`` defaults to a new array of
     the inputs' library and dtype.
     """
     K = A.shape[1] if hasattr(A, "shape") and len(A.shape) == 2 else None
-    if K is not None and K % 8 and B.shape[-1] == K:
+    if K is not None and K % 8 and hasattr(B, "shape") and B.shape[-1] == K:
         K8 = (K + 7) // 8 * 8
         A, B = pad_k(A, K8), pad_k(B, K8)
     if out is None:
-        M, N = A.shape[0], B.shape[0]
-        if type(A).__module__.startswith("torch"):
-            import torch
-
-            out = torch.empty((M, N), dtype=A.dtype, device=A.device)
-        else:
-            import cupy
-
-            out = cupy.empty((M, N), dtype=A.dtype)
-    launch(mod, version, A, B, out)
+        M, N, _, dtype = check_operands(A, B)
+        out = cb.arrays.empty_like_lib(A, (M, N), dtype)
+    launch(mod, version, A, B, out, params=params)
     return out
 
 
@@ -658,22 +611,19 @@ def check(C: Any, A: Any, B: Any, rows: slice | None = None, name: str = "C",
           acc: str = "float32") -> float:
     """Raise ``cudabook.CheckError`` unless C = A @ B^T within ``tolerance``; returns the largest
     error relative to the bound (< 1 passes). ``rows`` restricts the check to a band of rows."""
-    import cudabook as cb
-    from cudabook.check import CheckError
-
     a, b, c = (_as_f64(x) for x in (A, B, C))
     if rows is not None:
         a, c = a[rows], c[rows]
     xp = _xp(a)
     ref = a @ b.T
-    bound = tolerance(xp.abs(a) @ xp.abs(b).T, ref, a.shape[1], _describe(C, "C").dtype, acc)
+    bound = tolerance(xp.abs(a) @ xp.abs(b).T, ref, a.shape[1], cb.describe(C, "C").dtype, acc)
     err = xp.abs(c - ref)
     bad = ~(err <= bound)
     if bool(bad.any()):
         idx = cb.to_numpy(xp.argwhere(bad))
         i, j = (int(v) for v in idx[0])
         n_nan = int(xp.isnan(c).sum())
-        raise CheckError(
+        raise cb.CheckError(
             f"{name}: {len(idx)} of {c.size} elements outside the fp32-accumulation bound"
             + (f" ({n_nan} NaN: never written)" if n_nan else "")
             + f"; first at ({i}, {j}): got {float(c[i, j]):.6g}, expected {float(ref[i, j]):.6g}"
@@ -746,8 +696,6 @@ def autotune(n: int = 4096, cands: list[dict] | None = None, repeat: int = 10,
     v9. Returns one entry per candidate (params, TFLOP/s, ratio or error), best first."""
     import cupy
 
-    import cudabook as cb
-
     cc = tuple(cb.cc())
     optin = _smem_optin() or MAX_STATIC_SHARED
     cands = [dict(c) for c in (cands or candidates(cc, family, optin))]
@@ -803,8 +751,6 @@ def sanitize_targets():
     """(name, launch) pairs for tools/sanitize.py: the versions that use shared memory, on a
     ragged shape (racecheck finds a missing barrier, memcheck an unguarded load or store)."""
     import cupy as cp
-
-    import cudabook as cb
 
     cc = tuple(cb.cc())
     mod = load(cc)

@@ -2,7 +2,7 @@
 
     ig = cb.load_launch("igemm")
     C = ig.int8_matmul(A, B)                  # int8 (M, K), (N, K) -> int32 (M, N), igemm_v3
-    C = ig.int8_matmul(A, B, version="igemm_v1")   # dp4a on the CUDA cores
+    C = ig.int8_matmul(A, B, version="v1")    # igemm_v1: dp4a on the CUDA cores
     D = ig.fp8_matmul(A8, B8, sa, sb)         # e4m3 (M, K), (N, K), float32 scalar scales on the
                                               # GPU -> bf16 (M, N) = (A @ B^T) * sa * sb
                                               # (fp8gemm_v3 on sm_90, fp8gemm_v2 on sm_89)
@@ -10,6 +10,21 @@
 A and B are row-major (B in nn.Linear's layout: torch._int_mm(a, b) with b = B.t() is the
 same product). CuPy arrays or torch CUDA tensors (int8; float8_e4m3fn for fp8, or their bytes
 as uint8). K must be a multiple of 16 (16-byte rows); M and N any.
+
+  VERSIONS, FP8_VERSIONS, WHAT, MIN_CC   the two ladders (a version is "igemm_v3" or "v3" for
+                                int8_matmul, "fp8gemm_v3" or "v3" for fp8_matmul)
+  config(version, M, N)         the launch record (grid, block, shared, kernel); ``sms`` (the
+                                persistent grid of fp8gemm_v3) read from the GPU unless given
+  int8_matmul, fp8_matmul       the entry points: check, pick the kernel, launch on the inputs'
+                                stream, return C (a new array of the inputs' library by default)
+  kernel_for(version)           the kernel that runs a version here (its FALLBACK where the
+                                shared memory does not fit)
+  module()                      igemm.cu whole (the entry points compile one step at a time)
+  tensor_map(...)               a TMA descriptor of an 8-bit matrix (cudabook/tma.py)
+  sanitize_targets()            each version on a ragged shape, for tools/sanitize.py
+
+Checks, before anything reaches the GPU: 8-bit 2D C-contiguous GPU arrays, B (N, K) with A's K,
+K % 16 == 0, 16-byte aligned starts, one float32 per scale, C of the right shape and dtype.
 Refused with a message: igemm_v2/v3 below compute capability 8.0 (int8 mma.sync m16n8k32),
 fp8 below 8.9 (no fp8 tensor-core instructions: Ada and Hopper have them), fp8gemm_v3 anywhere
 but compute capability 9.0 (wgmma, TMA and setmaxnreg: sm_90a; the module is compiled with
@@ -25,7 +40,7 @@ from typing import Any
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import Launch, LaunchError, ceil_div, smem_optin
+from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 
 __all__ = ["VERSIONS", "FP8_VERSIONS", "WHAT", "MIN_CC", "FALLBACK", "HOPPER", "int8_matmul",
            "fp8_matmul", "default_fp8", "module", "tensor_map", "config", "kernel_for",
@@ -64,36 +79,56 @@ FALLBACK = {"igemm_v3": "igemm_v2", "fp8gemm_v2": "fp8gemm_v1"}
 _NOTED: set[str] = set()
 
 
+def _version(version: str) -> str:
+    """A version of either ladder by its name; "vN" names an int8 one (igemm_vN)."""
+    return version_name(VERSIONS + FP8_VERSIONS, version, "igemm")
+
+
 def config(version: str, M: int, N: int, sms: int | None = None, fast: bool = False) -> Launch:
-    """The launch record (grid, block, shared: dynamic shared bytes) of ``version`` (igemm.cu's
-    launch comment); ``sms``: the GPU's multiprocessors (the persistent grid of fp8gemm_v3;
-    default: this GPU's), ``fast``: v3's fast-accumulation kernel."""
+    """The launch record (grid, block, shared: dynamic shared bytes, kernel) of ``version``
+    (igemm.cu's launch comment); ``sms``: the GPU's multiprocessors (the persistent grid of
+    fp8gemm_v3; default: this GPU's, ``cb.launch.device()``), ``fast``: v3's fast-accumulation
+    kernel."""
+    version = _version(version)
     if version == "igemm_v1":
         return Launch((ceil_div(N, 64), ceil_div(M, 64)), (256,), kernel=version)
     if version in HOPPER:
-        _, bn, stages = TMA_KERNELS[bool(fast)]
-        tiles = ceil_div(M, 128) * ceil_div(N, bn)
-        sms = _sms() if sms is None else sms
-        return Launch((max(1, min(tiles, sms)),), (384,),
-                      shared=stages * (128 + bn) * 128 + 1024 + 2 * 64 * (2 * bn + 16))
-    if version in TILES:
-        bm, bn = TILES[version]
-        return Launch((ceil_div(M, bm) * ceil_div(N, bn),), (256,),
-                      shared=STAGES * (bm + bn) * 128, kernel=version)
-    raise ValueError(f"unknown version {version!r}; igemm.cu has {VERSIONS + FP8_VERSIONS}")
+        return _tma_config(TMA_KERNELS[bool(fast)][0], M, N, sms)
+    bm, bn = TILES[version]
+    return Launch((ceil_div(M, bm) * ceil_div(N, bn),), (256,), shared=STAGES * (bm + bn) * 128,
+                  kernel=version)
+
+
+def _tma_config(name: str, M: int, N: int, sms: int | None = None) -> Launch:
+    """The launch record of fp8gemm_v3, its fast variant, or an instantiation ``name`` of their
+    family, fp8gemm_tma_t<BN, STAGES, PERSIST, GROUP, EPI, PROMOTE> (parameters read from the
+    name): 384 threads, a persistent grid of at most one block per SM; ``bn`` rides along."""
+    _, bn, stages = TMA_KERNELS[name == TMA_KERNELS[True][0]]
+    persist, epi = True, True
+    if "<" in name:
+        p = [x.strip() for x in name.split("<")[1].rstrip(">").split(",")]
+        bn, stages, persist, epi = int(p[0]), int(p[1]), p[2] == "true", p[4] == "true"
+    tiles = ceil_div(M, 128) * ceil_div(N, bn)
+    if persist:
+        tiles = max(1, min(tiles, cb.launch.device().sms if sms is None else sms))
+    smem = stages * (128 + bn) * 128 + 1024 + (2 * 64 * (2 * bn + 16) if epi else 0)
+    return Launch((tiles,), (384,), shared=smem, kernel=name, bn=bn)
 
 
 def _optin() -> int:
-    """The most dynamic shared memory one block may opt into on this GPU (bytes)."""
-    return smem_optin() or 48 * 1024
+    """This GPU's opt-in shared memory per block (``cb.launch.device().smem_optin``, bytes;
+    48 KiB without a GPU). The one place igemm reads it: tests/test_small_gpus.py replaces it
+    to plan for other GPUs' limits."""
+    return cb.launch.device().smem_optin if cb.HAS_GPU else 48 * 1024
 
 
 def kernel_for(version: str, optin: int | None = None) -> str:
     """The kernel that runs ``version`` on a GPU whose blocks may have ``optin`` bytes of shared
-    memory (default: this GPU's): the version's own, else its FALLBACK, else LaunchError naming
-    the shared memory it needs."""
+    memory (default: this GPU's; a plan for another GPU's limit too): the version's own, else
+    its FALLBACK, else LaunchError naming the shared memory it needs."""
+    version = _version(version)
     optin = _optin() if optin is None else optin
-    smem = config(version, 1, 1).shared
+    smem = config(version, 1, 1, sms=1).shared
     if smem <= optin:
         return version
     fb = FALLBACK.get(version)
@@ -113,11 +148,20 @@ def _need(version: str) -> None:
 
 
 def module(name_expressions: tuple[str, ...] = ()):
-    """kernels/igemm.cu compiled once per process (and kept in the kernel cache), with
+    """kernels/igemm.cu whole, compiled once per process (and kept in the kernel cache), with
     -arch=sm_90a on compute capability 9.0 (fp8gemm_v3's wgmma, TMA and setmaxnreg: the launch
     core's architecture rule); ``name_expressions``: template kernels to instantiate too
     (``fp8gemm_tma_t<BN, STAGES, PERSIST, GROUP>``, for probes)."""
     return cb.module("igemm", name_expressions=tuple(name_expressions) or None, a_features=True)
+
+
+def _kernel(name: str):
+    """The RawKernel ``name``, compiled with its ladder step alone (igemm.cu's step guards;
+    fp8gemm_v3_fast is v3's step); a template instantiation (a probe's) with the whole file."""
+    if "<" in name:
+        return module((name,)).get(name)
+    steps = tuple(dict.fromkeys((name.removesuffix("_fast"), name)))
+    return cb.module("igemm", only=steps, a_features=True).get(name)
 
 
 def tensor_map(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int = 128) -> np.void:
@@ -127,18 +171,14 @@ def tensor_map(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int = 12
     return cb.tma.tensor_map(ptr, rows, cols, box_rows, box_cols, "uint8", swizzle=128)
 
 
-def _sms() -> int:
-    return cb.launch.device().sms
-
-
 def _bytes(a: Any, name: str, want: tuple[str, ...]):
-    """The CuPy view of an 8-bit matrix (torch float8 tensors viewed as uint8)."""
-    if type(a).__module__.startswith("torch"):
+    """The CuPy view (no copy) of an 8-bit matrix on the GPU (torch float8 tensors viewed as
+    uint8), refused unless its dtype is one of ``want`` and it is 2D and C-contiguous."""
+    if cb.arrays.lib_of(a) == "torch" and str(a.dtype) == "torch.float8_e4m3fn":
         import torch
 
-        if a.dtype in (torch.float8_e4m3fn,):
-            a = a.view(torch.uint8)
-    c = cb.load_launch("gemv").as_cupy(a, name)[0]
+        a = a.view(torch.uint8)
+    c = cb.as_cupy(a, name)
     if str(c.dtype) not in want:
         raise TypeError(f"{name}: expected {' or '.join(want)}, got {c.dtype}")
     cb.expect(c, name, ndim=2)
@@ -160,31 +200,31 @@ def _shapes(A, B) -> tuple[int, int, int]:
     return M, N, K
 
 
-def _launch(mod, version, A, B, C, M, N, K, extra=()):
+def _launch(version, A, B, C, M, N, K, extra=(), arrays=()):
+    """``version`` (or its FALLBACK, announced once) on the stream of ``arrays``' library."""
     name = kernel_for(version)
     if name != version and version not in _NOTED:
         _NOTED.add(version)
         print(f"note: {version} needs {config(version, 1, 1).shared // 1024} KiB of shared memory "
               f"per block, this GPU allows {_optin() // 1024} KiB: running {name} "
               f"({WHAT[name]}) instead")
-    cb.launch.run(mod.get(name), config(name, M, N),
-                  (A, B, C, np.int32(M), np.int32(N), np.int32(K)) + extra)
+    with cb.arrays.launch_stream(*arrays):
+        cb.launch.run(_kernel(name), config(name, M, N),
+                      (A, B, C, np.int32(M), np.int32(N), np.int32(K)) + extra)
 
 
 def int8_matmul(A: Any, B: Any, C: Any = None, version: str = "igemm_v3"):
-    """int32 C = A @ B^T of int8 A (M, K) and B (N, K)."""
-    import cupy as cp
-
-    if version not in VERSIONS:
-        raise ValueError(f"unknown version {version!r}; int8 kernels: {VERSIONS}")
-    mod = module()
+    """The int8 entry point: int32 C = A @ B^T of int8 A (M, K) and B (N, K); ``version``
+    "igemm_v3" or "v3"; C (M, N) int32 is written and returned (default: a new array of A's
+    library)."""
+    version = version_name(VERSIONS, version, "igemm")
     _need(version)
     Ac, Bc = _bytes(A, "A", ("int8",)), _bytes(B, "B", ("int8",))
     M, N, K = _shapes(Ac, Bc)
     if C is None:
-        C = cp.empty((M, N), cp.int32)
+        C = cb.arrays.empty_like_lib(A, (M, N), "int32")
     cb.expect(C, "C", dtype=np.int32, shape=(M, N))
-    _launch(mod, version, Ac, Bc, C, M, N, K)
+    _launch(version, Ac, Bc, cb.as_cupy(C, "C"), M, N, K, arrays=(A, B, C))
     return C
 
 
@@ -196,68 +236,62 @@ def default_fp8() -> str:
 def fp8_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, C: Any = None,
                version: str | None = None, use_fast_accum: bool = False,
                kernel: str | None = None):
-    """bf16 C = (A @ B^T) * scale_a * scale_b of e4m3 A (M, K), B (N, K); fp32 accumulation.
+    """The fp8 entry point: bf16 C = (A @ B^T) * scale_a * scale_b of e4m3 A (M, K), B (N, K);
+    fp32 accumulation. C (M, N), 2-byte (bf16 bits), is written and returned (default: a new
+    torch bfloat16 tensor for torch inputs, else a CuPy uint16 array: CuPy has no bfloat16).
 
-    ``version``: default_fp8() when None. ``use_fast_accum`` (fp8gemm_v3 only, as in
-    torch._scaled_mm): keep the whole sum in the tensor cores' accumulator, whose fp8 sums carry
-    fewer bits than fp32, instead of adding each 128-deep partial product into fp32 registers.
-    v1/v2 (mma.sync) accumulate in fp32 either way. ``kernel``: for probes, an
-    fp8gemm_tma_t<...> instantiation to run in v3's place (module(name_expressions))."""
-    import cupy as cp
-
-    version = default_fp8() if version is None else version
-    if version not in FP8_VERSIONS:
-        raise ValueError(f"unknown version {version!r}; fp8 kernels: {FP8_VERSIONS}")
+    ``version``: "fp8gemm_v2" or "v2" (default_fp8() when None). ``use_fast_accum``
+    (fp8gemm_v3 only, as in torch._scaled_mm): keep the whole sum in the tensor cores'
+    accumulator, whose fp8 sums carry fewer bits than fp32, instead of adding each 128-deep
+    partial product into fp32 registers. v1/v2 (mma.sync) accumulate in fp32 either way.
+    ``kernel``: for probes, an fp8gemm_tma_t<...> instantiation to run in v3's place
+    (module(name_expressions))."""
+    version = default_fp8() if version is None else version_name(FP8_VERSIONS, version, "fp8gemm")
     if cb.HAS_GPU and cb.cc() < (8, 9):
         raise LaunchError(f"fp8 (e4m3) tensor-core GEMM needs compute capability 8.9+ (Ada, "
                           f"Hopper); this GPU is {cb.cc()[0]}.{cb.cc()[1]}")
     _need(version)
-    mod = module((kernel,) if kernel else ())
     Ac, Bc = _bytes(A, "A", ("uint8",)), _bytes(B, "B", ("uint8",))
     M, N, K = _shapes(Ac, Bc)
-    gv = cb.load_launch("gemv")
-    sa, sb = gv.as_cupy(scale_a, "scale_a")[0], gv.as_cupy(scale_b, "scale_b")[0]
+    sa, sb = cb.as_cupy(scale_a, "scale_a"), cb.as_cupy(scale_b, "scale_b")
     for name, s in (("scale_a", sa), ("scale_b", sb)):
         cb.expect(s, name, dtype=np.float32)
         if s.size != 1:
             raise LaunchError(f"{name}: one float32 per tensor (per-tensor scaling), got "
                               f"{s.size} values")
     if C is None:
-        C = cp.empty((M, N), dtype=cp.uint16)          # bf16 bits (CuPy has no bfloat16)
-    Cc = gv.as_cupy(C, "C")[0] if not type(C).__module__.startswith("torch") else \
-        cp.asarray(C.view(__import__("torch").int16))
-    if Cc.shape != (M, N) or Cc.dtype.itemsize != 2:
-        raise ValueError(f"C must be a 2-byte (bf16) ({M}, {N}) array, got {Cc.dtype} "
-                         f"{tuple(Cc.shape)}")
-    if version in HOPPER:
-        _launch_tma(mod, kernel or TMA_KERNELS[bool(use_fast_accum)][0], Ac, Bc, Cc, M, N, K,
-                    (sa, sb))
+        C = cb.arrays.empty_like_lib(A, (M, N), "bfloat16") if cb.arrays.lib_of(A) == "torch" \
+            else cb.arrays.empty_like_lib(A, (M, N), "uint16")
+    c = cb.describe(C, "C")
+    if c.shape != (M, N) or c.itemsize != 2:
+        raise ValueError(f"C must be a 2-byte (bf16) ({M}, {N}) array, got {c.dtype} "
+                         f"{c.shape}")
+    if c.lib == "torch":                               # CuPy has no bfloat16: its bits
+        import torch
+
+        Cc = cb.as_cupy(C.view(torch.int16), "C")
     else:
-        _launch(mod, version, Ac, Bc, Cc, M, N, K, (sa, sb))
+        Cc = cb.as_cupy(C, "C")
+    cb.expect(Cc, "C")
+    if version in HOPPER:
+        _launch_tma(kernel or TMA_KERNELS[bool(use_fast_accum)][0], Ac, Bc, Cc, M, N, K,
+                    (sa, sb), arrays=(A, B, C))
+    else:
+        _launch(version, Ac, Bc, Cc, M, N, K, (sa, sb), arrays=(A, B, C))
     return C
 
 
-def _launch_tma(mod, name, A, B, C, M, N, K, extra):
-    """fp8gemm_v3, or an instantiation ``name`` of its family,
-    fp8gemm_tma_t<BN, STAGES, PERSIST, GROUP, EPI, PROMOTE> (its parameters read from the name)."""
-    fast = name == TMA_KERNELS[True][0]
-    _, bn, stages = TMA_KERNELS[fast]
-    persist, epi = True, True
-    if "<" in name:
-        p = [x.strip() for x in name.split("<")[1].rstrip(">").split(",")]
-        bn, stages, persist, epi = int(p[0]), int(p[1]), p[2] == "true", p[4] == "true"
-    tiles = ceil_div(M, 128) * ceil_div(N, bn)
-    grid, block = ((max(1, min(tiles, _sms())) if persist else tiles),), (384,)
-    smem = stages * (128 + bn) * 128 + 1024 + (2 * 64 * (2 * bn + 16) if epi else 0)
-    if smem > _optin():
-        raise LaunchError(f"{name} needs {smem // 1024} KiB of shared memory per block, this GPU "
-                          f"allows {_optin() // 1024} KiB")
-    kern = mod.get(name)
-    kern.max_dynamic_shared_size_bytes = smem
-    ta = tensor_map(A.data.ptr, M, K, 128)
-    tb = tensor_map(B.data.ptr, N, K, bn)
-    kern(grid, block, (ta, tb, C, np.int32(M), np.int32(N), np.int32(K)) + extra,
-         shared_mem=smem)
+def _launch_tma(name, A, B, C, M, N, K, extra, arrays=()):
+    """fp8gemm_v3 (v3_fast), or an instantiation ``name`` of its family,
+    fp8gemm_tma_t<BN, STAGES, PERSIST, GROUP, EPI, PROMOTE>: its launch record (a persistent grid
+    of one block per SM, the shared memory of its ring of stages), then the two tensor maps."""
+    cfg = _tma_config(name, M, N)
+    cb.need_shared(cfg.shared, name, limit=_optin())
+    ta = tensor_map(A.data.ptr, M, K, 128)          # boxes of 128 rows x 128 bytes of K
+    tb = tensor_map(B.data.ptr, N, K, cfg.bn)       # BN rows x 128 bytes
+    with cb.arrays.launch_stream(*arrays):
+        cb.launch.run(_kernel(name), cfg,
+                      (ta, tb, C, np.int32(M), np.int32(N), np.int32(K)) + extra)
 
 
 def bf16_to_float(c) -> Any:

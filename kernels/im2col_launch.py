@@ -7,9 +7,20 @@
     ic.col2im_numba(dcols, dx, K=3)
     Ho, Wo = ic.out_size(H, W, K, pad)
 
+    KERNELS                        im2col_v1 / col2im_v1 (float32), the _f64 twins
+    config(kernel, n)              -> Launch(grid, block=256, kernel=kernel): a thread per output
+    im2col(x, K, pad=None, cols=None), col2im(dcols, x_shape, K, pad=None, dx=None)
+                                   the entry points: checks, config, launch, return the output
+    im2col_numba / col2im_numba    the Numba twins, with the same checks
+    out_size(H, W, K, pad)         the output's size, or the reason there is none
+    sanitize_targets()
+
 Stride 1, zero padding ``pad`` (default K // 2: the output has the input's size), 0 <= pad < K.
-float32 runs im2col_v1 / col2im_v1, float64 the _f64 kernels. Arrays must be C-contiguous: a
-strided view (an NCHW tensor permuted to NHWC, say) is refused, not read as if it were dense.
+float32 runs im2col_v1 / col2im_v1, float64 the _f64 kernels. The checks, before anything is
+launched: float32 or float64, C-contiguous (a strided view, an NCHW tensor permuted to NHWC say,
+is refused, not read as if it were dense), on the GPU; x 4D NHWC, not empty; K and pad that give
+an output; outputs of the input's dtype and the right shape (allocated by the input's library
+when not given); sizes that 32-bit indices reach.
 """
 
 from __future__ import annotations
@@ -19,22 +30,32 @@ from typing import Any
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import Launch, LaunchError, ceil_div
+from cudabook.validate import dtype_name
 
-__all__ = ["out_size", "im2col", "col2im", "im2col_numba", "col2im_numba", "sanitize_targets"]
+__all__ = ["KERNELS", "out_size", "im2col", "col2im", "im2col_numba", "col2im_numba", "config",
+           "sanitize_targets"]
 
-_KERNELS = {np.dtype(np.float32): ("im2col_v1", "col2im_v1"),
-            np.dtype(np.float64): ("im2col_f64", "col2im_f64")}
+_BY_DTYPE = {"float32": ("im2col_v1", "col2im_v1"), "float64": ("im2col_f64", "col2im_f64")}
+KERNELS = tuple(k for pair in _BY_DTYPE.values() for k in pair)
 _THREADS = 256
 
 
 def _module():
-    return cb.module("im2col")     # compiled once per process
+    return cb.module("im2col")     # the whole file, compiled once per process
 
 
-def _dtype(a: Any, name: str) -> np.dtype:
-    dt = np.dtype(str(a.dtype).replace("torch.", ""))
-    if dt not in _KERNELS:
+def config(kernel: str, n: int) -> Launch:
+    """Grid and block of ``kernel`` writing n outputs: a thread each, blocks of 256 (im2col:
+    n = B Ho Wo K K C; col2im, a gather: n = B H W C)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; im2col.cu has {KERNELS}")
+    return Launch((ceil_div(n, _THREADS),), (_THREADS,), kernel=kernel)
+
+
+def _dtype(a: Any, name: str) -> str:
+    dt = dtype_name(a.dtype)
+    if dt not in _BY_DTYPE:
         raise TypeError(f"{name}: expected float32 or float64, got {dt} (use .astype(float32))")
     return dt
 
@@ -71,34 +92,34 @@ def _dims(shape: Any, K: int, pad: int | None) -> tuple[int, int, int, int, int,
     return B, H, W, C, K, pad, Ho, Wo
 
 
+def _run(cfg: Launch, src, dst, dims: tuple) -> None:
+    cb.launch.run(_module().get(cfg.kernel), cfg,
+                  (cb.as_cupy(src), cb.as_cupy(dst), *(np.int32(v) for v in dims)),
+                  stream=cb.stream_for(src, dst))
+
+
 def im2col(x: Any, K: int, pad: int | None = None, cols: Any = None) -> Any:
     """cols (B Ho Wo, K K C) of a contiguous NHWC ``x`` (B, H, W, C), float32 or float64."""
-    import cupy as cp
-
     cb.expect(x, "x")
     dt = _dtype(x, "x")
     B, H, W, C, K, pad, Ho, Wo = _dims(x.shape, K, pad)
     shape = (B * Ho * Wo, K * K * C)
-    cols = cp.empty(shape, dt) if cols is None else cols
+    if cols is None:
+        cols = cb.arrays.empty_like_lib(x, shape, dt)
     cb.expect(cols, "cols", dtype=dt, shape=shape)
-    n = shape[0] * shape[1]
-    _module().get(_KERNELS[dt][0])((ceil_div(n, _THREADS),), (_THREADS,),
-                                   (x, cols, *(np.int32(v) for v in (B, H, W, C, K, pad, Ho, Wo))))
+    _run(config(_BY_DTYPE[dt][0], shape[0] * shape[1]), x, cols, (B, H, W, C, K, pad, Ho, Wo))
     return cols
 
 
 def col2im(dcols: Any, x_shape: tuple, K: int, pad: int | None = None, dx: Any = None) -> Any:
     """dx (B, H, W, C): the gradient of im2col's input from ``dcols`` (B Ho Wo, K K C)."""
-    import cupy as cp
-
     B, H, W, C, K, pad, Ho, Wo = _dims(x_shape, K, pad)
     cb.expect(dcols, "dcols", shape=(B * Ho * Wo, K * K * C))
     dt = _dtype(dcols, "dcols")
-    dx = cp.empty((B, H, W, C), dt) if dx is None else dx
+    if dx is None:
+        dx = cb.arrays.empty_like_lib(dcols, (B, H, W, C), dt)
     cb.expect(dx, "dx", dtype=dt, shape=(B, H, W, C))
-    n = B * H * W * C
-    _module().get(_KERNELS[dt][1])((ceil_div(n, _THREADS),), (_THREADS,),
-                                   (dcols, dx, *(np.int32(v) for v in (B, H, W, C, K, pad, Ho, Wo))))
+    _run(config(_BY_DTYPE[dt][1], B * H * W * C), dcols, dx, (B, H, W, C, K, pad, Ho, Wo))
     return dx
 
 

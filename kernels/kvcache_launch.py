@@ -5,9 +5,16 @@
     kl.decode_attention(q, kc, vc, out, n_keys)     # one query per (b, h) over keys 0..n-1
     kl.merge_heads(o, y)                            # (B, H, T, D) -> (B*T, H*D)
 
-Arrays are CuPy fp16 on the GPU. ``pos_dev`` (a device int32 array of one element) adds a
-position read on the GPU, for a step captured in a CUDA graph: kv_append writes at pos0 +
-pos_dev[0] + t, decode_attention attends over n_keys + pos_dev[0] + 1 keys.
+  DECODE_ATTENTION         decode_attention's ladder ("v2" or "decode_attention_v2")
+  kv_append(), decode_attention(), merge_heads(), advance()   the entry points: check, launch
+  sanitize_targets()       decode_attention on a short and a ragged cache, for tools/sanitize.py
+
+Arrays are CuPy fp16 on the GPU (the kernels run on CuPy's current stream: the decode step's,
+or the stream a CUDA graph is captured on). ``pos_dev`` (a device int32 array of one element)
+adds a position read on the GPU, for a step captured in a CUDA graph: kv_append writes at pos0 +
+pos_dev[0] + t, decode_attention attends over n_keys + pos_dev[0] + 1 keys. Refused before a
+launch: dtypes, shapes and layouts, positions outside the cache, a head dimension that is not a
+multiple of 8 up to 256, a cache longer than the GPU's shared memory holds scores for.
 """
 
 from __future__ import annotations
@@ -17,17 +24,23 @@ import math
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div, smem_optin
+from cudabook.launch import Launch, LaunchError, ceil_div, grid_1d, version_name
 
-__all__ = ["DECODE_ATTENTION", "kv_append", "decode_attention", "merge_heads", "advance", "sanitize_targets"]
+__all__ = ["DECODE_ATTENTION", "kv_append", "decode_attention", "merge_heads", "advance",
+           "sanitize_targets"]
+
+
+DECODE_ATTENTION = ("decode_attention_v1", "decode_attention_v2")
 
 
 def _module():
+    """kernels/kvcache.cu through cb.module (once per process, kept in the kernel cache)."""
     return cb.module("kvcache")
 
 
 def _ptr(a) -> np.uint64:
-    return np.uint64(0 if a is None else a.data.ptr)
+    """The device address of ``a`` (cb.describe), 0 for None: an optional pointer argument."""
+    return np.uint64(0 if a is None else cb.describe(a).ptr)
 
 
 def _cache(kc, vc) -> tuple[int, int, int, int]:
@@ -63,22 +76,16 @@ def kv_append(k, v, kc, vc, pos0: int = 0, pos_dev=None):
     if pos_dev is None and not 0 <= pos0 <= L - T:
         raise LaunchError(f"positions {pos0}..{pos0 + T - 1} do not fit the cache of {L} "
                           "positions (prompt longer than the cache?)")
-    n = B * T * H * D
-    _module().get("kv_append_v1")((ceil_div(n, 256),), (256,),
-                                  (k, v, np.int64(st[1]), kc, vc, np.int32(B), np.int32(T),
-                                   np.int32(H), np.int32(D), np.int32(L), np.int32(pos0),
-                                   _ptr(pos_dev)))
-
-
-DECODE_ATTENTION = ("decode_attention_v1", "decode_attention_v2")
+    cb.launch.run(_module().get("kv_append_v1"), Launch(grid_1d(B * T * H * D), (256,)),
+                  (k, v, np.int64(st[1]), kc, vc, np.int32(B), np.int32(T), np.int32(H),
+                   np.int32(D), np.int32(L), np.int32(pos0), _ptr(pos_dev)))
 
 
 def decode_attention(q, kc, vc, out, n_keys: int = 0, pos_dev=None, scale: float | None = None,
                      version: str = "decode_attention_v2"):
     """out (B, H*D) = softmax(q k^T * scale) v for one query q (B, H, D) per sequence and head
     (a view whose last two axes are dense) over cached keys 0..n-1, n = n_keys (+ pos_dev[0] + 1)."""
-    if version not in DECODE_ATTENTION:
-        raise ValueError(f"unknown version {version!r}; kvcache.cu has {DECODE_ATTENTION}")
+    version = version_name(DECODE_ATTENTION, version, "decode_attention")
     B, H, L, D = _cache(kc, vc)
     cb.expect(q, "q", dtype=np.float16, shape=(B, H, D), contiguous=False)
     if q.strides[2] != 2 or q.strides[1] != 2 * D:
@@ -90,12 +97,12 @@ def decode_attention(q, kc, vc, out, n_keys: int = 0, pos_dev=None, scale: float
     if pos_dev is None and not 1 <= n_keys <= L:
         raise LaunchError(f"n_keys = {n_keys}: attention needs 1..{L} cached keys")
     s = 1 / math.sqrt(D) if scale is None else float(scale)
-    threads = 128 if version == "decode_attention_v1" else 256
     kern = _module().get(version)
     _fit_scores(kern, version, L)
-    kern((H, B), (threads,), (q, np.int64(q.strides[0] // 2), kc, vc, out, np.int32(H),
+    cfg = Launch((H, B), (128 if version == "decode_attention_v1" else 256,), shared=4 * L)
+    cb.launch.run(kern, cfg, (q, np.int64(q.strides[0] // 2), kc, vc, out, np.int32(H),
                               np.int32(D), np.int32(L), np.int32(n_keys), _ptr(pos_dev),
-                              np.float32(s * math.log2(math.e))), shared_mem=4 * L)
+                              np.float32(s * math.log2(math.e))))
     return out
 
 
@@ -106,7 +113,7 @@ def _fit_scores(kern, version: str, L: int) -> None:
     static = int(kern.attributes["shared_size_bytes"])
     if 4 * L + static <= 48 * 1024:
         return
-    optin = smem_optin() or 48 * 1024
+    optin = cb.launch.smem_optin() or 48 * 1024
     if 4 * L + static > optin:
         raise LaunchError(f"{version}: a cache of L = {L} positions needs {(4 * L + static) // 1024}"
                           f" KiB of shared memory per block (4 L bytes of scores + {static} static),"
@@ -119,9 +126,8 @@ def merge_heads(o, y):
     cb.expect(o, "o", dtype=np.float16, ndim=4)
     B, H, T, D = (int(s) for s in o.shape)
     cb.expect(y, "y", dtype=np.float16, shape=(B * T, H * D))
-    n = B * H * T * D
-    _module().get("merge_heads_v1")((ceil_div(n, 256),), (256,),
-                                    (o, y, np.int32(B), np.int32(H), np.int32(T), np.int32(D)))
+    cb.launch.run(_module().get("merge_heads_v1"), Launch(grid_1d(B * H * T * D), (256,)),
+                  (o, y, np.int32(B), np.int32(H), np.int32(T), np.int32(D)))
     return y
 
 
@@ -133,8 +139,8 @@ def advance(pos_dev, tok, history):
     cb.expect(history, "history", dtype=np.int32, ndim=2)
     if int(history.shape[0]) != B:
         raise ValueError(f"history has {history.shape[0]} rows for {B} sequences")
-    _module().get("advance_v1")((1,), (min(1024, 32 * ceil_div(B, 32)),),
-                                (pos_dev, tok, history, np.int32(B), np.int32(history.shape[1])))
+    cb.launch.run(_module().get("advance_v1"), Launch((1,), (min(1024, 32 * ceil_div(B, 32)),)),
+                  (pos_dev, tok, history, np.int32(B), np.int32(history.shape[1])))
 
 
 def sanitize_targets():

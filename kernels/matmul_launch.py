@@ -1,14 +1,23 @@
 """Launching kernels/matmul.cu and its Numba twins: the one launch description of every version
 (the lesson, the tests and the sanitizer all use it), and the compile options of matmul_v10.
 
-    config(version, M, N, K, params)  -> {"grid", "block", "shared"}
-    check_operands(A, B, C, device)   -> (M, N, K), or a clear error about what does not fit
-    launch_cupy(mod, version, A, B, C)   validates the operands and launches mod.matmul_<version>
+    VERSIONS, NUMBA_VERSIONS, WHAT    the ladder (CUDA C++, the Numba twins), one line per step
+    config(version, M, N, K, params)  -> Launch(grid, block, shared=, kernel="matmul_<version>")
+    matmul(A, B, C=None, version="v10", params=None, mod=None)
+                                      the entry point: checks, picks the config, launches, returns C
+    check_operands(A, B, C, device)   the op's checks: 2D float32 C-contiguous matrices (on the GPU
+                                      with device=True), inner dimensions that agree, C of M x N,
+                                      no empty matrix, 32-bit indices -> (M, N, K)
+    launch_cupy(mod, version, A, B, C)   the lessons' call shape of matmul() (returns the record;
+                                      launch(...) is the same, hgemm_launch's name for it)
+    launch_ladder(n)                  every version once: the run Nsight Compute profiles
     tuned_params / tuned_options / load_tuned   matmul_v10 (and v11) compiled for chosen tile sizes
     numba_config / launch_numba       the same for the Numba twins (kernels/matmul.py)
+    tolerance(K)                      atol/rtol of a K-term float32 dot product
     sanitize_targets()                v1..v11 on a ragged shape, for tools/sanitize.py
 
-The tile-size sweep is kernels/matmul_tune.py; flops and traffic are cudabook.roofline.
+Versions are spelled "v3" or "matmul_v3". The tile-size sweep is kernels/matmul_tune.py; flops and
+traffic are cudabook.roofline.
 """
 
 from __future__ import annotations
@@ -17,11 +26,12 @@ import numpy as np
 
 import cudabook as cb
 from cudabook.check import dot_tolerance
-from cudabook.launch import ceil_div, grid_2d, returns_launch
+from cudabook.launch import Launch, ceil_div, grid_2d, version_name
 
 __all__ = ["VERSIONS", "NUMBA_VERSIONS", "WHAT", "TUNED_DEFAULT", "config", "check_operands",
-           "launch_cupy", "load_tuned", "tuned_params", "tuned_options", "tuned_threads",
-           "tuned_shared", "numba_config", "launch_numba", "tolerance", "sanitize_targets"]
+           "matmul", "launch", "launch_cupy", "launch_ladder", "load_tuned", "tuned_params",
+           "tuned_options", "tuned_threads", "tuned_shared", "numba_config", "launch_numba",
+           "tolerance", "sanitize_targets"]
 
 VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11")
 #: the Numba twins, matmul_<name> in kernels/matmul.py
@@ -54,7 +64,6 @@ _FIXED = {  # version: (block threads, (block tile rows, cols) of C, dynamic sha
     "v9": (256, (128, 128), 2 * 16 * (128 + 4 + 128) * 4),
 }
 
-MAX_STATIC_SHARED = 48 * 1024
 #: the versions whose tile sizes are the MM_* macros (compiled by load_tuned, launched with its params)
 _TUNED = ("v10", "v11")
 
@@ -103,45 +112,49 @@ def tuned_options(params: dict | None = None, only_tuned: bool = False) -> tuple
     return opts + (("-DMM_ONLY_TUNED",) if only_tuned else ())
 
 
-@returns_launch
-def config(version: str, M: int, N: int, K: int, params: dict | None = None) -> dict:
+def config(version: str, M: int, N: int, K: int, params: dict | None = None) -> Launch:
     """Grid, block and dynamic shared memory of ``matmul_<version>`` for C[M, N] = A @ B."""
-    if version not in VERSIONS:
-        raise ValueError(f"unknown version {version!r}; matmul.cu has {VERSIONS}")
+    version = version_name(VERSIONS, version, "matmul")          # "v3" or "matmul_v3"
+    kernel = f"matmul_{version}"
     if version == "v1":
-        return {"grid": (ceil_div(M, 32), ceil_div(N, 32)), "block": (32, 32), "shared": 0}
+        return Launch((ceil_div(M, 32), ceil_div(N, 32)), (32, 32), kernel=kernel)
     if version in ("v2", "v3"):
-        return {"grid": (ceil_div(N, 32), ceil_div(M, 32)), "block": (32, 32), "shared": 0}
+        return Launch((ceil_div(N, 32), ceil_div(M, 32)), (32, 32), kernel=kernel)
     if version in _TUNED:
         p = tuned_params(params)
         shared = tuned_shared(p if version == "v10" else {**p, "STAGES": 2})   # v11: 2 stages
-        return {"grid": (ceil_div(N, p["BN"]), ceil_div(M, p["BM"])),
-                "block": (tuned_threads(p),), "shared": shared}
+        return Launch((ceil_div(N, p["BN"]), ceil_div(M, p["BM"])), (tuned_threads(p),),
+                      shared=shared, kernel=kernel)
     nt, (bm, bn), sh = _FIXED[version]
-    return {"grid": (ceil_div(N, bn), ceil_div(M, bm)), "block": (nt,), "shared": sh}
+    return Launch((ceil_div(N, bn), ceil_div(M, bm)), (nt,), shared=sh, kernel=kernel)
 
 
-def check_operands(A, B, C, device: bool = False) -> tuple[int, int, int]:
-    """(M, N, K) of C[M, N] = A[M, K] @ B[K, N], or a clear error about what does not fit;
-    ``device``: the arrays must also live on the GPU (what the CUDA C++ launch reads)."""
+def check_operands(A, B, C=None, device: bool = False) -> tuple[int, int, int]:
+    """(M, N, K) of C[M, N] = A[M, K] @ B[K, N], or a clear error about what does not fit
+    (``C`` None: A and B alone). ``device``: the arrays must also live on the GPU (what the
+    CUDA C++ launch reads; the Numba twins also take host arrays, which Numba copies)."""
     for name, x in (("A", A), ("B", B), ("C", C)):
-        if getattr(x, "ndim", None) != 2:
-            raise ValueError(f"matmul: {name} must be a 2D matrix, got shape "
-                             f"{getattr(x, 'shape', None)}")
-        if np.dtype(x.dtype) != np.float32:
-            raise TypeError(f"matmul: {name} is {x.dtype}; these kernels are float32 only "
-                            f"(use .astype(float32))")
+        if x is None and name == "C":
+            continue
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"matmul: {name} must be an array (CuPy, PyTorch, Numba), got "
+                            f"{type(x).__name__}")
         info = cb.describe(x, name)
+        if len(info.shape) != 2:
+            raise ValueError(f"matmul: {name} must be a 2D matrix, got shape {info.shape}")
+        if info.dtype != "float32":
+            raise TypeError(f"matmul: {name} is {info.dtype}; these kernels are float32 only "
+                            f"(use .astype(float32))")
         if device and cb.HAS_GPU and not info.on_device:
             raise TypeError(f"matmul: {name} is a {info.lib} array on the host; the kernels read "
                             "GPU memory: move it with cupy.asarray(...)")
         if not info.contiguous:
             raise ValueError(f"matmul: {name} must be C-contiguous (row-major) - a transposed "
                              "view or a slice is not; use cupy.ascontiguousarray")
-    (M, K), (K2, N) = A.shape, B.shape
+    (M, K), (K2, N) = (tuple(int(s) for s in x.shape) for x in (A, B))
     if K != K2:
         raise ValueError(f"matmul: inner dimensions differ, A is {M}x{K} and B is {K2}x{N}")
-    if tuple(C.shape) != (M, N):
+    if C is not None and tuple(C.shape) != (M, N):
         raise ValueError(f"matmul: C must be {M}x{N} for A {M}x{K} @ B {K}x{N}, got "
                          f"{tuple(C.shape)}")
     if min(M, N, K) < 1:
@@ -152,21 +165,48 @@ def check_operands(A, B, C, device: bool = False) -> tuple[int, int, int]:
     return M, N, K
 
 
-def launch_cupy(mod, version: str, A, B, C, params: dict | None = None) -> dict:
-    """Launch ``mod.matmul_<version>`` on CuPy arrays; returns the launch configuration used.
-
-    ``params`` (v10, v11 only) defaults to the tile sizes ``mod`` was compiled with (``load_tuned``).
-    """
+def _launch(A, B, C, version: str, params: dict | None, mod) -> tuple:
+    """(C, launch record): check, compile if needed, launch on the operands' stream."""
+    version = version_name(VERSIONS, version, "matmul")
     M, N, K = check_operands(A, B, C, device=True)
-    if version in _TUNED and params is None:
-        params = mod.__dict__.get("params")
+    if version in _TUNED:
+        if params is None and mod is not None:
+            params = getattr(mod, "__dict__", {}).get("params")   # load_tuned's tile sizes
+        if mod is None:
+            mod = load_tuned(params)
+    elif mod is None:
+        mod = cb.module("matmul")                   # the whole ladder, once per process
     cfg = config(version, M, N, K, params)
-    kern = mod.get(f"matmul_{version}")
-    if cfg["shared"] > MAX_STATIC_SHARED:
-        kern.max_dynamic_shared_size_bytes = cfg["shared"]
-    kern(cfg["grid"], cfg["block"], (A, B, C, np.int32(M), np.int32(N), np.int32(K)),
-         shared_mem=cfg["shared"])
-    return cfg
+    if C is None:
+        C = cb.arrays.empty_like_lib(A, (M, N), "float32")
+    args = (cb.as_cupy(A, "A"), cb.as_cupy(B, "B"), cb.as_cupy(C, "C"), np.int32(M),
+            np.int32(N), np.int32(K))
+    cb.launch.run(mod.get(cfg.kernel), cfg, args, stream=cb.stream_for(A, B, C))
+    return C, cfg
+
+
+def matmul(A, B, C=None, version: str = "v10", params: dict | None = None, mod=None):
+    """C[M, N] = A[M, K] @ B[K, N] (float32, row-major, on the GPU) by ``matmul_<version>``
+    ("v10" or "matmul_v10"); returns C (allocated by A's library when not given).
+
+    ``mod``: a module of matmul.cu (``load_tuned(params)`` for v10 / v11 with other tile sizes),
+    or None: v10 and v11 compile alone with the tile sizes ``params`` (default TUNED_DEFAULT),
+    the other versions with the whole file, once per process. ``params`` (v10, v11) defaults to
+    the tile sizes ``mod`` was compiled with. Launched on PyTorch's current stream when an
+    operand is a torch tensor, else on CuPy's.
+    """
+    return _launch(A, B, C, version, params, mod)[0]
+
+
+def launch_cupy(mod, version: str, A, B, C, params: dict | None = None) -> Launch:
+    """The lessons' call shape of ``matmul(A, B, C, version, params, mod)``: returns the launch
+    record used."""
+    return _launch(A, B, C, version, params, mod)[1]
+
+
+def launch(mod, version: str, A, B, C, params: dict | None = None) -> Launch:
+    """``launch_cupy`` under the name hgemm_launch uses for the same call shape."""
+    return _launch(A, B, C, version, params, mod)[1]
 
 
 def launch_ladder(n: int = 2048, versions: tuple[str, ...] = VERSIONS) -> None:
@@ -174,20 +214,20 @@ def launch_ladder(n: int = 2048, versions: tuple[str, ...] = VERSIONS) -> None:
     profiles, one launch per ladder step (Chapters 4 and 5)."""
     import cupy as cp
 
-    mod = cb.load_cuda("matmul")
+    mod = cb.module("matmul")
     A = cp.random.rand(n, n, dtype=cp.float32)
     B = cp.random.rand(n, n, dtype=cp.float32)
     C = cp.empty((n, n), cp.float32)
     for v in versions:
-        launch_cupy(mod, v, A, B, C)
+        matmul(A, B, C, version=v, mod=mod)
     cp.cuda.Device().synchronize()
 
 
 def load_tuned(params: dict | None = None, only_tuned: bool = True):
-    """Compile matmul.cu with the tile sizes of matmul_v10 and v11 set by -D macros (those two
-    kernels alone, by default)."""
+    """matmul.cu compiled with the tile sizes of matmul_v10 and v11 set by -D macros (those two
+    kernels alone, by default), once per process; ``mod.params`` holds the tile sizes."""
     p = tuned_params(params)
-    mod = cb.load_cuda("matmul", options=tuned_options(p, only_tuned))
+    mod = cb.module("matmul", tuned_options(p, only_tuned))
     mod.params = p
     return mod
 
@@ -201,26 +241,26 @@ def _numba():
     return cb.load_numba("matmul")
 
 
-def numba_config(version: str, M: int, N: int) -> tuple[tuple, tuple]:
-    """(grid, block) of the Numba ``matmul_<version>``."""
+def numba_config(version: str, M: int, N: int) -> Launch:
+    """Grid and block of the Numba ``matmul_<version>`` ("reg8x8" or "matmul_reg8x8")."""
+    version = version_name(NUMBA_VERSIONS, version, "matmul")
     nb = _numba()
+    kernel = f"matmul_{version}"
     if version == "v1":
-        return (ceil_div(M, 16), ceil_div(N, 16)), (16, 16)
+        return Launch((ceil_div(M, 16), ceil_div(N, 16)), (16, 16), kernel=kernel)
     if version == "v2":
-        return grid_2d(M, N, 16), (16, 16)
+        return Launch(grid_2d(M, N, 16), (16, 16), kernel=kernel)
     if version == "smem16":
-        return grid_2d(M, N, nb.SMEM16_TILE), (nb.SMEM16_TILE, nb.SMEM16_TILE)
-    if version in ("reg8x8", "reg8x8_prefetch", "reg8x8_unsigned"):
-        return grid_2d(M, N, (nb.REG_BM, nb.REG_BN)), (nb.REG_THREADS,)
-    raise ValueError(f"unknown Numba version {version!r}; kernels/matmul.py has "
-                     f"{NUMBA_VERSIONS}")
+        return Launch(grid_2d(M, N, nb.SMEM16_TILE), (nb.SMEM16_TILE, nb.SMEM16_TILE),
+                      kernel=kernel)
+    return Launch(grid_2d(M, N, (nb.REG_BM, nb.REG_BN)), (nb.REG_THREADS,), kernel=kernel)
 
 
 def launch_numba(version: str, A, B, C) -> None:
     """Launch the Numba ``matmul_<version>`` (device arrays, or NumPy in the simulator)."""
     M, N, _ = check_operands(A, B, C)
-    grid, block = numba_config(version, M, N)
-    getattr(_numba(), f"matmul_{version}")[grid, block](A, B, C)
+    cfg = numba_config(version, M, N)
+    getattr(_numba(), cfg.kernel)[cfg.grid, cfg.block](A, B, C)
 
 
 def sanitize_targets():
@@ -228,15 +268,15 @@ def sanitize_targets():
     a missing __syncthreads() between tile loads; memcheck a missing bounds guard)."""
     import cupy as cp
 
-    mod = cb.load_cuda("matmul")
+    mod = cb.module("matmul")
     M, N, K = 131, 67, 45
     A = cp.random.rand(M, K, dtype=cp.float32)
     B = cp.random.rand(K, N, dtype=cp.float32)
     C = cp.empty((M, N), cp.float32)
     for v in VERSIONS:
-        yield f"matmul_{v}", (lambda v=v: launch_cupy(mod, v, A, B, C))
+        yield f"matmul_{v}", (lambda v=v: matmul(A, B, C, version=v, mod=mod))
     # v11 on a shape with one block wholly inside A and B (its unguarded float4 path) and edges
     A2 = cp.random.rand(300, 45, dtype=cp.float32)
     B2 = cp.random.rand(45, 140, dtype=cp.float32)
     C2 = cp.empty((300, 140), cp.float32)
-    yield "matmul_v11 (inner block)", (lambda: launch_cupy(mod, "v11", A2, B2, C2))
+    yield "matmul_v11 (inner block)", (lambda: matmul(A2, B2, C2, version="v11", mod=mod))

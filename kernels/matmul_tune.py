@@ -1,5 +1,6 @@
 """The tile-size sweep of matmul_v10 and matmul_v11 (Chapter 4): compile each configuration, time it against
-cuBLAS in the same run, and rank them. Launching is kernels/matmul_launch.py.
+cuBLAS in the same run, and rank them. Launching is kernels/matmul_launch.py (``matmul``, ``load_tuned``:
+one compile per tile configuration, kept for the process).
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ def autotune(configs: list[dict], n: int = 4096, repeat: int = 10, vs_cublas: bo
     import cupy
 
     ml = _launch()
-    if version not in ("v10", "v11"):
-        raise ValueError(f"autotune: version must be 'v10' or 'v11', got {version!r}")
+    version = cb.launch.version_name(("v10", "v11"), version, "matmul")   # or "matmul_v10"
     rng = np.random.default_rng(0)
     A = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
     B = cupy.asarray(rng.standard_normal((n, n), dtype=np.float32))
@@ -47,12 +47,12 @@ def autotune(configs: list[dict], n: int = 4096, repeat: int = 10, vs_cublas: bo
             mod = ml.load_tuned(cfg)
             res = mod.resources(f"matmul_{version}")
             C.fill(np.nan)
-            t = cb.bench({version: lambda: ml.launch_cupy(mod, version, A, B, C)}, flops=work,
-                         repeat=repeat, quiet=True,
+            t = cb.bench({version: lambda: ml.matmul(A, B, C, version=version, mod=mod)},
+                         flops=work, repeat=repeat, quiet=True,
                          check=lambda _: cb.check(C[:128], ref, **ml.tolerance(n)))
             row = t.rows[0]
             entry.update(threads=ml.tuned_threads(entry["params"]),
-                         shared=ml.config(version, n, n, n, entry["params"])["shared"],
+                         shared=ml.config(version, n, n, n, entry["params"]).shared,
                          registers=res["registers"],
                          spill_bytes=res["local_bytes"], time_us=row.time_us,
                          tflops=row.value, ratio=(row.value / base) if base else None)

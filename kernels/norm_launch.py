@@ -3,13 +3,22 @@
     nl = cb.load_launch("norm")
     y = nl.layernorm(x, gamma, beta, 1e-5)          # layernorm_v3, any N
     y = nl.rmsnorm(x, gamma, 1e-6)                  # rmsnorm_v2, any N
-    nl.layernorm(x, gamma, beta, 1e-5, y, version="layernorm_v2")
+    nl.layernorm(x, gamma, beta, 1e-5, y, version="layernorm_v2")   # or version="v2"
     nl.layernorm(x, gamma, beta, 1e-5, y, version="layernorm_v4")   # rows past 32k columns (lesson 3: below v3 up to 16k)
     nl.layernorm(x, gamma, beta, 1e-5, y, version="layernorm_v5")   # sm_90: float4 rows of 16k-32k columns
 
-The helpers check x (float32, 2D, C-contiguous, on the GPU), gamma and beta (float32, (N,)),
-y (x's shape) and eps (a number > 0) before anything is launched. layernorm_v5 needs compute
-capability 9.0 (thread-block clusters) and says so below that.
+    LAYERNORM_VERSIONS, RMSNORM_VERSIONS, MIN_CC   the two ladders; layernorm_v5 needs cc 9.0
+    config(version, M, N, sms, optin)   -> Launch(grid, block, shared=, kernel=version)
+    layernorm(x, gamma, beta, eps, y=None, version) / rmsnorm(x, gamma, eps, y=None, version)
+                                        the entry points: checks, config, launch, return y
+    v4_shared(N, optin)                 layernorm_v4's dynamic shared memory
+    sanitize_targets()
+
+The checks, before anything is launched: x float32, 2D, C-contiguous, on the GPU, with at least
+one row and one column; gamma and beta float32 (N,); y of x's shape (allocated by x's library
+when not given); eps a number > 0. layernorm_v5 needs compute capability 9.0 (thread-block
+clusters) and says so below that. Versions are spelled "layernorm_v3" or "v3" ("rmsnorm_v2" or
+"v2").
 """
 
 from __future__ import annotations
@@ -19,43 +28,55 @@ import numbers
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div, returns_launch, row_block, smem_optin
+from cudabook.launch import Launch, LaunchError, ceil_div, row_block, smem_optin, version_name
 
-__all__ = ["LAYERNORM_VERSIONS", "RMSNORM_VERSIONS", "layernorm", "rmsnorm", "config",
-           "sanitize_targets"]
+__all__ = ["LAYERNORM_VERSIONS", "RMSNORM_VERSIONS", "MIN_CC", "layernorm", "rmsnorm", "config",
+           "v4_shared", "sanitize_targets"]
 
 LAYERNORM_VERSIONS = ("layernorm_v1", "layernorm_v2", "layernorm_v3", "layernorm_v4",
                       "layernorm_v5")
 RMSNORM_VERSIONS = ("rmsnorm_v1", "rmsnorm_v2")
+#: the versions that need more than the book's minimum GPU
+MIN_CC = {"layernorm_v5": (9, 0)}
 #: layernorm_v4 (norm.cu): float4 per thread in registers, and in shared memory at most
 V4_REGS, V4_SMEM_MAX = 8, 14
 #: layernorm_v5 (norm.cu): float4 of a half row per thread
 V5_REGS = 4
 
 
-@returns_launch
-def config(version: str, M: int, N: int, sms: int | None = None) -> tuple[tuple[int], tuple[int]]:
-    """(grid, block) of ``version`` for an (M, N) input (see the launch comments in norm.cu).
-    ``sms``: the GPU's SM count, which layernorm_v5's persistent grid needs (default: this GPU's)."""
+def _version(version: str) -> str:
+    """The name in either ladder: "rmsnorm_v2", "layernorm_v3" or "v3" (a bare "vN": LayerNorm)."""
+    if isinstance(version, str) and version.startswith("rmsnorm"):
+        return version_name(RMSNORM_VERSIONS, version, "rmsnorm")
+    return version_name(LAYERNORM_VERSIONS, version, "layernorm")
+
+
+def config(version: str, M: int, N: int, sms: int | None = None,
+           optin: int | None = None) -> Launch:
+    """Grid, block and dynamic shared memory of ``version`` for an (M, N) input (see the launch
+    comments in norm.cu). ``sms``: the GPU's SM count, which layernorm_v5's persistent grid needs;
+    ``optin``: the shared memory a block may opt into, which sizes layernorm_v4's (both default
+    to this GPU's)."""
+    version = _version(version)
     if version == "layernorm_v1":
-        return (ceil_div(M, 128),), (128,)
+        return Launch((ceil_div(M, 128),), (128,), kernel=version)
     if version in ("layernorm_v3", "rmsnorm_v2"):
-        return (M,), (row_block(N),)               # the row in registers, <= 16 per thread
+        return Launch((M,), (row_block(N),), kernel=version)   # the row in registers, <= 16 each
     if version == "layernorm_v2":
-        return (M,), (256 if N <= 4096 else 512,)
+        return Launch((M,), (256 if N <= 4096 else 512,), kernel=version)
     if version == "layernorm_v4":                  # the rest of the row in shared memory
-        return (M,), (row_block(N),)
+        if optin is None:
+            optin = smem_optin() or 48 * 1024
+        return Launch((M,), (row_block(N),), shared=v4_shared(N, optin), kernel=version)
     if version == "rmsnorm_v1":
-        return (M,), (512,)
-    if version == "layernorm_v5":                  # pairs of blocks, each half of every row
-        if sms is None:
-            sms = cb.launch.device().sms
-        half = ceil_div(ceil_div(N, 4), 2)         # float4 of a half row
-        t = ceil_div(ceil_div(half, V5_REGS), 32) * 32
-        t = 512 if N % 4 or t > 1024 else max(128, t)   # 512: the streamed fallback
-        return (2 * min(M, max(1, sms // 2)),), (t,)
-    raise ValueError(f"unknown version {version!r}; norm.cu has "
-                     f"{LAYERNORM_VERSIONS + RMSNORM_VERSIONS}")
+        return Launch((M,), (512,), kernel=version)
+    # layernorm_v5: pairs of blocks, each half of every row
+    if sms is None:
+        sms = cb.launch.device().sms
+    half = ceil_div(ceil_div(N, 4), 2)             # float4 of a half row
+    t = ceil_div(ceil_div(half, V5_REGS), 32) * 32
+    t = 512 if N % 4 or t > 1024 else max(128, t)  # 512: the streamed fallback
+    return Launch((2 * min(M, max(1, sms // 2)),), (t,), kernel=version)
 
 
 def v4_shared(N: int, optin: int = 227 * 1024) -> int:
@@ -70,8 +91,6 @@ def v4_shared(N: int, optin: int = 227 * 1024) -> int:
 
 
 def _check(x, y, params, eps):
-    import cupy as cp
-
     _module()                         # first: without a GPU this says so
     cb.expect(x, "x", dtype=np.float32, ndim=2)
     M, N = (int(s) for s in x.shape)
@@ -84,47 +103,38 @@ def _check(x, y, params, eps):
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps > 0:
         raise TypeError(f"eps must be a number > 0, got {eps!r}")
     if y is None:
-        y = cp.empty((M, N), cp.float32)
+        y = cb.arrays.empty_like_lib(x, (M, N), "float32")
     cb.expect(y, "y", dtype=np.float32, shape=(M, N))
     return M, N, y
 
 
+def _run(cfg: Launch, arrays: tuple, M: int, N: int, eps: float) -> None:
+    args = tuple(cb.as_cupy(a) for a in arrays) + (np.int32(M), np.int32(N), np.float32(eps))
+    cb.launch.run(_module().get(cfg.kernel), cfg, args, stream=cb.stream_for(*arrays))
+
+
 def layernorm(x, gamma, beta, eps: float, y=None, version: str = "layernorm_v3"):
-    """LayerNorm over the last dimension (biased variance, as torch) into ``y`` (returned)."""
-    if version not in LAYERNORM_VERSIONS:
-        raise ValueError(f"unknown version {version!r}; LayerNorm has {LAYERNORM_VERSIONS}")
+    """LayerNorm over the last dimension (biased variance, as torch) into ``y`` (returned);
+    ``version``: "layernorm_v3" or "v3"."""
+    version = version_name(LAYERNORM_VERSIONS, version, "layernorm")
     M, N, y = _check(x, y, (("gamma", gamma), ("beta", beta)), eps)
-    if version == "layernorm_v5":
-        cb.need_cc(9, 0, "layernorm_v5 (clusters of two blocks)")
-    grid, block = config(version, M, N)
-    kern = _module().get(version)
-    shared = v4_shared(N, _optin()) if version == "layernorm_v4" else 0
-    if shared > 48 * 1024:
-        kern.max_dynamic_shared_size_bytes = shared
-    kern(grid, block, (x, gamma, beta, y, np.int32(M), np.int32(N), np.float32(eps)),
-         shared_mem=shared)
+    if version in MIN_CC:
+        cb.need_cc(*MIN_CC[version], f"{version} (clusters of two blocks)")
+    _run(config(version, M, N), (x, gamma, beta, y), M, N, eps)
     return y
 
 
 def rmsnorm(x, gamma, eps: float, y=None, version: str = "rmsnorm_v2"):
-    """RMSNorm over the last dimension into ``y`` (returned)."""
-    if version not in RMSNORM_VERSIONS:
-        raise ValueError(f"unknown version {version!r}; RMSNorm has {RMSNORM_VERSIONS}")
+    """RMSNorm over the last dimension into ``y`` (returned); ``version``: "rmsnorm_v2" or
+    "v2"."""
+    version = version_name(RMSNORM_VERSIONS, version, "rmsnorm")
     M, N, y = _check(x, y, (("gamma", gamma),), eps)
-    grid, block = config(version, M, N)
-    _module().get(version)(grid, block, (x, gamma, y, np.int32(M), np.int32(N),
-                                         np.float32(eps)))
+    _run(config(version, M, N), (x, gamma, y), M, N, eps)
     return y
 
 
 def _module():
-    return cb.module("norm")     # compiled once per process
-
-
-def _optin() -> int:
-    """The most shared memory one block may opt into on this GPU (227 KiB on an H100, 64 KiB on
-    a T4)."""
-    return smem_optin() or 48 * 1024
+    return cb.module("norm")     # the whole file, compiled once per process
 
 
 def sanitize_targets():

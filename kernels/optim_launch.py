@@ -4,10 +4,22 @@
     op.sgd(p, g, lr=0.1)                          # p -= lr (g + wd p)
     opt = op.AdamW(p.size, lr=1e-3, weight_decay=1e-2)   # m, v, the step count on the device
     opt.step(p, g)                                # two launches: count the step, update
+    op.adamw(p, g, m, v, t, coef, lr=...)         # the update itself, state passed in
     op.adamw_numba(p, g, m, v, t, lr=...)         # the Numba twin (step t passed as a number)
 
-p, g (and m, v) are contiguous float32 vectors of the same length: the whole model's
-parameters and gradients as two flat buffers (cudabook's training loop keeps them so).
+    KERNELS                        sgd_v1, adamw_count_step, adamw_v1
+    config(kernel, n)              -> Launch(grid, block, kernel=kernel): a thread per parameter
+                                   (adamw_count_step: one thread)
+    sgd(p, g, lr, weight_decay) / adamw(p, g, m, v, t, coef, ...)
+                                   the entry points: checks, config, launch (in place)
+    AdamW(n, ...)                  the optimiser's state on the device; step(p, g) calls adamw
+    adamw_numba(...)               the Numba twin, adamw_scalar_step
+    sanitize_targets()
+
+p, g (and m, v) are contiguous float32 vectors of the same length, on the GPU, with 1 to 2^31 - 1
+elements: the whole model's parameters and gradients as two flat buffers (cudabook's training
+loop keeps them so). Those are the checks, made before anything is launched; the step count t is
+int32 (1,) and the two bias corrections ``coef`` float32 (2,).
 """
 
 from __future__ import annotations
@@ -15,13 +27,25 @@ from __future__ import annotations
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import Launch, LaunchError, ceil_div
 
-__all__ = ["sgd", "AdamW", "adamw_numba", "sanitize_targets"]
+__all__ = ["KERNELS", "sgd", "adamw", "AdamW", "adamw_numba", "config", "sanitize_targets"]
+
+KERNELS = ("sgd_v1", "adamw_count_step", "adamw_v1")
 
 
 def _module():
-    return cb.module("optim")     # compiled once per process
+    return cb.module("optim")     # the whole file, compiled once per process
+
+
+def config(kernel: str, n: int) -> Launch:
+    """Grid and block of ``kernel`` for n parameters: blocks of 256 threads, a parameter each;
+    adamw_count_step is one thread (it counts the step and the bias corrections)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; optim.cu has {KERNELS}")
+    if kernel == "adamw_count_step":
+        return Launch((1,), (1,), kernel=kernel)
+    return Launch((ceil_div(n, 256),), (256,), kernel=kernel)
 
 
 def _flat(p, g, n: int | None = None) -> int:
@@ -37,13 +61,39 @@ def _flat(p, g, n: int | None = None) -> int:
 def sgd(p, g, lr: float, weight_decay: float = 0.0) -> None:
     """p -= lr (g + weight_decay p), in place."""
     n = _flat(p, g)
-    _module().get("sgd_v1")((ceil_div(n, 256),), (256,),
-                            (p, g, np.int32(n), np.float32(lr), np.float32(weight_decay)))
+    cfg = config("sgd_v1", n)
+    cb.launch.run(_module().get(cfg.kernel), cfg,
+                  (cb.as_cupy(p, "p"), cb.as_cupy(g, "g"), np.int32(n), np.float32(lr),
+                   np.float32(weight_decay)), stream=cb.stream_for(p, g))
+
+
+def adamw(p, g, m, v, t, coef, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+          eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
+    """One AdamW step in place: adamw_count_step (t += 1 and the bias corrections into
+    ``coef``, on the device) then adamw_v1 (p, m, v updated); the state is the caller's."""
+    n = _flat(p, g)
+    cb.expect(m, "m", dtype=np.float32, shape=(n,))
+    cb.expect(v, "v", dtype=np.float32, shape=(n,))
+    cb.expect(t, "t", dtype=np.int32, shape=(1,))
+    cb.expect(coef, "coef", dtype=np.float32, shape=(2,))
+    _adamw(n, p, g, m, v, t, coef, lr, betas, eps, weight_decay)
+
+
+def _adamw(n: int, p, g, m, v, t, coef, lr, betas, eps, weight_decay) -> None:
+    f, arr = np.float32, cb.as_cupy
+    mod = _module()
+    with cb.arrays.launch_stream(p, g):
+        cb.launch.run(mod.get("adamw_count_step"), config("adamw_count_step", n),
+                      (arr(t, "t"), arr(coef, "coef"), f(lr), f(betas[0]), f(betas[1])))
+        cb.launch.run(mod.get("adamw_v1"), config("adamw_v1", n),
+                      (arr(p, "p"), arr(g, "g"), arr(m, "m"), arr(v, "v"), np.int32(n), f(lr),
+                       f(betas[0]), f(betas[1]), f(eps), f(weight_decay), arr(coef, "coef")))
 
 
 class AdamW:
     """AdamW state for ``n`` parameters: m, v (zeros), the step count and the two bias
-    corrections, all on the device; ``step(p, g)`` launches adamw_count_step and adamw_v1."""
+    corrections, all on the device; ``step(p, g)`` launches adamw_count_step and adamw_v1
+    (``adamw``). A stateful object is right here: the optimiser's state lives between steps."""
 
     def __init__(self, n: int, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2):
@@ -57,14 +107,9 @@ class AdamW:
         self.coef = cp.zeros(2, cp.float32)      # lr / (1 - b1^t), sqrt(1 - b2^t)
 
     def step(self, p, g) -> None:
-        n = _flat(p, g, self.n)
-        f = np.float32
-        mod = _module()
-        mod.get("adamw_count_step")((1,), (1,), (self.t, self.coef, f(self.lr), f(self.beta1),
-                                                f(self.beta2)))
-        mod.get("adamw_v1")((ceil_div(n, 256),), (256,),
-                            (p, g, self.m, self.v, np.int32(n), f(self.lr), f(self.beta1),
-                             f(self.beta2), f(self.eps), f(self.wd), self.coef))
+        """``adamw(p, g, m, v, t, coef, ...)`` with this object's state (p and g checked)."""
+        _adamw(_flat(p, g, self.n), p, g, self.m, self.v, self.t, self.coef, self.lr,
+               (self.beta1, self.beta2), self.eps, self.wd)
 
 
 def adamw_numba(p, g, m, v, t: int, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),

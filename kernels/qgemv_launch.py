@@ -10,6 +10,17 @@
     y = qg.qgemv(x, w4, version="qgemv_w4_v6")   # sm_80+, B <= 8: tensor cores as the dot product
     y = qg.qgemv(x, w4, version="qgemv_w4_v7")   # v6's math over w4.tiles(), its own layout
 
+  VERSIONS, WHAT, V6_MIN_CC  the ladders per weight kind (8, 4, "e4m3"), one line per step, and
+                             the compute capability of the mma.sync steps (w4_v6, w4_v7)
+  config()                   a cb.Launch record: grid, block and the instantiation (kernel_name)
+  qgemv()                    the entry point: check, pick the instantiation, launch, return y
+  prepare(), QWeight         the quantized weight the kernels read; supports() which versions
+                             take a (B, K, G)
+  sanitize_targets()         every version on ragged shapes, for tools/sanitize.py
+
+Each launch compiles only its version's kernels (qgemv.cu's CB_ONLY guards, through cb.module)
+and runs on PyTorch's current stream when x is a torch tensor (cb.arrays.launch_stream).
+
 ``prepare`` quantizes a float (N, K) weight on the GPU (kernels/quant.cu, symmetric,
 round to nearest; fp8 through PyTorch's float8_e4m3fn with s = max|w| / 448) and keeps what the kernels read: q (int8, or packed uint8 (N, K / 2)), the
 scales as fp16 (N, K / G), and the group size. ``dequantized()`` gives the float32 weight the
@@ -34,7 +45,7 @@ from typing import Any
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div, returns_launch
+from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 
 __all__ = ["VERSIONS", "WHAT", "MAX_B", "QWeight", "prepare", "qgemv", "config", "kernel_name",
            "module",
@@ -198,8 +209,8 @@ def prepare(W: Any, bits: int = 4, group: int = 128, fmt: str = "int") -> QWeigh
     fp8 weights, w / s rounded to e4m3 with s = max|w| / 448 per group."""
     import cupy as cp
 
-    Wc = cb.load_launch("gemv").as_cupy(W, "W")[0]
-    cb.expect(Wc, "W", ndim=2)
+    cb.expect(W, "W", ndim=2)
+    Wc = cb.as_cupy(W, "W")
     if Wc.dtype not in (cp.float16, cp.float32):
         raise TypeError(f"W: expected float16 or float32, got {Wc.dtype}")
     N, K = (int(s) for s in Wc.shape)
@@ -264,33 +275,34 @@ def kernel_name(version: str, B: int, rows: int | None = None, K: int | None = N
     return f"{version}_b{batch_tile(B)}_r{rows}"
 
 
-@returns_launch
 def config(version: str, B: int, N: int, rows: int | None = None, K: int | None = None,
-           resident: int | None = None, G: int | None = None):
-    """(grid, block) of ``version`` (qgemv.cu's launch comment). qgemv_w4_v5 needs K and the
-    blocks that fit at once on the GPU (``resident``: SMs x blocks per SM): one wave.
-    qgemv_w4_v6 needs K and G: a block of S warps per 16 rows."""
+           resident: int | None = None, G: int | None = None) -> Launch:
+    """The launch of ``version`` (qgemv.cu's launch comment): grid, block and the kernel
+    (kernel_name()). qgemv_w4_v5 needs K and the blocks that fit at once on the GPU
+    (``resident``: SMs x blocks per SM): one wave. qgemv_w4_v6 needs K and G: a block of S
+    warps per 16 rows."""
+    name = kernel_name(version, B, rows, K, G, N)
     if version.endswith("_v1"):
-        return (ceil_div(N, 4), B), (128,)
-    if version == "qgemv_w4_v5":
-        r = int(kernel_name(version, B, rows, K).rsplit("_r", 1)[1])
+        grid, block = (ceil_div(N, 4), B), (128,)
+    elif version == "qgemv_w4_v5":
         if resident is None or resident < 1:
             raise ValueError("qgemv_w4_v5: config needs resident = SMs x blocks per SM")
-        return (min(ceil_div(N, r), resident),), (V5_THREADS,)
-    if version == "qgemv_w4_v6":
-        S = v6_config(N, K, G, B)[0]
-        return (ceil_div(N, 16),), (32 * S,)
-    if version == "qgemv_w4_v7":
-        return (ceil_div(N, 16),), (32 * v7_split(N, B),)
-    rows = 2 if rows is None else rows
-    if version == "qgemv_w4_v4":
-        return (ceil_div(N, 4), 1), (128,)
-    return (ceil_div(N, rows), ceil_div(B, batch_tile(B))), (128,)
+        grid, block = (min(ceil_div(N, int(name.rsplit("_r", 1)[1])), resident),), (V5_THREADS,)
+    elif version == "qgemv_w4_v6":
+        grid, block = (ceil_div(N, 16),), (32 * v6_config(N, K, G, B)[0],)
+    elif version == "qgemv_w4_v7":
+        grid, block = (ceil_div(N, 16),), (32 * v7_split(N, B),)
+    elif version == "qgemv_w4_v4":
+        grid, block = (ceil_div(N, 4), 1), (128,)
+    else:
+        rows = 2 if rows is None else rows
+        grid, block = (ceil_div(N, rows), ceil_div(B, batch_tile(B))), (128,)
+    return Launch(grid, block, kernel=name)
 
 
 def _cc_ok() -> bool:
     try:
-        return cb.cc() >= V6_MIN_CC
+        return cb.launch.device().cc >= V6_MIN_CC
     except Exception:  # noqa: BLE001  (no GPU: the simulator cannot run CUDA C++ anyway)
         return False
 
@@ -348,7 +360,8 @@ def _resident(mod, name: str) -> int:
 
 def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str | None = None,
           rows: int | None = None):
-    """y = x @ dequant(w)^T (+ bias): x (B, K) fp16, B 1..16; y (B, N) fp16 (returned)."""
+    """y = x @ dequant(w)^T (+ bias): x (B, K) fp16, B 1..16; y (B, N) fp16 (returned).
+    ``version``: one of VERSIONS[w.kind] ("qgemv_w4_v3" or "w4_v3"; default DEFAULT[w.kind])."""
     if not isinstance(w, QWeight):
         raise TypeError(f"w: expected a QWeight from qgemv.prepare(W, bits, group), got "
                         f"{type(w).__name__}")
@@ -360,17 +373,12 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
     if not 1 <= B <= MAX_B:
         raise LaunchError(f"qgemv: batch B = {B}; these kernels take 1..{MAX_B} rows of x")
     _check_group(w.bits, K, w.group)
-    version = version or DEFAULT[w.kind]    # w4_v5 is not the default: lesson 10 times it
-    kinds = VERSIONS[w.kind]
-    if not isinstance(version, str) or not (version in kinds or f"qgemv_{version}" in kinds):
-        raise ValueError(f"{version!r} is not a kernel for {w.kind} weights; choose from "
-                         f"{kinds}")
-    version = version if version in kinds else f"qgemv_{version}"
-    mod = module(version)
+    version = _version(w, version)
     qdt = np.int8 if (w.bits == 8 and w.fmt == "int") else np.uint8
     cb.expect(w.q, "w.q", dtype=qdt, shape=(w.N, K if w.bits == 8 else K // 2))
     cb.expect(w.scales, "w.scales", dtype=np.float16, shape=(w.N, K // w.group))
-    if not version.endswith("_v1") and (xc.data.ptr % 16 or w.q.data.ptr % 16):
+    if not version.endswith("_v1") and not (cb.expect_aligned(x, "x", 16)
+                                            and cb.expect_aligned(w.q, "w.q", 16)):
         raise LaunchError(f"{version} reads 16 bytes at a time: x and w.q must be 16-byte "
                           "aligned (pass fresh arrays, not views at an offset)")
     bc = np.uint64(0)
@@ -384,20 +392,40 @@ def qgemv(x: Any, w: QWeight, bias: Any = None, out: Any = None, *, version: str
     if version in ("qgemv_w4_v6", "qgemv_w4_v7") and not _cc_ok():
         raise LaunchError(f"{version} multiplies with mma.sync m16n8k16 (fp16 in, fp32 sums): it "
                           "needs compute capability 8.0+; this GPU is "
-                          f"{'.'.join(map(str, cb.cc()))}: use qgemv_w4_v3")
+                          f"{'.'.join(map(str, cb.launch.device().cc))}: use qgemv_w4_v3")
     name = kernel_name(version, B, rows, K, w.group, w.N)
-    resident = _resident(mod, name) if version == "qgemv_w4_v5" else None
-    grid, block = config(version, B, w.N, rows, K, resident, w.group)
     q, s = w.tiles() if version == "qgemv_w4_v7" else (w.q, w.scales)
+    mod = module(version)                   # this version's kernels alone
+    resident = _resident(mod, name) if version == "qgemv_w4_v5" else None
+    cfg = config(version, B, w.N, rows, K, resident, w.group)
     args = (xc, q, s, bc, oc, np.int32(B), np.int32(w.N), np.int32(K), np.int32(w.group))
     with cb.arrays.launch_stream(x):
-        mod.get(name)(grid, block, args)
+        cb.launch.run(mod.get(cfg.kernel), cfg, args)
     return out
 
 
-def module(version: str):
-    """kernels/qgemv.cu with ``version``'s kernels alone (the file's step guards), compiled once
-    per process and kept in the kernel cache."""
+def _version(w: QWeight, version: str | None) -> str:
+    """The version of VERSIONS[w.kind] that ``version`` names (either spelling; None: the
+    default); ValueError naming the choices for another kind's kernel."""
+    kinds = VERSIONS[w.kind]
+    if version is None:
+        return DEFAULT[w.kind]             # w4_v5 is not the default: lesson 10 times it
+    try:
+        return version_name(kinds, version, "qgemv")
+    except ValueError:
+        raise ValueError(f"{version!r} is not a kernel for {w.kind} weights; choose from "
+                         f"{kinds}") from None
+
+
+def module(version: str | None = None):
+    """kernels/qgemv.cu through cb.module (once per process, kept in the kernel cache):
+    ``version``'s kernels alone (qgemv.cu's CB_ONLY guards: one family per version), or the
+    whole file."""
+    if version is None:
+        return cb.module("qgemv")
+    if not any(version in v for v in VERSIONS.values()):
+        raise ValueError(f"unknown version {version!r}; qgemv.cu has "
+                         f"{tuple(v for vs in VERSIONS.values() for v in vs)}")
     return cb.module("qgemv", only=version)
 
 

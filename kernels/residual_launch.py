@@ -4,6 +4,13 @@
     rl.add_layernorm(x, dx, gamma, beta, y, eps)    # x += dx; y = LN(x) (fp16), one launch
     rl.add_layernorm(x, None, gamma, beta, y, eps)  # y = LN(x) only
     rl.residual_add(x, dx); rl.to_half(x, y)        # the unfused pieces
+
+  add_layernorm(), residual_add(), to_half()   the entry points (add_layernorm_v1: one block
+                                               per row, cb.row_block threads): check, launch
+  sanitize_targets()                           add_layernorm_v1 on ragged rows
+
+Arrays are CuPy on the GPU (the kernels run on CuPy's current stream). Refused before a launch:
+dtypes and shapes, eps <= 0, rows longer than 16384 (a row is held in registers).
 """
 
 from __future__ import annotations
@@ -13,13 +20,9 @@ import numbers
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div, row_block
+from cudabook.launch import Launch, LaunchError, ceil_div, row_block
 
 __all__ = ["add_layernorm", "residual_add", "to_half", "sanitize_targets"]
-
-
-def _module():
-    return cb.module("residual")
 
 
 def add_layernorm(x, dx, gamma, beta, y, eps: float = 1e-5):
@@ -36,9 +39,9 @@ def add_layernorm(x, dx, gamma, beta, y, eps: float = 1e-5):
     if N > 16 * 1024 or M == 0 or N == 0:
         raise LaunchError(f"add_layernorm_v1 holds a row in registers: 1 <= N <= 16384, M >= 1; "
                           f"got {(M, N)}")
-    _module().get("add_layernorm_v1")((M,), (row_block(N),),
-                                      (x, np.uint64(0) if dx is None else dx, gamma, beta, y,
-                                       np.int32(N), np.float32(eps)))
+    cb.launch.run(cb.module("residual").get("add_layernorm_v1"), Launch((M,), (row_block(N),)),
+                  (x, np.uint64(0) if dx is None else dx, gamma, beta, y, np.int32(N),
+                   np.float32(eps)))
     return y
 
 
@@ -48,7 +51,8 @@ def residual_add(x, dx):
     cb.expect(dx, "dx", dtype=np.float16, shape=tuple(x.shape))
     n = int(x.size)
     if n:
-        _module().get("residual_add_v1")((ceil_div(n, 256),), (256,), (x, dx, np.int64(n)))
+        cb.launch.run(cb.module("residual").get("residual_add_v1"),
+                      Launch((ceil_div(n, 256),), (256,)), (x, dx, np.int64(n)))
     return x
 
 
@@ -58,7 +62,8 @@ def to_half(x, y):
     cb.expect(y, "y", dtype=np.float16, shape=tuple(x.shape))
     n = int(x.size)
     if n:
-        _module().get("to_half_v1")((ceil_div(n, 256),), (256,), (x, y, np.int64(n)))
+        cb.launch.run(cb.module("residual").get("to_half_v1"),
+                      Launch((ceil_div(n, 256),), (256,)), (x, y, np.int64(n)))
     return y
 
 

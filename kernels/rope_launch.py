@@ -4,9 +4,14 @@
     rl.rope(x, pos0=5)                      # in place on x (R, H, D) fp16; row r at position 5 + r
     rl.rope_qkv(qkv, q, kc, vc, pos0=0)     # split + rotate + append to the KV cache, one launch
 
-Arrays are CuPy fp16 on the GPU. ``rope`` takes a view whose last two axes are dense (the q or k
-part of a QKV matmul's output: ``qkv.reshape(M, 3, H, D)[:, 0]``). ``pos_dev`` (a device int32
-array of one element) adds a position read on the GPU, for a step captured in a CUDA graph.
+  rope(), rope_qkv()   the entry points (rope_v1, rope_qkv_v1): check, launch, return the result
+  dev_ptr()            an optional pointer argument (cb.describe's address, 0 for None)
+
+Arrays are CuPy fp16 on the GPU (the kernels run on CuPy's current stream). ``rope`` takes a view
+whose last two axes are dense (the q or k part of a QKV matmul's output:
+``qkv.reshape(M, 3, H, D)[:, 0]``). ``pos_dev`` (a device int32 array of one element) adds a
+position read on the GPU, for a step captured in a CUDA graph. Refused before a launch: dtypes,
+shapes and layouts, an odd head dimension, positions outside the cache.
 """
 
 from __future__ import annotations
@@ -16,18 +21,16 @@ import math
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import Launch, LaunchError, ceil_div, grid_1d, version_name
 
-__all__ = ["rope", "rope_qkv", "dev_ptr"]
+__all__ = ["VERSIONS", "rope", "rope_qkv", "dev_ptr"]
 
-
-def _module():
-    return cb.module("rope")
+VERSIONS = ("rope_v1",)     #: rope's ladder (rope_qkv_v1 is rope_v1 fused with the QKV split)
 
 
 def dev_ptr(a) -> np.uint64:
-    """The device address of ``a``'s first element (0 for None: a null pointer)."""
-    return np.uint64(0 if a is None else a.data.ptr)
+    """The device address of ``a``'s first element (cb.describe; 0 for None: a null pointer)."""
+    return np.uint64(0 if a is None else cb.describe(a).ptr)
 
 
 def _check_pos_dev(pos_dev) -> None:
@@ -50,8 +53,7 @@ def _heads_view(x, name: str) -> tuple[int, int, int, int]:
 def rope(x, pos0: int = 0, T: int | None = None, pos_dev=None, base: float = 10000.0,
          version: str = "rope_v1"):
     """Rotate x (R, H, D) fp16 in place: row r at position pos0 + r % T (+ pos_dev[0])."""
-    if version != "rope_v1":
-        raise ValueError(f"unknown version {version!r}; rope.cu has rope_v1 (and rope_qkv_v1)")
+    version = version_name(VERSIONS, version, "rope")
     R, H, D, stride = _heads_view(x, "x")
     T = R if T is None else int(T)
     if T < 1 or R % T:
@@ -61,10 +63,9 @@ def rope(x, pos0: int = 0, T: int | None = None, pos_dev=None, base: float = 100
     _check_pos_dev(pos_dev)
     n = R * H * (D // 2)
     if n:
-        _module().get("rope_v1")((ceil_div(n, 256),), (256,),
-                                 (x, np.int32(R), np.int32(T), np.int32(H), np.int32(D),
-                                  np.int64(stride), np.int32(pos0), dev_ptr(pos_dev),
-                                  np.float32(math.log2(base))))
+        cb.launch.run(cb.module("rope").get(version), Launch((ceil_div(n, 256),), (256,)),
+                      (x, np.int32(R), np.int32(T), np.int32(H), np.int32(D), np.int64(stride),
+                       np.int32(pos0), dev_ptr(pos_dev), np.float32(math.log2(base))))
     return x
 
 
@@ -90,9 +91,9 @@ def rope_qkv(qkv, q, kc, vc, pos0: int = 0, pos_dev=None, k_out=None, v_out=None
     if pos_dev is None and not 0 <= pos0 <= L - T:
         raise LaunchError(f"positions {pos0}..{pos0 + T - 1} do not fit the cache of {L} "
                           "positions (prompt longer than the cache?)")
-    n = B * T * H * (D // 2)
-    _module().get("rope_qkv_v1")((ceil_div(n, 256),), (256,),
-                                 (qkv, q, kc, vc, dev_ptr(k_out), dev_ptr(v_out), np.int32(B),
-                                  np.int32(T), np.int32(H), np.int32(D), np.int32(L),
-                                  np.int32(pos0), dev_ptr(pos_dev), np.float32(math.log2(base))))
+    cb.launch.run(cb.module("rope").get("rope_qkv_v1"),
+                  Launch(grid_1d(B * T * H * (D // 2)), (256,)),
+                  (qkv, q, kc, vc, dev_ptr(k_out), dev_ptr(v_out), np.int32(B), np.int32(T),
+                   np.int32(H), np.int32(D), np.int32(L), np.int32(pos0), dev_ptr(pos_dev),
+                   np.float32(math.log2(base))))
     return q

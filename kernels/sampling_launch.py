@@ -6,6 +6,13 @@
 
 ``u`` (B,) float32 holds one uniform number in [0, 1) per row: the random source, so a fixed seed
 gives a fixed choice (``cupy.random.default_rng(seed).random(B, dtype=cupy.float32)``).
+
+  sample()             the entry point (sample_topk_v1, one block of 1024 threads per row):
+                       check, launch, return the token ids (CuPy int32)
+  sanitize_targets()   ties and a ragged vocabulary, for tools/sanitize.py
+
+Refused before a launch: dtypes and shapes, temperature < 0, top_k outside 1..min(KMAX, V), top_p
+outside (0, 1], float32 logits beyond fp16's range. The kernel runs on CuPy's current stream.
 """
 
 from __future__ import annotations
@@ -13,14 +20,11 @@ from __future__ import annotations
 import numpy as np
 
 import cudabook as cb
+from cudabook.launch import Launch
 
 __all__ = ["KMAX", "sample", "sanitize_targets"]
 
 KMAX = 64     # SAMPLE_KMAX of sampling.cu: the winners live in shared memory
-
-
-def _module():
-    return cb.module("sampling")
 
 
 def sample(logits, u, out=None, temperature: float = 1.0, top_k: int = 1, top_p: float = 1.0):
@@ -33,9 +37,9 @@ def sample(logits, u, out=None, temperature: float = 1.0, top_k: int = 1, top_p:
     import cupy as cp
 
     if str(getattr(logits, "dtype", "")).replace("torch.", "") == "float32" and \
-            cb.arrays.describe(logits).on_device:
+            cb.describe(logits, "logits").on_device:
         cb.expect(logits, "logits", ndim=2)
-        l32 = cp.asarray(logits)
+        l32 = cb.as_cupy(logits, "logits")
         big = cp.isfinite(l32) & (cp.abs(l32) > 65504)
         if bool(big.any()):
             raise ValueError(f"logits: {int(big.sum())} finite float32 values lie beyond fp16's "
@@ -54,8 +58,9 @@ def sample(logits, u, out=None, temperature: float = 1.0, top_k: int = 1, top_p:
     out = cp.empty(B, cp.int32) if out is None else out
     cb.expect(out, "out", dtype=np.int32, shape=(B,))
     inv_t = 1.0 if temperature == 0 else 1.0 / temperature
-    _module().get("sample_topk_v1")((B,), (1024,), (logits, np.int32(V), np.float32(inv_t),
-                                                    np.int32(k), np.float32(top_p), u, out))
+    cb.launch.run(cb.module("sampling").get("sample_topk_v1"), Launch((B,), (1024,)),
+                  (cb.as_cupy(logits, "logits"), np.int32(V), np.float32(inv_t), np.int32(k),
+                   np.float32(top_p), cb.as_cupy(u, "u"), cb.as_cupy(out, "out")))
     return out
 
 

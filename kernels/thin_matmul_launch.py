@@ -6,11 +6,23 @@
     C = th.nt(G, W)              # C[M, K] = G[M, N] @ W[K, N]^T   (the gradient of its input)
     th.why_not("nn", A, B)       # None when the kernel fits these operands, else the reason
 
-Each takes an optional output ``C`` (and ``tn`` a workspace ``work`` of ``tn_workspace(M, K, N)``
-floats, so nothing is allocated inside a CUDA graph capture). The kernels need float32,
-C-contiguous operands, K % 4 == 0, 16-byte aligned float4 operands and 1 <= N <= 16; anything
-else is refused with the reason (``why_not`` says it without raising, for a caller that falls
-back to Chapter 4's tiled matmul). One module is compiled per N (``-DTHIN_N``), once per process.
+    KINDS, MAX_N                 the three products; the largest N
+    config(kind, M, K, N, sms)   -> Launch(grid, block, kernel="thin_<kind>_n<N>"); for tn with
+                                 several slices a plan {"main": ..., "reduce": ...}
+    nn(A, B, C=None), tn(A, G, C=None, work=None), nt(G, W, C=None)
+                                 the entry points (one per product): checks, config, launch,
+                                 return C
+    why_not(kind, X, Y)          the op's checks, as a reason instead of an exception
+    tn_slices(M, K, sms), tn_workspace(M, K, N, sms)   tn's row slices and their workspace
+    sanitize_targets()
+
+Each takes an optional output ``C`` (allocated by the first operand's library when not given;
+and ``tn`` a workspace ``work`` of ``tn_workspace(M, K, N)`` floats, so nothing is allocated
+inside a CUDA graph capture). The kernels need float32, C-contiguous operands on the GPU,
+K % 4 == 0, 16-byte aligned float4 operands, 1 <= N <= 16 and fewer than 2^31 elements per
+matrix; anything else is refused with the reason (``why_not`` says it without raising, for a
+caller that falls back to Chapter 4's tiled matmul). One module is compiled per N
+(``-DTHIN_N``), once per process.
 """
 
 from __future__ import annotations
@@ -20,9 +32,9 @@ from typing import Any
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, ceil_div
+from cudabook.launch import Launch, LaunchError, ceil_div
 
-__all__ = ["MAX_N", "KINDS", "why_not", "nn", "tn", "nt", "tn_slices", "tn_workspace",
+__all__ = ["MAX_N", "KINDS", "why_not", "nn", "tn", "nt", "config", "tn_slices", "tn_workspace",
            "sanitize_targets"]
 
 MAX_N = 16
@@ -31,7 +43,30 @@ NN_ROWS, TN_WARPS, NT_ROWS = 4, 4, 32        # THIN_NN_ROWS, THIN_TN_WARPS, THIN
 
 
 def _module(N: int):
-    return cb.module("thin_matmul", (f"-DTHIN_N={N}",))
+    return cb.module("thin_matmul", (f"-DTHIN_N={N}",))     # the whole file for this N
+
+
+def config(kind: str, M: int, K: int, N: int, sms: int | None = None):
+    """The launch of the product ``kind`` for (M, K, N): nn a warp per NN_ROWS rows of A (blocks
+    of 8 warps); nt a thread per 4 columns of NT_ROWS rows of C (blocks of 128); tn a block of
+    TN_WARPS warps per 128 columns of A and per slice of rows (``tn_slices``; ``sms`` defaults
+    to this GPU's), and with several slices a plan {"main": ..., "reduce": ...} whose reduce
+    sums the slices into C."""
+    if kind not in KINDS:
+        raise ValueError(f"thin_matmul: unknown product {kind!r}; one of {KINDS}")
+    if kind == "nn":
+        return Launch((ceil_div(M, 8 * NN_ROWS),), (256,), kernel=f"thin_nn_n{N}")
+    if kind == "nt":
+        return Launch((ceil_div(K, 512), ceil_div(M, NT_ROWS)), (128,), kernel=f"thin_nt_n{N}")
+    S = tn_slices(M, K, sms)
+    rows = ceil_div(M, S)
+    S = ceil_div(M, rows)                       # no empty slice
+    main = Launch((ceil_div(K, 128), S), (32, TN_WARPS), kernel=f"thin_tn_n{N}", rows=rows,
+                  slices=S)
+    if S == 1:
+        return main
+    return {"main": main, "reduce": Launch((ceil_div(K * N, 256),), (256,),
+                                           kernel="thin_tn_reduce", slices=S)}
 
 
 def _dims(kind: str, X, Y) -> tuple[int, int, int]:
@@ -92,77 +127,78 @@ def _check(kind: str, X, Y) -> tuple[int, int, int]:
     return _dims(kind, X, Y)
 
 
-def _out(C, shape: tuple[int, int], kind: str, aligned: bool = False):
-    import cupy as cp
-
+def _out(C, like, shape: tuple[int, int], kind: str, aligned: bool = False):
     if C is None:
-        return cp.empty(shape, cp.float32)
+        return cb.arrays.empty_like_lib(like, shape, "float32")
     cb.expect(C, f"thin_matmul.{kind}: C", dtype=np.float32, shape=shape)
     if aligned and not cb.expect_aligned(C, "C"):
         raise LaunchError(f"thin_matmul.{kind}: C must be 16-byte aligned (float4 stores)")
     return C
 
 
+def _run(N: int, cfg: Launch, arrays: tuple, scalars: tuple) -> None:
+    args = tuple(cb.as_cupy(a) for a in arrays) + tuple(np.int32(v) for v in scalars)
+    cb.launch.run(_module(N).get(cfg.kernel), cfg, args)
+
+
 def nn(A, B, C=None):
     """C[M, N] = A[M, K] @ B[K, N] for a tiny N: a warp per 4 rows of A (grid ceil(M / 32))."""
     M, K, N = _check("nn", A, B)
-    C = _out(C, (M, N), "nn")
-    _module(N).get(f"thin_nn_n{N}")((ceil_div(M, 8 * NN_ROWS),), (256,),
-                                    (A, B, C, np.int32(M), np.int32(K)))
+    C = _out(C, A, (M, N), "nn")
+    with cb.arrays.launch_stream(A, B, C):
+        _run(N, config("nn", M, K, N), (A, B, C), (M, K))
     return C
 
 
-def tn_slices(M: int, K: int) -> int:
-    """How many slices of rows thin_tn splits M into: about four blocks per SM in all, each
-    slice at least 64 rows (1: no workspace, the kernel writes C)."""
-    sms = cb.env.info().sms or 132
+def tn_slices(M: int, K: int, sms: int | None = None) -> int:
+    """How many slices of rows thin_tn splits M into: about four blocks per SM in all (``sms``:
+    default this GPU's), each slice at least 64 rows (1: no workspace, the kernel writes C)."""
+    most = M // 64
+    if most <= 1:
+        return 1
+    sms = cb.launch.device().sms if sms is None else sms
     blocks_x = ceil_div(K, 128)
     want = ceil_div(4 * sms, blocks_x)
-    return int(max(1, min(want, M // 64)))
+    return int(max(1, min(want, most)))
 
 
-def tn_workspace(M: int, K: int, N: int) -> int:
+def tn_workspace(M: int, K: int, N: int, sms: int | None = None) -> int:
     """Floats of workspace ``tn`` needs for these sizes (0 when it writes C directly)."""
-    S = tn_slices(M, K)
+    S = tn_slices(M, K, sms)
     return 0 if S == 1 else S * K * N
 
 
 def tn(A, G, C=None, work=None):
     """C[K, N] = A[M, K]^T @ G[M, N] for a tiny N, without transposing A: slices of rows summed
     in a workspace (``work``: at least ``tn_workspace(M, K, N)`` float32, allocated if None)."""
-    import cupy as cp
-
     M, K, N = _check("tn", A, G)
-    C = _out(C, (K, N), "tn")
-    S = tn_slices(M, K)
-    rows = ceil_div(M, S)
-    S = ceil_div(M, rows)                       # no empty slice
-    mod = _module(N)
-    if S == 1:
-        P = C
-    else:
-        need = S * K * N
+    C = _out(C, A, (K, N), "tn")
+    plan = config("tn", M, K, N)
+    main = plan if isinstance(plan, Launch) else plan["main"]
+    P = C
+    if main.slices > 1:
+        need = main.slices * K * N
         if work is None:
-            work = cp.empty(need, cp.float32)
+            work = cb.arrays.empty_like_lib(A, (need,), "float32")
         cb.expect(work, "thin_matmul.tn: work", dtype=np.float32, ndim=1)
-        if work.size < need:
-            raise LaunchError(f"thin_matmul.tn: work holds {work.size} floats, {need} needed "
+        have = int(work.shape[0])
+        if have < need:
+            raise LaunchError(f"thin_matmul.tn: work holds {have} floats, {need} needed "
                               "(tn_workspace(M, K, N))")
         P = work
-    mod.get(f"thin_tn_n{N}")((ceil_div(K, 128), S), (32, TN_WARPS),
-                             (A, G, P, np.int32(M), np.int32(K), np.int32(rows)))
-    if S > 1:
-        mod.get("thin_tn_reduce")((ceil_div(K * N, 256),), (256,),
-                                  (P, C, np.int32(S), np.int32(K * N)))
+    with cb.arrays.launch_stream(A, G, C):
+        _run(N, main, (A, G, P), (M, K, main.rows))
+        if main.slices > 1:
+            _run(N, plan["reduce"], (P, C), (main.slices, K * N))
     return C
 
 
 def nt(G, W, C=None):
     """C[M, K] = G[M, N] @ W[K, N]^T for a tiny N: each thread writes 4 columns of 32 rows."""
     M, K, N = _check("nt", G, W)
-    C = _out(C, (M, K), "nt", aligned=True)
-    _module(N).get(f"thin_nt_n{N}")((ceil_div(K, 512), ceil_div(M, NT_ROWS)), (128,),
-                                    (G, W, C, np.int32(M), np.int32(K)))
+    C = _out(C, G, (M, K), "nt", aligned=True)
+    with cb.arrays.launch_stream(G, W, C):
+        _run(N, config("nt", M, K, N), (G, W, C), (M, K))
     return C
 
 

@@ -2,7 +2,15 @@
 
     tl = cb.load_launch("transpose")
     out = tl.transpose(a)                          # transpose_v5
-    tl.transpose(a, out, version="transpose_v3")
+    tl.transpose(a, out, version="transpose_v3")   # or version="v3"
+
+    VERSIONS, TILES                the ladder, and the (rows, cols) of the input each block covers
+    config(version, rows, cols)    -> Launch(grid, block=(32, 8), kernel=version)
+    transpose(a, out=None, version)   the entry point: checks, config, launch, returns out
+    sanitize_targets()
+
+The checks, before anything is launched: a float32, 2D, C-contiguous, on the GPU, not empty;
+out float32 (cols, rows) (allocated by a's library when not given).
 """
 
 from __future__ import annotations
@@ -10,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import LaunchError, grid_2d, returns_launch
+from cudabook.launch import Launch, LaunchError, grid_2d, version_name
 
 __all__ = ["VERSIONS", "TILES", "transpose", "config", "sanitize_targets"]
 
@@ -19,22 +27,21 @@ VERSIONS = ("transpose_v1", "transpose_v2", "transpose_v3", "transpose_v4", "tra
 TILES = {"transpose_v1": (32, 32), "transpose_v2": (32, 32), "transpose_v3": (32, 32),
          "transpose_v4": (64, 32), "transpose_v5": (64, 64)}
 
+
 def _module():
-    return cb.module("transpose")     # compiled once per process
+    return cb.module("transpose")     # the whole file, compiled once per process
 
 
-@returns_launch
-def config(version: str, rows: int, cols: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(grid, block) of ``version`` for a rows x cols input."""
-    if version not in TILES:
-        raise ValueError(f"unknown version {version!r}; transpose.cu has {VERSIONS}")
-    return grid_2d(rows, cols, TILES[version]), (32, 8)
+def config(version: str, rows: int, cols: int) -> Launch:
+    """Grid and block of ``version`` for a rows x cols input."""
+    version = version_name(VERSIONS, version, "transpose")
+    return Launch(grid_2d(rows, cols, TILES[version]), (32, 8), kernel=version)
 
 
 def transpose(a, out=None, version: str = "transpose_v5"):
-    """``a.T`` of the float32 matrix ``a`` into ``out`` (returned)."""
-    import cupy as cp
-
+    """``a.T`` of the float32 matrix ``a`` into ``out`` (returned); ``version``: "transpose_v5"
+    or "v5"."""
+    version = version_name(VERSIONS, version, "transpose")
     mod = _module()
     cb.expect(a, "a", dtype=np.float32, ndim=2)
     rows, cols = (int(s) for s in a.shape)
@@ -42,10 +49,13 @@ def transpose(a, out=None, version: str = "transpose_v5"):
         raise LaunchError(f"transpose: a has shape {(rows, cols)}")
     if rows * cols >= 2**62:
         raise LaunchError("transpose: the matrix is too large")
-    out = cp.empty((cols, rows), cp.float32) if out is None else out
+    if out is None:
+        out = cb.arrays.empty_like_lib(a, (cols, rows), "float32")
     cb.expect(out, "out", dtype=np.float32, shape=(cols, rows))
-    grid, block = config(version, rows, cols)
-    mod.get(version)(grid, block, (a, out, np.int32(rows), np.int32(cols)))
+    cfg = config(version, rows, cols)
+    cb.launch.run(mod.get(cfg.kernel), cfg,
+                  (cb.as_cupy(a, "a"), cb.as_cupy(out, "out"), np.int32(rows), np.int32(cols)),
+                  stream=cb.stream_for(a, out))
     return out
 
 

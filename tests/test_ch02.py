@@ -346,6 +346,21 @@ def test_cuda_kernels_match_numpy():
             cb.check(out, a.T, name=f"{v} {rows}x{cols}")
 
 
+def test_launch_helper_configs_take_both_spellings():
+    """config() of copy / vector_add / transpose: launch records, "v2" or "copy_v2", the SM count
+    given (no GPU needed)."""
+    cl, vl, tl = (cb.load_launch(op) for op in ("copy", "vector_add", "transpose"))
+    c = cl.config("v2", 1000, sms=132)
+    assert c == cl.config("copy_v2", 1000, sms=132) == ((1056,), (256,))
+    assert c.kernel == "copy_v2" and c.shared == 0
+    assert vl.config("v4", 4097) == ((2,), (256,)) and vl.config("v2", 1, sms=10).grid == (40,)
+    grid, block = tl.config("v5", 130, 65)
+    assert (grid, block) == ((2, 3), (32, 8)) and tl.config("transpose_v5", 130, 65).kernel == \
+        "transpose_v5"
+    with pytest.raises(ValueError, match=r"unknown version 'v9'; copy has"):
+        cl.config("v9", 10)
+
+
 @gpu
 def test_launch_helpers_refuse_bad_input():
     import cupy
@@ -358,6 +373,8 @@ def test_launch_helpers_refuse_bad_input():
         cl.copy(x, cupy.zeros(9, cupy.float32))
     with pytest.raises(TypeError, match="expected a GPU array"):
         cl.copy(np.zeros(10, np.float32), x)
+    y = cl.copy(x + 1, version="v2")                  # y allocated, the short spelling
+    assert y.dtype == cupy.float32 and bool((y == 1).all())
 
 
 # ----------------------------------------------------------------------------- pencil and paper

@@ -242,6 +242,24 @@ def test_every_version_through_the_helpers():
     assert float(rl.maximum(v)[0]) == float(v.max())
 
 
+def test_helper_configs_are_launch_records():
+    """softmax / norm / reduce config(): launch records with the kernel's name, either spelling
+    of a version, and the device facts given as arguments (no GPU needed)."""
+    sm, nl, rl = cb.load_launch("softmax"), cb.load_launch("norm"), cb.load_launch("reduce")
+    c = sm.config("v3", 10, 100)
+    assert c == sm.config("softmax_v3", 10, 100) == ((3,), (128,)) and c.kernel == "softmax_v3"
+    assert sm.config("v5", 4, 16_384, vec=True).block == (512,)
+    c = nl.config("layernorm_v4", 4, 40_000, optin=99 * 1024)
+    assert c.kernel == "layernorm_v4" and c.shared == nl.v4_shared(40_000, 99 * 1024) > 0
+    assert nl.config("v5", 100, 20_000, sms=132) == ((132,), (640,))
+    assert nl.config("rmsnorm_v2", 3, 1001).block == (64,)
+    assert rl.config("v2", 1000) == ((4,), (256,)) and rl.config("reduce_v3", 1000).grid == (2,)
+    assert rl.config("v5", 10, sms=10) == ((40,), (512,))
+    assert rl.config("reduce_max_v1", 10, grid=4, block=256) == ((4,), (256,))
+    with pytest.raises(ValueError, match="unknown version 'v6'; reduce has"):
+        rl.config("v6", 10)
+
+
 @gpu
 def test_helpers_refuse_what_the_kernels_cannot_do():
     import cupy as cp
@@ -260,6 +278,14 @@ def test_helpers_refuse_what_the_kernels_cannot_do():
         nl.rmsnorm(x, cp.ones(8, cp.float32), "1e-5")
     with pytest.raises(cb.LaunchError, match="16-byte boundary"):
         rl.total(cp.ones(9, cp.float32)[1:])
+    with pytest.raises(ValueError, match="unknown version 'v6'; softmax has"):
+        sm.softmax(x, version="v6")
+    # the short spellings, and the ladder's last pass into a given out
+    ones = cp.ones(3000, cp.float32)
+    out = cp.zeros(1, cp.float32)
+    assert rl.reduce(ones, out, version="v2") is out and float(out[0]) == 3000.0
+    assert float(rl.reduce(ones)[0]) == 3000.0
+    cb.check(sm.softmax(x, version="v3"), softmax_reference(cb.to_numpy(x)), atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- ex03.1

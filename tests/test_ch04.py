@@ -49,7 +49,7 @@ def test_check_operands_errors():
     A = np.zeros((4, 5), np.float32)
     B = np.zeros((5, 6), np.float32)
     C = np.zeros((4, 6), np.float32)
-    assert mm.check_operands(A, B, C) == (4, 6, 5)
+    assert mm.check_operands(A, B, C) == (4, 6, 5) == mm.check_operands(A, B)
     if cb.HAS_GPU:                       # the CUDA C++ launch reads GPU memory only
         with pytest.raises(TypeError, match="A is a numpy array on the host"):
             mm.check_operands(A, B, C, device=True)
@@ -76,6 +76,9 @@ def test_config_and_params():
     assert mm.config("v2", 100, 33, 7)["grid"] == (2, 4)
     c = mm.config("v9", 1023, 1025, 517)
     assert c["grid"] == (9, 8) and c["block"] == (256,) and c["shared"] == 2 * 16 * 260 * 4
+    assert c == mm.config("matmul_v9", 1023, 1025, 517) and c.kernel == "matmul_v9"
+    grid, block = mm.numba_config("matmul_reg8x8", 100, 100)      # either spelling, a record
+    assert mm.numba_config("reg8x8", 100, 100) == (grid, block)
     c = mm.config("v10", 1000, 1000, 10, dict(BM=64, BN=128, WM=32, WN=64, TM=8, TN=8))
     assert c["grid"] == (8, 16) and c["block"] == (128,)
     with pytest.raises(ValueError, match="32 lanes"):
@@ -159,6 +162,12 @@ def test_cupy_tuned_variant():
     C = cb.empty_nan((300, 77), np.float32, xp=cupy)
     mm.launch_cupy(mod, "v10", A, B, C)
     cb.check(C, A.astype(cupy.float64) @ B.astype(cupy.float64), **mm.tolerance(200))
+    # the entry point: C allocated, v10 compiled alone with these tile sizes (or the defaults)
+    for params in (mod.params, None):
+        C2 = mm.matmul(A, B, version="matmul_v10", params=params)
+        cb.check(C2, A.astype(cupy.float64) @ B.astype(cupy.float64), **mm.tolerance(200))
+    with pytest.raises(TypeError, match="A is a numpy array on the host"):
+        mm.matmul(cupy.asnumpy(A), B)
 
 
 @gpu

@@ -181,6 +181,11 @@ def test_thin_matmul_says_why_it_cannot_run():
     assert "same number of rows" in th.why_not("tn", A, xp.zeros((36, 10), f32))
     assert "C-contiguous" in th.why_not("nt", G, B.T.copy().T)
     assert th.tn_workspace(64, 256, 10) == 0            # one slice: tn writes C directly
+    plan = th.config("tn", 4096, 4096, 10, sms=132)     # 17 slices, summed by thin_tn_reduce
+    assert plan["main"] == ((32, 17), (32, 4)) and plan["main"].rows == 241
+    assert plan["reduce"].kernel == "thin_tn_reduce"
+    assert th.tn_workspace(4096, 4096, 10, sms=132) == 17 * 4096 * 10
+    assert th.config("nn", 203, 132, 10) == ((7,), (256,))
     with pytest.raises(ValueError, match="unknown product"):
         th.why_not("tt", A, B)
 

@@ -226,6 +226,16 @@ def test_ex11_3_wrong_answers(edits, match):
 
 # ============================================================================ bad input
 
+def test_allreduce_configs():
+    import cudabook as cb
+
+    ar = cb.load_launch("allreduce")
+    assert ar.config("ring_step_add", 1 << 24, 132) == ((528,), (256,))     # 4 blocks per SM
+    assert ar.config("ring_step_copy_bf16", 3, 132).grid == (1,)
+    assert ar.config("one_shot_v2", 1 << 20, 132).grid == (ar.MAX_ONE_SHOT_BLOCKS,)
+    assert ar.config("one_shot_v1", 1 << 20, 16).grid == (16,)             # all resident
+
+
 def test_peer_group_refuses_fewer_than_two_gpus():
     import cudabook as cb
 

@@ -284,7 +284,7 @@ def main():
     hg = cb.load_launch("hgemm")
     t0 = time.time()
     mod = hg.load()
-    log(f"compiled hgemm.cu ({hg.arch_options(cb.cc())}) in {time.time() - t0:.1f} s")
+    log(f"compiled hgemm.cu ({cb.compile.arch_options(True)}) in {time.time() - t0:.1f} s")
     for name in [f"hgemm_{v}" for v in ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")]:
         try:
             log(name, hg.resources(mod, name))

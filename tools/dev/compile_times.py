@@ -7,11 +7,12 @@ fresh process once the kernel cache holds it.
 For every ``kernels/<op>_launch.py`` with ``sanitize_targets()`` (default: all of them), two fresh
 Python processes run the op's targets one by one, each timed to completion (compile, load,
 launch, synchronise; a target's time includes what the op's generator prepared before it,
-such as a module it compiles up front): the first with an empty kernel cache (``CUDABOOK_CACHE_DIR`` in a temporary
-directory), the second with the cache the first one filled. Both are pinned to ``--cpus``
-(default ``0,1``: two vCPUs, what Colab gives) with ``taskset`` where it exists. The first target
-of a version in the cold process is that version's compile; the warm process's first target,
-plus its ``import cudabook``, is what a reader waits for in a restarted notebook. Writes
+such as a module it compiles up front): the first with an empty kernel cache
+(``CUDABOOK_CACHE_DIR`` in a temporary directory), the second with the cache the first one
+filled. Both are pinned to ``--cpus`` (default ``0,1``: two vCPUs, what Colab gives) with
+``taskset`` where it exists. The first target of a version in the cold process is that
+version's compile; the warm process's first target, plus its ``import cudabook``, is what a
+reader waits for in a restarted notebook. Writes
 ``compile_times.json`` and a markdown table to ``--out`` (default: ``$OUT`` or ``build/``).
 """
 

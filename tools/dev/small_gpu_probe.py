@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import cudabook as cb
-from cudabook.compile import compile_source, inline_source, kernel_path
+from cudabook.compile import arch_options, compile_source, inline_source, kernel_path
 
 hg = cb.load_launch("hgemm")
 cc = tuple(cb.cc())
@@ -21,7 +21,8 @@ print("hgemm.cu patched (STAGES >= 2):", old in src)
 p2 = dict(BM=128, BN=256, STAGES=2, EPI=1, GROUP=8)
 p6 = hg.FALLBACKS["v6"][0]
 exprs = tuple(hg.template_name("mma", p, d) for p in (p2, p6) for d in ("float16", "bfloat16"))
-mod2 = compile_source(patched, hg.arch_options(cc), "hgemm.cu (gemm_mma10 STAGES >= 2)", exprs)
+mod2 = compile_source(patched, arch_options(True, cc), "hgemm.cu (gemm_mma10 STAGES >= 2)",
+                      exprs)
 mod2.cc, mod2.sm90a, mod2.exprs = cc, cc == (9, 0), exprs
 hg.MMA10_MIN_STAGES = 2
 import cupy as cp  # noqa: E402

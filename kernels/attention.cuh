@@ -16,6 +16,19 @@
 #define ATTN_LOG2E 1.4426950408889634f
 #define ATTN_LN2 0.6931471805599453f
 
+// ----- the 4 lanes of a quad ------------------------------------------------------------------
+// A row of an m16n8 accumulator (mma.cuh) lies in the 4 lanes of a quad, lanes 4g..4g+3, as does
+// a query (or key) of the fp32 kernels, 4 threads each: two shuffles combine them, and every lane
+// of the quad gets the result. R: an operator of common.cuh (Sum, Max).
+template <typename R>
+__device__ __forceinline__ float quad_reduce(float v) {
+    v = R::combine(v, R::shfl(v, 1));
+    v = R::combine(v, R::shfl(v, 2));
+    return v;
+}
+__device__ __forceinline__ float quad_sum(float v) { return quad_reduce<Sum<float>>(v); }
+__device__ __forceinline__ float quad_max(float v) { return quad_reduce<Max<float>>(v); }
+
 // ----- shared-memory tiles of 16-bit values, swizzled -----------------------------------------
 // A tile row of COLS 16-bit values is COLS / 8 chunks of 16 bytes. Rows of 64 or 128 values are a
 // multiple of 128 bytes long, so the 8 rows one ldmatrix matrix reads would all start in the same

@@ -95,10 +95,8 @@ __device__ __forceinline__ void bwd_dkdv_fp32(const float* __restrict__ Q,
                 s += k[c] * Qs[ii][part + P * c];
                 dp += v[c] * dOs[ii][part + P * c];
             }
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            s += __shfl_xor_sync(0xffffffffu, s, 2);
-            dp += __shfl_xor_sync(0xffffffffu, dp, 1);
-            dp += __shfl_xor_sync(0xffffffffu, dp, 2);
+            s = quad_sum(s);                      // the key's 4 threads
+            dp = quad_sum(dp);
             bool seen = key < Nk && !(causal && key > i0 + ii);
             float p = seen ? __expf(s - ls[ii]) : 0.f;
             float dsv = p * (dp - ds[ii]);
@@ -160,10 +158,8 @@ __device__ __forceinline__ void bwd_dq_fp32(const float* __restrict__ Q, const f
                 s += q[c] * Ks[jj][part + P * c];
                 dp += g[c] * Vs[jj][part + P * c];
             }
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            s += __shfl_xor_sync(0xffffffffu, s, 2);
-            dp += __shfl_xor_sync(0xffffffffu, dp, 1);
-            dp += __shfl_xor_sync(0xffffffffu, dp, 2);
+            s = quad_sum(s);                      // the query's 4 threads
+            dp = quad_sum(dp);
             bool seen = !(causal && j0 + jj > row);
             float p = seen ? __expf(s - l) : 0.f;
             float dsv = p * (dp - di);

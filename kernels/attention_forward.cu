@@ -133,8 +133,7 @@ __device__ __forceinline__ void flash_fp32(const float* __restrict__ Q, const fl
             float acc = 0.f;
 #pragma unroll
             for (int c = 0; c < DP; c++) acc += qr[c] * Ks[jj][part + P * c];
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            acc = quad_sum(acc);                  // the query's 4 threads
             int key = j0 + jj;
             s[jj] = (key < Nk && !(causal && key > row)) ? acc : -INFINITY;
             mt = fmaxf(mt, s[jj]);
@@ -275,8 +274,7 @@ __device__ __forceinline__ void flash_mma(const T* __restrict__ Q, const T* __re
                 float mx = -INFINITY;
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++) mx = fmaxf(mx, fmaxf(s[mt][nb][2 * h], s[mt][nb][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the quad holds the row
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mx = quad_max(mx);                // the quad holds the row
                 float m_new = fmaxf(m[mt][h], mx * scale_log2);
                 float base = m_new == -INFINITY ? 0.f : m_new;          // all masked: no NaN
                 float alpha = exp2f(m[mt][h] - base);
@@ -322,9 +320,7 @@ __device__ __forceinline__ void flash_mma(const T* __restrict__ Q, const T* __re
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float sum = l[mt][h];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            float sum = quad_sum(l[mt][h]);
             float inv = sum > 0.f ? 1.f / sum : 0.f;
             int row = q0 + wr + mt * 16 + g + 8 * h;
             if (row < Nq) {
@@ -513,8 +509,7 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NB; j++) mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * h], sacc[4 * j + 2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the quad holds the row
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = quad_max(mx);                    // the quad holds the row
             const float m_new = fmaxf(m[h], mx * scale_log2);
             const float base = m_new == -INFINITY ? 0.f : m_new;    // all masked: no NaN
             alpha[h] = exp2f(m[h] - base);
@@ -618,9 +613,7 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
     T* Oh = O + (size_t)bh * Nq * D;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        float sum = l[h];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        float sum = quad_sum(l[h]);
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         const int row = r0 + 8 * h;
         if (row < Nq) {

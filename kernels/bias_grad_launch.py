@@ -42,13 +42,14 @@ def config(version: str, M: int, N: int) -> Launch:
 def bias_grad(dz, db=None, version: str = "bias_grad_v2"):
     """db[j] = sum_i dz[i, j] for a contiguous (M, N) ``dz`` (returned); float64 runs
     bias_grad_f64. ``version``: "bias_grad_v2" or "v2"."""
-    version = version_name(VERSIONS, version, "bias_grad")
     cb.expect(dz, "dz", ndim=2)
     dt = dtype_name(dz.dtype)
     if dt == "float64":
-        version = "bias_grad_f64"
+        version = "bias_grad_f64"                  # whatever was asked: one float64 kernel
     elif dt != "float32":
         raise TypeError(f"dz: expected float32 or float64, got {dt}")
+    else:
+        version = version_name(VERSIONS, version, "bias_grad")
     M, N = (int(s) for s in dz.shape)
     if M * N == 0 or M * N >= 2**62:
         raise LaunchError(f"bias_grad: dz has shape {(M, N)}")

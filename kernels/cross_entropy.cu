@@ -16,17 +16,9 @@
 // A label outside [0, C) makes the row's loss and its gradient NaN (a kernel cannot raise; the
 // launcher checks labels when asked), so a bad label is never a plausible number. dz may be null (loss only), loss may be null (gradient only).
 // traffic: reads 4 M C bytes (three passes over a row that stays in L1), writes 4 M C bytes.
+// common.cuh: warp_sum, warp_max (float and double)
 #include "common.cuh"
 
-// warp_sum / warp_max of common.cuh for double (float32 ones are there)
-__device__ __forceinline__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ double warp_max(double v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 __device__ __forceinline__ float ce_exp(float v) { return expf(v); }
 __device__ __forceinline__ double ce_exp(double v) { return exp(v); }
 __device__ __forceinline__ float ce_log(float v) { return logf(v); }

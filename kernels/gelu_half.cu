@@ -6,10 +6,8 @@
 //
 // Launch (kernels/gelu_half_launch.py): grid ceil(n / 512) x 256.
 #include <cuda_fp16.h>
-
-__device__ __forceinline__ float gelu_tanh(float v) {
-    return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-}
+// common.cuh: gelu_tanh
+#include "common.cuh"
 
 extern "C" __global__ void gelu_half_v1(__half* x, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -39,6 +39,8 @@
 // defined(CB_ONLY_hgemm_vN) (the probes: CB_ONLY_hgemm_probe): a launch compiles its version
 // alone (cudabook.compile.module(..., only=...)); the templates cost nothing until named.
 #include "mma.cuh"
+// gemm.cuh: load_tile (v3-v7, v10) and tma_ws_gemm (v8, v9), shared with igemm.cu
+#include "gemm.cuh"
 #include <mma.h>
 
 using namespace nvcuda;
@@ -66,9 +68,9 @@ template <typename T> __device__ __forceinline__ void mma16816(float* c, const u
     else mma_m16n8k16_f16(c, a, b);
 }
 
-#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v1) || defined(CB_ONLY_hgemm_v2)
 // ============================================================================ v1, v2: WMMA
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v1)
 // launch: grid (ceil(N/32), ceil(M/32)), block 128: warps 2x2, each one 16x16 tile of C
 extern "C" __global__ void __launch_bounds__(128)
 hgemm_v1(const __half* A, const __half* B, __half* C, int M, int N, int K) {
@@ -111,7 +113,9 @@ hgemm_v1(const __half* A, const __half* B, __half* C, int M, int N, int K) {
         if (r < M && c < N) C[(size_t)r * N + c] = __float2half(cs[warp][e]);
     }
 }
+#endif
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v2)
 constexpr int V2_LD = 40;   // 32 halves of a tile row + 8 of padding: rows 80 bytes apart
 
 // launch: grid (ceil(N/128), ceil(M/128)), block 256: warps 2 (rows) x 4 (columns) of 64x32.
@@ -195,26 +199,6 @@ hgemm_v2(const __half* A, const __half* B, __half* C, int M, int N, int K) {
 template <bool SWZ>
 __device__ __forceinline__ int tile_index(int r, int c) {
     return r * 64 + ((SWZ ? (c ^ (r & 7)) : c) << 3);
-}
-
-// Copy rows [r0, r0 + ROWS) x columns [k0, k0 + 64) of X (R x K, row-major) into a shared tile,
-// 16 bytes per copy, zeros outside X. ASYNC: cp.async (sm_80+); else through registers.
-template <int ROWS, int THREADS, bool SWZ, bool ASYNC, typename T>
-__device__ __forceinline__ void load_tile(T* tile, const T* X, int R, int K, int r0, int k0) {
-    static_assert((ROWS * 8) % THREADS == 0, "chunks must divide among the threads");
-#pragma unroll
-    for (int i = 0; i < ROWS * 8 / THREADS; i++) {
-        const int e = threadIdx.x + i * THREADS, r = e >> 3, c = e & 7;
-        const bool ok = r0 + r < R && k0 + c * 8 < K;
-        const T* src = X + (ok ? (size_t)(r0 + r) * K + k0 + c * 8 : 0);
-        T* dst = tile + tile_index<SWZ>(r, c);
-        if constexpr (ASYNC) {
-            cp_async_16_zfill(dst, src, ok);
-        } else {
-            *reinterpret_cast<uint4*>(dst) =
-                ok ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-        }
-    }
 }
 
 // The fragments of k16 slice kk (0..3) of a warp's (16 FM) x (8 FN) tile: FM ldmatrix.x4 of A
@@ -381,15 +365,28 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ A, const T* __res
         gemm_mma<__VA_ARGS__, T>(A, B, C, M, N, K);                                               \
     }
 //        kernel           type            threads BM   BN   WM  WN  STAGES SWZ    DBUF   GROUP
-#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v3) || defined(CB_ONLY_hgemm_v4) || \
-    defined(CB_ONLY_hgemm_v5) || defined(CB_ONLY_hgemm_v6)
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v3)
 HG_MMA_KERNEL(hgemm_v3,      __half,        256,   128, 128, 64, 32, 1,     false, false, 1)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v4)
 HG_MMA_KERNEL(hgemm_v4,      __half,        256,   128, 128, 64, 32, 1,     true,  false, 1)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v5)
 HG_MMA_KERNEL(hgemm_v5,      __half,        256,   128, 128, 64, 32, 3,     true,  false, 1)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v6)
 HG_MMA_KERNEL(hgemm_v6,      __half,        256,   128, 256, 64, 64, 3,     true,  true,  8)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v3)
 HG_MMA_KERNEL(hgemm_v3_bf16, __nv_bfloat16, 256,   128, 128, 64, 32, 1,     false, false, 1)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v4)
 HG_MMA_KERNEL(hgemm_v4_bf16, __nv_bfloat16, 256,   128, 128, 64, 32, 1,     true,  false, 1)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v5)
 HG_MMA_KERNEL(hgemm_v5_bf16, __nv_bfloat16, 256,   128, 128, 64, 32, 3,     true,  false, 1)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_hgemm_v6)
 HG_MMA_KERNEL(hgemm_v6_bf16, __nv_bfloat16, 256,   128, 256, 64, 64, 3,     true,  true,  8)
 #endif
 
@@ -401,16 +398,6 @@ hgemm_mma_t(const T* A, const T* B, T* C, int M, int N, int K) {
 }
 
 // ============================================================================ v10: mma.sync, tuned
-
-// 16-byte cp.async to a shared-space address (u32) from global memory (sm_80+; a plain copy below).
-__device__ __forceinline__ void cp_async_16_s(unsigned dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
-#else
-    *reinterpret_cast<uint4*>(hg_smem + (dst - smem_u32(hg_smem))) =
-        *reinterpret_cast<const uint4*>(src);
-#endif
-}
 
 // v10: v6's instruction stream rebuilt for issue rate, same tiles (8 warps of 64 x 64 in
 // BM x BN blocks, k-steps of 64, the XOR swizzle). Everything that is the same on every k-step is
@@ -773,78 +760,30 @@ hgemm_v7_bf16(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, 
 }
 #endif
 
-// v8/v9: 384 threads = 3 warpgroups. Warpgroup 0 is the producer: after giving most of its
-// registers away (setmaxnreg.dec), one thread issues the TMA copies of A (128 x 64) and B
-// (BN x 64) into a ring of STAGES stages; full[s] completes when a stage's bytes have landed.
-// Warpgroups 1 and 2 are consumers (setmaxnreg.inc): each waits on full[s], multiplies its 64
-// rows with 4 wgmma, and arrives on empty[s] when the tensor cores are done with the stage.
-// PERSIST: a grid of one block per SM walks the tiles, so the producer fetches the next tile
-// while the consumers store this one. Tensor maps: hgemm.py (tensor_map), 128-byte swizzle,
-// boxes of 64 columns x 128 (A) or BN (B) rows, zero fill outside the matrices.
+// v8/v9: 384 threads = 3 warpgroups, gemm.cuh's tma_ws_gemm. Warpgroup 0 is the producer:
+// after giving most of its registers away (setmaxnreg.dec), one thread issues the TMA copies of
+// A (128 x 64) and B (BN x 64) into a ring of STAGES stages; full[s] completes when a stage's
+// bytes have landed. Warpgroups 1 and 2 are consumers (setmaxnreg.inc): each waits on full[s],
+// multiplies its 64 rows with 4 wgmma (wgmma_stage) and arrives on empty[s] when the tensor
+// cores are done with the stage. PERSIST: a grid of one block per SM walks the tiles, so the
+// producer fetches the next tile while the consumers store this one (store_wg). Tensor maps:
+// hgemm.py (tensor_map), 128-byte swizzle, boxes of 64 columns x 128 (A) or BN (B) rows, zero
+// fill outside the matrices.
 // Dynamic shared memory: STAGES * (128 + BN) * 64 * sizeof(T) + 1024 bytes.
 template <int BN, int STAGES, bool PERSIST, typename T>
 __device__ __forceinline__ void gemm_tma_ws(const TmaDesc& ta, const TmaDesc& tb,
                                             T* __restrict__ C, int M, int N, int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BM = 128, BK = 64;
-    constexpr unsigned STAGE_BYTES = (BM + BN) * BK * sizeof(T);   // zero-filled bytes count too
     __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
     T* As = reinterpret_cast<T*>(smem_1024());
-    T* Bs = As + STAGES * BM * BK;
-    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int tiles = tiles_m * tiles_n, KT = (K + BK - 1) / BK;
-    const int step = PERSIST ? gridDim.x : tiles;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], 1);   // the producer's arrive (+ the TMA bytes)
-            mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
-        }
-        fence_barrier_init();
-    }
-    __syncthreads();
-    if (wg == 0) {
-        setmaxnreg_dec<40>();
-        if (tid == 0) {
-            int it = 0;   // stage uses so far: stage it % STAGES, its use number it / STAGES
-            for (int tile = blockIdx.x; tile < tiles; tile += step) {
-                int bm, bn;
-                tile_of<8>(tile, tiles_m, tiles_n, bm, bn);
-                for (int kt = 0; kt < KT; kt++, it++) {
-                    const int s = it % STAGES, use = it / STAGES;
-                    if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);   // consumers released it
-                    mbar_expect_tx(&full[s], STAGE_BYTES);
-                    tma_load_2d(As + s * BM * BK, &ta, &full[s], kt * BK, bm * BM);
-                    tma_load_2d(Bs + s * BN * BK, &tb, &full[s], kt * BK, bn * BN);
-                }
-            }
-        }
-    } else {
-        setmaxnreg_inc<232>();
-        const int c = wg - 1;   // this consumer's 64 rows of the 128-row tile
-        int it = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += step) {
-            int bm, bn;
-            tile_of<8>(tile, tiles_m, tiles_n, bm, bn);
-            float d[BN / 2];
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-            int prev = -1;
-            for (int kt = 0; kt < KT; kt++, it++) {
-                const int s = it % STAGES;
-                mbar_wait(&full[s], (it / STAGES) & 1);
-                wgmma_fence();
-                wgmma_stage<BN, T>(d, As + s * BM * BK + c * 64 * BK, Bs + s * BN * BK);
-                wgmma_commit();
-                wgmma_wait<1>();          // the previous stage's wgmma are done: release it
-                if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
-                prev = s;
-            }
-            wgmma_wait<0>();
-            if (tid == 0) mbar_arrive(&empty[prev]);
-            store_wg<BN, T>(C, d, M, N, bm * BM + c * 64, bn * BN, tid);
-        }
-    }
+    tma_ws_gemm<BN, STAGES, PERSIST, 8, false>(
+        ta, tb, As, As + STAGES * 128 * 64, full, empty, M, N, K,
+        [](float* d, const T* a, const T* b) { wgmma_stage<BN, T>(d, a, b); },
+        [&](int c, int tid) {                  // consumer c's store of its 64 rows of a tile
+            return [=](const float* d, int bm, int bn) {
+                store_wg<BN, T>(C, d, M, N, bm * 128 + c * 64, bn * BN, tid);
+            };
+        });
 #endif
 }
 

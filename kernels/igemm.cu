@@ -28,10 +28,19 @@
 // grid of ceil(M/BM) * ceil(N/BN) tiles x 256 threads, dynamic shared memory
 // STAGES * (BM + BN) * 128 bytes (128x128: 96 KiB, 128x256: 144 KiB: the launcher raises the limit).
 // fp8gemm_v3: see its section (384 threads, one block per SM, tensor maps from the launcher).
+// Each version's kernels sit inside #if !defined(CB_ONLY) || defined(CB_ONLY_<version>) (with
+// the step each falls back to where its shared memory does not fit: igemm_v3 brings igemm_v2,
+// fp8gemm_v2 brings fp8gemm_v1; fp8gemm_v3 is both of its kernels), so a launch can compile its
+// version alone (cudabook.compile.module(..., only=...)); the template fp8gemm_tma_t costs
+// nothing until named.
 #include "mma.cuh"
 #include "common.cuh"
+// gemm.cuh: load_tile, chunk_index (v2, v3, fp8 v1, v2) and tma_ws_gemm (fp8 v3), shared with
+// hgemm.cu
+#include "gemm.cuh"
 
 // ----------------------------------------------------------------------------- v1: dp4a
+#if !defined(CB_ONLY) || defined(CB_ONLY_igemm_v1)
 // launch: grid (ceil(N/64), ceil(M/64)), block 256 (16 x 16); thread (ty, tx) computes rows
 // ty + 16 i and columns tx + 16 j (i, j < 4) of the block's 64x64 tile. K % 4 == 0.
 extern "C" __global__ void __launch_bounds__(256)
@@ -72,25 +81,10 @@ igemm_v1(const signed char* __restrict__ A, const signed char* __restrict__ B,
             if (r < M && c < N) C[(size_t)r * N + c] = acc[i][j];
         }
 }
+#endif
 
 // ----------------------------------------------------------------------------- v2, v3, fp8
 extern __shared__ __align__(128) unsigned char ig_smem[];
-
-// byte offset of 16-byte chunk c of row r in a swizzled tile of 128-byte rows
-__device__ __forceinline__ int ig_index(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
-
-// rows [r0, r0 + ROWS) x bytes [k0, k0 + 128) of X (R x K) into a tile; zeros outside X
-template <int ROWS, int THREADS>
-__device__ __forceinline__ void ig_load_tile(unsigned char* tile, const unsigned char* X, int R,
-                                             int K, int r0, int k0) {
-#pragma unroll
-    for (int i = 0; i < ROWS * 8 / THREADS; i++) {
-        const int e = threadIdx.x + i * THREADS, r = e >> 3, c = e & 7;
-        const bool ok = r0 + r < R && k0 + c * 16 < K;
-        const unsigned char* src = X + (ok ? (size_t)(r0 + r) * K + k0 + c * 16 : 0);
-        cp_async_16_zfill(tile + ig_index(r, c), src, ok);
-    }
-}
 
 template <bool FP8> struct Acc8 { using T = int; };
 template <> struct Acc8<true> { using T = float; };
@@ -119,8 +113,8 @@ __device__ __forceinline__ void gemm8(const unsigned char* __restrict__ A,
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
     auto load_stage = [&](int s, int kt) {
-        ig_load_tile<BM, THREADS>(As + s * BM * BK, A, M, K, m0, kt * BK);
-        ig_load_tile<BN, THREADS>(Bs + s * BN * BK, B, N, K, n0, kt * BK);
+        load_tile<BM, THREADS, true, true>(As + s * BM * BK, A, M, K, m0, kt * BK);
+        load_tile<BN, THREADS, true, true>(Bs + s * BN * BK, B, N, K, n0, kt * BK);
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {         // prologue: STAGES - 1 tiles in flight
@@ -140,13 +134,14 @@ __device__ __forceinline__ void gemm8(const unsigned char* __restrict__ A,
             unsigned a[FM][4], b[FN][2];
 #pragma unroll
             for (int i = 0; i < FM; i++)
-                ldmatrix_x4(a[i], smem_u32(as + ig_index(wm + 16 * i + (lane & 15),
-                                                         2 * kk + (lane >> 4))));
+                ldmatrix_x4(a[i], smem_u32(as + chunk_index<true, unsigned char>(
+                                                  wm + 16 * i + (lane & 15), 2 * kk + (lane >> 4))));
 #pragma unroll
             for (int j = 0; j < FN / 2; j++) {
                 unsigned r[4];
-                ldmatrix_x4(r, smem_u32(bs + ig_index(wn + 16 * j + (lane & 7) + ((lane >> 4) << 3),
-                                                      2 * kk + ((lane >> 3) & 1))));
+                ldmatrix_x4(r, smem_u32(bs + chunk_index<true, unsigned char>(
+                                               wn + 16 * j + (lane & 7) + ((lane >> 4) << 3),
+                                               2 * kk + ((lane >> 3) & 1))));
                 b[2 * j][0] = r[0];
                 b[2 * j][1] = r[1];
                 b[2 * j + 1][0] = r[2];
@@ -189,42 +184,48 @@ __device__ __forceinline__ void gemm8(const unsigned char* __restrict__ A,
             }
 }
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_igemm_v2) || defined(CB_ONLY_igemm_v3)
 extern "C" __global__ void __launch_bounds__(256)
 igemm_v2(const unsigned char* A, const unsigned char* B, int* C, int M, int N, int K) {
     gemm8<128, 128, 64, 32, 3, false>(A, B, C, M, N, K, nullptr, nullptr);
 }
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_igemm_v3)
 extern "C" __global__ void __launch_bounds__(256)
 igemm_v3(const unsigned char* A, const unsigned char* B, int* C, int M, int N, int K) {
     gemm8<128, 256, 64, 64, 3, false>(A, B, C, M, N, K, nullptr, nullptr);
 }
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_fp8gemm_v1) || defined(CB_ONLY_fp8gemm_v2)
 extern "C" __global__ void __launch_bounds__(256)
 fp8gemm_v1(const unsigned char* A, const unsigned char* B, __nv_bfloat16* C, int M, int N, int K,
            const float* scale_a, const float* scale_b) {
     gemm8<128, 128, 64, 32, 3, true>(A, B, C, M, N, K, scale_a, scale_b);
 }
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_fp8gemm_v2)
 extern "C" __global__ void __launch_bounds__(256)
 fp8gemm_v2(const unsigned char* A, const unsigned char* B, __nv_bfloat16* C, int M, int N, int K,
            const float* scale_a, const float* scale_b) {
     gemm8<128, 256, 64, 64, 3, true>(A, B, C, M, N, K, scale_a, scale_b);
 }
+#endif
 
 // ----------------------------------------------------------------------------- v3: Hopper
-// wgmma m64nNk32 e4m3 (mma.cuh) fed by TMA, the structure of hgemm_v8/v9 (kernels/hgemm.cu) with
-// 1-byte elements: a k-tile is 128 values of K, one 128-byte swizzled row per row of A or B, so
-// TMA's boxes are 128 bytes wide and wgmma_desc_sw128 describes the tiles as it does hgemm's.
-// 384 threads = 3 warpgroups. Warpgroup 0 produces: it gives registers away (setmaxnreg.dec) and
-// one thread issues the TMA copies of A (128 x 128 bytes) and B (BN x 128) into a ring of STAGES
-// stages; full[s] completes when a stage's bytes (zero-filled ones outside the matrices included)
-// have landed. Warpgroups 1 and 2 consume (setmaxnreg.inc): each waits on full[s], issues 4 wgmma
-// (k32 slices, 32 bytes apart) for its 64 rows, and arrives on empty[s] once the tensor cores
-// are done with the stage (wgmma.wait_group 1: the previous stage's group). PROMOTE: the fp8
-// tensor-core accumulator keeps fewer bits than fp32 (cuBLAS calls it fast accumulation), so
-// each k-tile's 4 wgmma start from zero, the consumer waits for them (wait_group 0), releases the
-// stage and adds the partial sums into fp32 registers: twice the accumulator registers (128 x 256
-// tiles no longer fit: 256 per thread) and a drain of the wgmma pipeline per k-tile. The epilogue
-// multiplies by scale_a * scale_b, rounds to bf16 and stores the rows < M, columns < N: straight
-// from the registers (4-byte stores), or, EPI, through a shared 64 x BN tile per consumer so that
-// each thread stores 16 contiguous bytes of a row.
+// wgmma m64nNk32 e4m3 (mma.cuh) fed by TMA: hgemm_v8/v9's warp-specialised loop (gemm.cuh's
+// tma_ws_gemm: 384 threads, a TMA producer warpgroup and two consumer warpgroups of 64 rows, a
+// ring of STAGES stages guarded by mbarriers) with 1-byte elements: a k-tile is 128 values of K,
+// one 128-byte swizzled row per row of A (128 rows) or B (BN rows), so TMA's boxes are 128 bytes
+// wide and wgmma_desc_sw128 describes the tiles as it does hgemm's. A consumer issues 4 wgmma
+// per stage (k32 slices, 32 bytes apart) and, without PROMOTE, keeps one stage's group in
+// flight (wgmma.wait_group 1) as hgemm does. PROMOTE: the fp8 tensor-core accumulator keeps
+// fewer bits than fp32 (cuBLAS calls it fast accumulation), so each k-tile's 4 wgmma start from
+// zero, the consumer waits for them (wait_group 0), releases the stage and adds the partial sums
+// into fp32 registers: twice the accumulator registers (128 x 256 tiles no longer fit: 256 per
+// thread) and a drain of the wgmma pipeline per k-tile. The epilogue multiplies by
+// scale_a * scale_b, rounds to bf16 and stores the rows < M, columns < N: straight from the
+// registers (4-byte stores), or, EPI, through a shared 64 x BN tile per consumer so that each
+// thread stores 16 contiguous bytes of a row.
 // PERSIST: a grid of one block per SM walks the tiles (the producer fetches the next tile while
 // the consumers store this one). Tiles are ordered in groups of GROUP tile rows (L2 reuse).
 // Tensor maps: igemm_launch.py (tensor_map), uint8, boxes of 128 bytes x 128 (A) or BN (B) rows.
@@ -234,12 +235,6 @@ fp8gemm_v2(const unsigned char* A, const unsigned char* B, __nv_bfloat16* C, int
 // The first 1024-byte boundary in dynamic shared memory (the 128-byte swizzle repeats every
 // 1024 bytes, and TMA and wgmma compute it from the address).
 __device__ __forceinline__ unsigned char* ig_smem_1024() { return align_1024(ig_smem); }
-
-// Tile (bm, bn) of C for tile t, GROUP tile rows at a time: mma.cuh's tile_of (L2 reuse).
-template <int GROUP>
-__device__ __forceinline__ void ig_tile_of(int t, int tiles_m, int tiles_n, int& bm, int& bn) {
-    tile_of<GROUP>(t, tiles_m, tiles_n, bm, bn);
-}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The EPI epilogue of one consumer warpgroup (tid 0..127, consumer c): its 64 x BN accumulators,
@@ -291,122 +286,51 @@ __device__ __forceinline__ void fp8_tma_ws(const TmaDesc& ta, const TmaDesc& tb,
                                            const float* sa, const float* sb) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = 128, BK = 128;                       // BK: bytes = e4m3 values of K
-    constexpr unsigned A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
+    constexpr unsigned A_BYTES = BM * BK, B_BYTES = BN * BK;
     __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
     unsigned char* As = ig_smem_1024();
     unsigned char* Bs = As + STAGES * A_BYTES;
-    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int tiles = tiles_m * tiles_n, KT = (K + BK - 1) / BK;
-    const int step = PERSIST ? gridDim.x : tiles;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], 1);    // the producer's arrive (+ the TMA bytes)
-            mbar_init(&empty[s], 2);   // one arrive per consumer warpgroup
-        }
-        fence_barrier_init();
-    }
-    __syncthreads();
-    if (wg == 0) {
-        setmaxnreg_dec<40>();
-        if (tid == 0) {
-            int it = 0;                // stage uses so far: stage it % STAGES, use it / STAGES
-            for (int tile = blockIdx.x; tile < tiles; tile += step) {
-                int bm, bn;
-                ig_tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
-                for (int kt = 0; kt < KT; kt++, it++) {
-                    const int s = it % STAGES, use = it / STAGES;
-                    if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
-                    mbar_expect_tx(&full[s], STAGE_BYTES);
-                    tma_load_2d(As + s * A_BYTES, &ta, &full[s], kt * BK, bm * BM);
-                    tma_load_2d(Bs + s * B_BYTES, &tb, &full[s], kt * BK, bn * BN);
+    tma_ws_gemm<BN, STAGES, PERSIST, GROUP, PROMOTE>(
+        ta, tb, As, Bs, full, empty, M, N, K,
+        [](float* d, const unsigned char* a, const unsigned char* b) {
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)      // 4 wgmma: k32 slices, 32 bytes apart
+                wgmma_e4m3<BN>(d, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk));
+        },
+        [&](int c, int tid) {                   // once per consumer thread: its epilogue
+            const float scale = sa[0] * sb[0];
+            const bool pairs = (N & 1) == 0 && (reinterpret_cast<size_t>(C) & 3) == 0;
+            const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+            return [=](const float* d, int bm, int bn) {
+                if constexpr (EPI) {
+                    fp8_store_staged<BN>(C, d, scale, M, N, bm * BM + c * 64, bn * BN,
+                                         Bs + STAGES * B_BYTES, c, tid);
+                    return;
                 }
-            }
-        }
-    } else {
-        setmaxnreg_inc<232>();
-        const int c = wg - 1;          // this consumer's 64 rows of the 128-row tile
-        const float scale = sa[0] * sb[0];
-        const bool pairs = (N & 1) == 0 && (reinterpret_cast<size_t>(C) & 3) == 0;
-        const int lane = tid & 31, g = lane >> 2, t = lane & 3;
-        int it = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += step) {
-            int bm, bn;
-            ig_tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
-            float d[BN / 2], acc[PROMOTE ? BN / 2 : 1];
+                // accumulator layout (mma.cuh): warp w holds rows 16w..16w+15 of the 64
+                const int r0 = bm * BM + c * 64 + 16 * (tid >> 5) + g, c0 = bn * BN + 2 * t;
 #pragma unroll
-            for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-            if constexpr (PROMOTE) {
+                for (int j = 0; j < BN / 8; j++)
 #pragma unroll
-                for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-            }
-            // the 4 wgmma of k-tile kt (stage it % STAGES) into dd, once its bytes have landed
-            auto issue = [&](float* dd, int s, int use) {
-                mbar_wait(&full[s], use & 1);
-                const unsigned char* a = As + s * A_BYTES + c * 64 * BK;
-                const unsigned char* b = Bs + s * B_BYTES;
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-                    wgmma_e4m3<BN>(dd, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk));
-                wgmma_commit();
-            };
-            // PROMOTE: a k-tile's partial sums into the fp32 registers, d back to zero
-            auto fold = [&](float* dd) {
-#pragma unroll
-                for (int i = 0; i < BN / 2; i++) {
-                    acc[i] += dd[i];
-                    dd[i] = 0.0f;
-                }
-            };
-            int prev = -1;
-            for (int kt = 0; kt < KT; kt++, it++) {
-                const int s = it % STAGES;
-                issue(d, s, it / STAGES);
-                if constexpr (PROMOTE) {
-                    wgmma_wait<0>();
-                    if (tid == 0) mbar_arrive(&empty[s]);
-                    fold(d);
-                } else {
-                    wgmma_wait<1>();       // the previous stage's wgmma are done: release it
-                    if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
-                    prev = s;
-                }
-            }
-            if constexpr (!PROMOTE) {
-                wgmma_wait<0>();
-                if (tid == 0 && prev >= 0) mbar_arrive(&empty[prev]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < BN / 2; i++) d[i] = acc[i];
-            }
-            if constexpr (EPI) {
-                fp8_store_staged<BN>(C, d, scale, M, N, bm * BM + c * 64, bn * BN,
-                                     Bs + STAGES * B_BYTES, c, tid);
-                continue;
-            }
-            // accumulator layout (mma.cuh): warp w holds rows 16w..16w+15 of the 64
-            const int r0 = bm * BM + c * 64 + 16 * (tid >> 5) + g, c0 = bn * BN + 2 * t;
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int r = r0 + 8 * h, col = c0 + 8 * j;
-                    if (r >= M || col >= N) continue;
-                    const float lo = d[4 * j + 2 * h] * scale, hi = d[4 * j + 2 * h + 1] * scale;
-                    __nv_bfloat16* p = C + (size_t)r * N + col;
-                    if (pairs) {
-                        *reinterpret_cast<unsigned*>(p) = pack_bf162(lo, hi);
-                    } else {
-                        p[0] = __float2bfloat16_rn(lo);
-                        if (col + 1 < N) p[1] = __float2bfloat16_rn(hi);
+                    for (int h = 0; h < 2; h++) {
+                        const int r = r0 + 8 * h, col = c0 + 8 * j;
+                        if (r >= M || col >= N) continue;
+                        const float lo = d[4 * j + 2 * h] * scale;
+                        const float hi = d[4 * j + 2 * h + 1] * scale;
+                        __nv_bfloat16* p = C + (size_t)r * N + col;
+                        if (pairs) {
+                            *reinterpret_cast<unsigned*>(p) = pack_bf162(lo, hi);
+                        } else {
+                            p[0] = __float2bfloat16_rn(lo);
+                            if (col + 1 < N) p[1] = __float2bfloat16_rn(hi);
+                        }
                     }
-                }
-        }
-    }
+            };
+        });
 #endif
 }
 
+#if !defined(CB_ONLY) || defined(CB_ONLY_fp8gemm_v3)
 // v3: 128 x 128 tiles, 5 stages, persistent, staged epilogue, fp32 promotion every k-tile (the
 // numerics of torch._scaled_mm). v3_fast: 128 x 256 tiles, 3 stages, the tensor cores' own
 // accumulation (torch._scaled_mm(..., use_fast_accum=True)).
@@ -421,6 +345,7 @@ fp8gemm_v3_fast(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaD
                 const float* scale_b) {
     fp8_tma_ws<256, 3, true, 8, true, false>(ta, tb, C, M, N, K, scale_a, scale_b);
 }
+#endif
 
 // v3's family, for the probe (instantiated by name from igemm_launch.py).
 template <int BN, int STAGES, bool PERSIST, int GROUP, bool EPI, bool PROMOTE>

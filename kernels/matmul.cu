@@ -22,6 +22,8 @@
 //
 // work: 2 M N K flops; minimum traffic 4 (M K + K N + M N) bytes.
 #include "common.cuh"
+// mma.cuh: the cp.async wrappers of matmul_v9-v11
+#include "mma.cuh"
 
 // ------------------------------------------------------------------------------------ helpers
 
@@ -301,42 +303,6 @@ matmul_v7(const float* __restrict__ A, const float* __restrict__ B, float* __res
 
 // ------------------------------------------------------------------------------------ v8..v10
 
-// Asynchronous global -> shared copies (sm_80+). Below sm_80 they become ordinary loads and
-// stores, so the code compiles everywhere; matmul_v9/v10 then fall back to register staging.
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool pred) {
-#if __CUDA_ARCH__ >= 800
-    unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src),
-                 "r"(pred ? 4 : 0));
-#else
-    *dst = pred ? *src : 0.f;
-#endif
-}
-
-// copy 16 bytes, of which the first `bytes` come from src and the rest are zero-filled
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
-#if __CUDA_ARCH__ >= 800
-    unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
-                 "r"(bytes));
-#else
-    for (int e = 0; e < 4; ++e) dst[e] = e * 4 < bytes ? src[e] : 0.f;
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
 // The warp-tiled body shared by v8, v9 and v10.
 //   block tile BM x BN, k-step BK, NT = (BM/WM) * (BN/WN) * 32 threads;
 //   each warp owns a WM x WN piece; its 32 lanes form an LR x LC grid (LR = WM/TM, LC = WN/TN)
@@ -397,8 +363,8 @@ __device__ __forceinline__ void gemm_warptile(const float* __restrict__ A,
 #pragma unroll
             for (int e = 0; e < 4; ++e) {           // 4-byte copies: transposed on the way in
                 bool ok = rok && k0 + c + e < K;
-                cp_async4(&As[(c + e) * (BM + PAD) + r], ok ? A + (m0 + r) * K + k0 + c + e : A,
-                          ok);
+                cp_async_4_zfill(&As[(c + e) * (BM + PAD) + r],
+                                 ok ? A + (m0 + r) * K + k0 + c + e : A, ok);
             }
         }
 #pragma unroll
@@ -407,12 +373,12 @@ __device__ __forceinline__ void gemm_warptile(const float* __restrict__ A,
             int gr = k0 + r, gc = n0 + c;
             if (vecB) {
                 int bytes = (gr < K) ? 4 * max(0, min(4, N - gc)) : 0;
-                cp_async16(&Bs[r * BN + c], bytes ? B + gr * N + gc : B, bytes);
+                cp_async_16_part(&Bs[r * BN + c], bytes ? B + gr * N + gc : B, bytes);
             } else {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     bool ok = gr < K && gc + e < N;
-                    cp_async4(&Bs[r * BN + c + e], ok ? B + gr * N + gc + e : B, ok);
+                    cp_async_4_zfill(&Bs[r * BN + c + e], ok ? B + gr * N + gc + e : B, ok);
                 }
             }
         }

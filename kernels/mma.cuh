@@ -16,7 +16,11 @@
 //   mma_m16n8k32_e4m3(c, a, b)          the same with fp8 e4m3 in, f32 accumulate (sm_89+)
 //   cp_async_16(dst, src)               16-byte global -> shared copy, L1 bypassed (cp.async.cg)
 //   cp_async_16_zfill(dst, src, ok)     the same, writing 16 zero bytes when !ok (ragged edges)
+//   cp_async_16_s(dst, src)             cp_async_16 to a shared-space address (u32, smem_u32)
+//   cp_async_16_part(dst, src, bytes)   16 bytes of floats, the first `bytes` from src, the rest 0
+//   cp_async_4_zfill(dst, src, ok)      one float (cp.async.ca), 0 when !ok
 //   cp_async_commit(), cp_async_wait<N>()   close a group; wait until <= N groups are in flight
+//   (the cp.async wrappers of the book: hgemm, igemm, attention, matmul_v9-v11)
 //   pack_half2(lo, hi), pack_bf162(lo, hi)  two floats -> one 32-bit register of two 16-bit values
 //   sm_90 only: mbar_* (mbarriers), tma_load_2d, and the thread-block cluster primitives
 //   cluster_rank(), cluster_sync(), cluster_map(p, rank), st_async16(raddr, v, rbar)
@@ -194,6 +198,40 @@ __device__ __forceinline__ void cp_async_16_zfill(void* dst, const void* src, bo
 #else
     *reinterpret_cast<uint4*>(dst) = ok ? *reinterpret_cast<const uint4*>(src)
                                         : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+// As cp_async_16, to a shared-space address (smem_u32) instead of a pointer: for copy addresses
+// kept as one 32-bit register plus immediates (hgemm_v10).
+__device__ __forceinline__ void cp_async_16_s(unsigned dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
+#else
+    *reinterpret_cast<uint4*>(__cvta_shared_to_generic(dst)) =
+        *reinterpret_cast<const uint4*>(src);
+#endif
+}
+
+// 16 bytes, of which the first `bytes` (0, 4, 8, 12 or 16) come from src and the rest are zero:
+// the last chunk of a row of floats that ends inside it (matmul_v9-v11). src 16-byte aligned.
+__device__ __forceinline__ void cp_async_16_part(float* dst, const float* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+#else
+    for (int e = 0; e < 4; ++e) dst[e] = e * 4 < bytes ? src[e] : 0.f;
+#endif
+}
+
+// One float, zero when !ok (src may then point anywhere): element-wise copies, such as a tile
+// transposed on its way into shared memory (matmul_v9-v11). 4-byte copies exist only as .ca
+// (cached in L1 too).
+__device__ __forceinline__ void cp_async_4_zfill(float* dst, const float* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(ok ? 4 : 0) : "memory");
+#else
+    *dst = ok ? *src : 0.f;
 #endif
 }
 

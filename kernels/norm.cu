@@ -37,7 +37,8 @@
 //   rmsnorm_v2    RMSNorm with the row in registers, as layernorm_v3 (longer rows: v1's body)
 //
 // Sums over the block are common.cuh's block_sum; layernorm_v2 merges Welford triples
-// (count, mean, M2) instead (welford_merge), and layernorm_v5 merges its two halves with it.
+// (count, mean, M2) instead (common.cuh's block_reduce with WelfordOp), and layernorm_v5 merges
+// its two halves with welford_merge.
 //
 // traffic: 4 MN read + 4 MN written (+ 8 N for gamma, beta) at best (v3, rmsnorm_v2).
 // Accuracy: var = E[x^2] - E[x]^2 in one pass cancels catastrophically when |mean| >> std;
@@ -62,36 +63,6 @@ extern "C" __global__ void layernorm_v1(const float* x, const float* gamma, cons
     for (int j = 0; j < N; j++) yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
 }
 
-// Welford state of a set of values: count, mean, M2 = sum (v - mean)^2
-struct Welford { float n, mean, m2; };
-
-__device__ __forceinline__ void welford_add(Welford& w, float v) {
-    w.n += 1.0f;
-    float delta = v - w.mean;
-    w.mean += delta / w.n;
-    w.m2 += delta * (v - w.mean);
-}
-
-// Chan et al.: merge two Welford states
-__device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
-    float n = a.n + b.n;
-    if (n == 0.0f) return a;
-    float delta = b.mean - a.mean, fb = b.n / n;
-    Welford r;
-    r.n = n;
-    r.mean = a.mean + delta * fb;
-    r.m2 = a.m2 + b.m2 + delta * delta * a.n * fb;
-    return r;
-}
-
-__device__ __forceinline__ Welford welford_shfl(Welford w, int o) {
-    Welford r;
-    r.n = __shfl_xor_sync(0xffffffffu, w.n, o);
-    r.mean = __shfl_xor_sync(0xffffffffu, w.mean, o);
-    r.m2 = __shfl_xor_sync(0xffffffffu, w.m2, o);
-    return r;
-}
-
 // One row of LayerNorm by the whole block: Welford in one pass, merged across the block, then
 // the fused normalise + affine pass. sbuf: 99 floats
 __device__ __forceinline__ void layernorm_row_welford(const float* xr, const float* gamma,
@@ -99,18 +70,10 @@ __device__ __forceinline__ void layernorm_row_welford(const float* xr, const flo
                                                       float eps, float* sbuf) {
     Welford w = {0.0f, 0.0f, 0.0f};
     for (int j = threadIdx.x; j < N; j += blockDim.x) welford_add(w, xr[j]);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    for (int o = 16; o > 0; o >>= 1) w = welford_merge(w, welford_shfl(w, o));
-    if (lane == 0) { sbuf[warp] = w.n; sbuf[33 + warp] = w.mean; sbuf[66 + warp] = w.m2; }
-    __syncthreads();
-    if (warp == 0) {
-        w.n = lane < nw ? sbuf[lane] : 0.0f;
-        w.mean = lane < nw ? sbuf[33 + lane] : 0.0f;
-        w.m2 = lane < nw ? sbuf[66 + lane] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) w = welford_merge(w, welford_shfl(w, o));
-        if (lane == 0) { sbuf[32] = w.mean; sbuf[65] = rsqrtf(w.m2 / N + eps); }
-    }
-    __syncthreads();
+    block_reduce(w, WelfordOp{sbuf}, [=](Welford r) {
+        sbuf[32] = r.mean;
+        sbuf[65] = rsqrtf(r.m2 / N + eps);
+    });
     float mean = sbuf[32], rstd = sbuf[65];
     for (int j = threadIdx.x; j < N; j += blockDim.x)       // fused: normalise and affine
         yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];

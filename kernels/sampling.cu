@@ -8,20 +8,16 @@
 //   first exceeds u * (kept total): inverse-CDF sampling of the truncated distribution.
 //   k = 1 is greedy (argmax; ties to the lowest id, as torch.argmax).
 //
-//   sample_topk_v1  one block per row: k rounds of a block-wide argmax over the elements after
-//                   the previous winner in (value desc, id asc) order; O(k V / threads) reads,
-//                   no sort and no per-element marks. Then thread 0 walks the k winners.
+//   sample_topk_v1  one block per row: k rounds of a block-wide argmax (common.cuh's
+//                   block_reduce with ArgMaxOp) over the elements after the previous winner in
+//                   (value desc, id asc) order; O(k V / threads) reads, no sort and no
+//                   per-element marks. Then thread 0 walks the k winners.
 //
 // Launch (kernels/sampling_launch.py): grid (B) x 1024 threads; k <= SAMPLE_KMAX.
 #include <cuda_fp16.h>
 #include "common.cuh"
 
 #define SAMPLE_KMAX 64
-
-// (v, i) comes before (w, j): larger value first, then the lower id
-__device__ __forceinline__ bool before(float v, int i, float w, int j) {
-    return v > w || (v == w && i < j);
-}
 
 extern "C" __global__ void __launch_bounds__(1024) sample_topk_v1(
         const __half* logits, int V, float inv_temp, int k, float top_p, const float* u,
@@ -30,8 +26,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample_topk_v1(
     __shared__ int wi[SAMPLE_KMAX];
     __shared__ float rv[32];
     __shared__ int ri[32];
-    int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int nw = (blockDim.x + 31) >> 5;
+    int b = blockIdx.x;
     const __half* z = logits + (long long)b * V;
     float last_v = INFINITY;
     int last_i = -1;
@@ -41,27 +36,13 @@ extern "C" __global__ void __launch_bounds__(1024) sample_topk_v1(
 #pragma unroll 4
         for (int j = threadIdx.x; j < V; j += blockDim.x) {
             float v = __half2float(z[j]);
-            bool after = before(last_v, last_i, v, j);        // not chosen yet
-            if (after && before(v, j, bv, bi)) { bv = v; bi = j; }
+            bool after = argmax_before(last_v, last_i, v, j); // not chosen yet
+            if (after && argmax_before(v, j, bv, bi)) { bv = v; bi = j; }
         }
-        for (int o = 16; o > 0; o >>= 1) {                    // warp argmax
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (before(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-        }
-        if (lane == 0) { rv[warp] = bv; ri[warp] = bi; }
-        __syncthreads();
-        if (warp == 0) {
-            bv = lane < nw ? rv[lane] : -INFINITY;
-            bi = lane < nw ? ri[lane] : 0x7fffffff;
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (before(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-            }
-            if (lane == 0) { wv[r] = bv; wi[r] = bi; }
-        }
-        __syncthreads();
+        block_reduce(ArgMax{bv, bi}, ArgMaxOp{rv, ri}, [&](ArgMax w) {   // block argmax
+            wv[r] = w.v;
+            wi[r] = w.i;
+        });
         last_v = wv[r];
         last_i = wi[r];
         __syncthreads();                                      // rv/ri reused next round

@@ -23,7 +23,7 @@
 //                instead (softmax_row_online, v4's body), so any N is right
 //
 // The block reductions are common.cuh's block_max / block_sum; block_online merges (max, sum)
-// pairs, which only the online softmax needs.
+// pairs (common.cuh's block_reduce with SumMaxOp), which only the online softmax needs.
 //
 // traffic: at best 4 MN bytes read + 4 MN written = 8 MN (v5). v2/v3 read x three times and v4
 // twice; the re-reads hit L1/L2 when the rows in flight fit there, and DRAM when they do not.
@@ -86,30 +86,13 @@ __device__ __forceinline__ void online_add(float& m, float& d, float v) {
     }
 }
 
-// merge two partial (m, d): the smaller max's sum is rescaled to the larger max
-__device__ __forceinline__ void online_merge(float& m, float& d, float m2, float d2) {
-    float mn = fmaxf(m, m2);
-    if (mn == -INFINITY) return;           // both empty: keep (-inf, 0), avoid exp(NaN)
-    d = d * __expf(m - mn) + d2 * __expf(m2 - mn);
-    m = mn;
-}
-
-// (m, d) over the block, returned to every thread. sbuf: 66 floats
+// (m, d) over the block, returned to every thread (common.cuh's block_reduce with SumMaxOp).
+// sbuf: 66 floats
 __device__ __forceinline__ void block_online(float& m, float& d, float* sbuf) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    for (int o = 16; o > 0; o >>= 1)
-        online_merge(m, d, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, d, o));
-    if (lane == 0) { sbuf[warp] = m; sbuf[32 + warp] = d; }
-    __syncthreads();
-    if (warp == 0) {
-        m = (lane < nw) ? sbuf[lane] : -INFINITY;
-        d = (lane < nw) ? sbuf[32 + lane] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1)
-            online_merge(m, d, __shfl_xor_sync(0xffffffffu, m, o),
-                         __shfl_xor_sync(0xffffffffu, d, o));
-        if (lane == 0) { sbuf[64] = m; sbuf[65] = d; }
-    }
-    __syncthreads();
+    block_reduce(SumMax{d, m}, SumMaxOp{sbuf}, [=](SumMax r) {
+        sbuf[64] = r.m;
+        sbuf[65] = r.d;
+    });
     m = sbuf[64];
     d = sbuf[65];
     __syncthreads();                       // everyone has read them: sbuf may be reused

@@ -98,3 +98,54 @@ __device__ __forceinline__ void acc_to_a(unsigned* a, const float* s0, const flo
     a[2] = Mma<T>::pack(s1[0], s1[1]);
     a[3] = Mma<T>::pack(s1[2], s1[3]);
 }
+
+// ----- Hopper (sm_90a): the wgmma forms the attention kernels use ------------------------------
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// d += A (64 x 16, K-major in shared) @ B (16 x N, B stored (N, K) in shared)
+template <int N, typename T>
+__device__ __forceinline__ void wg_ss(float* d, unsigned long long da, unsigned long long db) {
+    static_assert(N == 64 || N == 128, "S tiles of 64 or 128 keys");
+    if constexpr (Mma<T>::bf16) {
+        if constexpr (N == 128) wgmma_m64n128k16_bf16(d, da, db);
+        else wgmma_m64n64k16_bf16(d, da, db);
+    } else {
+        if constexpr (N == 128) wgmma_m64n128k16_f16(d, da, db);
+        else wgmma_m64n64k16_f16(d, da, db);
+    }
+}
+// d += A (64 x 16, registers) @ B (16 x N, stored (K, N) in shared)
+template <int N, typename T>
+__device__ __forceinline__ void wg_rs(float* d, const unsigned* a, unsigned long long db) {
+    static_assert(N == 64 || N == 128, "head dimensions 64 or 128");
+    if constexpr (Mma<T>::bf16) {
+        if constexpr (N == 128) wgmma_m64n128k16_rs_bf16(d, a, db);
+        else wgmma_m64n64k16_rs_bf16(d, a, db);
+    } else {
+        if constexpr (N == 128) wgmma_m64n128k16_rs_f16(d, a, db);
+        else wgmma_m64n64k16_rs_f16(d, a, db);
+    }
+}
+// d += A (64 x 16) @ B (16 x 64), both MN-major in shared (the backward's dQ = dS K)
+template <typename T>
+__device__ __forceinline__ void wg_tt(float* d, unsigned long long da, unsigned long long db) {
+    if constexpr (Mma<T>::bf16) wgmma_m64n64k16_tt_bf16(d, da, db);
+    else wgmma_m64n64k16_tt_f16(d, da, db);
+}
+// An empty asm that claims to change x: the compiler must keep x in its register until here, so
+// registers an in-flight wgmma reads or writes are not reused before the wgmma_wait before it.
+__device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
+__device__ __forceinline__ void pin(unsigned& x) { asm volatile("" : "+r"(x) :: "memory"); }
+template <int N, typename X>
+__device__ __forceinline__ void pin_all(X* x) {
+#pragma unroll
+    for (int i = 0; i < N; i++) pin(x[i]);
+}
+// Named barriers 1 and 2, 256 threads: the two consumer warpgroups of a Hopper kernel (the
+// forward's take turns issuing wgmma; the backward's meet where they exchange dS^T).
+__device__ __forceinline__ void named_sync(int id) {
+    asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory");
+}
+#endif

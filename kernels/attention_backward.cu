@@ -23,6 +23,12 @@
 //                        with less shared memory per block (the launcher picks the largest that
 //                        fits: L4 / A10 / RTX 30-40 99 KiB, T4 64 KiB); STAGES = 1 loads the next
 //                        query tile into the one buffer while dQ is computed, not during the tile
+//   attention_bwd_v3_*   Hopper (sm_90a): the same split with every product on wgmma. K, V, and a
+//                        2-stage ring of Q, dO and the statistics arrive by TMA and the copy engine
+//                        (a producer warpgroup, mbarriers); two consumer warpgroups own 64 keys
+//                        each; S^T, dP^T from shared memory, dV and dK with P^T and dS^T straight
+//                        from registers, dQ = dS K from dS^T in shared memory (both operands
+//                        MN-major). Grouped-query heads: a block sums dK, dV over its group
 //
 // work (non-causal): 10 Nq Nk D flops (five products: S, dP, dV, dK, dQ); causal about half.
 // Each version's kernels sit inside #if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_vN):
@@ -206,6 +212,35 @@ __device__ __forceinline__ void bwd_preprocess(const T* __restrict__ O, const T*
     }
     acc = warp_sum(acc);
     if (lane == 0) Di[r] = acc;
+}
+
+// attention_bwd_v3's preprocess. launch: block 128, grid ceil(BH * Nq_pad / 4), Nq_pad = Nq
+// rounded up to the query tile: as bwd_preprocess, and the statistics into padded rows that the
+// copy engine can fetch a tile at a time (16-byte aligned, whole tiles): Di (0 past Nq) and
+// lse2 = lse * log2(e) (+inf past Nq, so P = 0 for those queries).
+template <typename T>
+__device__ __forceinline__ void bwd_preprocess_padded(const T* __restrict__ O,
+                                                      const T* __restrict__ dO,
+                                                      const float* __restrict__ lse,
+                                                      float* __restrict__ Di,
+                                                      float* __restrict__ lse2,
+                                                      float* __restrict__ dQacc, int BH, int Nq,
+                                                      int Nq_pad, int D) {
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= BH * Nq_pad) return;
+    const int bh = r / Nq_pad, i = r % Nq_pad;
+    if (i >= Nq) {
+        if (lane == 0) { Di[r] = 0.f; lse2[r] = INFINITY; }
+        return;
+    }
+    const size_t row = (size_t)bh * Nq + i;
+    float acc = 0.f;
+    for (int c = lane; c < D; c += 32) {
+        acc += Mma<T>::to_float(O[row * D + c]) * Mma<T>::to_float(dO[row * D + c]);
+        dQacc[row * D + c] = 0.f;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) { Di[r] = acc; lse2[r] = lse[row] * ATTN_LOG2E; }
 }
 
 // launch: block 256, grid ceil(n / 256). dQ = scale * dQacc, rounded to 16 bits.
@@ -441,9 +476,11 @@ __device__ __forceinline__ void flash_bwd_mma(const T* __restrict__ Q, const T* 
 // smaller tiles: attention_bwd_v2_f16_d128_64x64s1 is D = 128, BC = 64, BR = 64, one stage
 #define ATTN_BWD_V2_FIT(TN, T, D, BC, BR, STAGES)                                                \
     ATTN_BWD_V2_KERNEL(attention_bwd_v2_##TN##_d##D##_##BC##x##BR##s##STAGES, T, D, BC, BR, STAGES)
-#if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v2)
-ATTN_BWD_V2_TYPE(f16, __half)
+#if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v2) || defined(CB_ONLY_attention_bwd_v3)
+ATTN_BWD_V2_TYPE(f16, __half)       // (v3 runs the same convert kernel)
 ATTN_BWD_V2_TYPE(bf16, __nv_bfloat16)
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v2)
 ATTN_BWD_V2(f16, __half, 64, 128, 128)
 ATTN_BWD_V2(bf16, __nv_bfloat16, 64, 128, 128)
 ATTN_BWD_V2(f16, __half, 128, 128, 64)
@@ -459,4 +496,254 @@ ATTN_BWD_V2_FIT(f16, __half, 64, 64, 64, 2)
 ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 64, 64, 64, 2)
 ATTN_BWD_V2_FIT(f16, __half, 128, 32, 64, 1)
 ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 128, 32, 64, 1)
+#endif
+
+// ======================================================================================= v3
+// Hopper (sm_90a). launch: block 384 = 3 warpgroups, grid (ceil(Nk / 128), BH / G) where G =
+// query heads per key/value head (1: ordinary attention; H: multi-query), dynamic shared memory
+// (2 BC D + 2 ST BR D + 2 BC BR) * 2 + 1024 bytes: K and V, ST stages of Q and dO, two buffers
+// of dS^T, 1024 for alignment (BC = 128, ST = 2: 161 KiB at D = 64 with BR = 128, 161 KiB at
+// D = 128 with BR = 64). Q, K, V and dO arrive by TMA (tensor maps of (rows, D), boxes of 64
+// columns, the 128-byte swizzle), as in attention_v4; lse and Di go into shared memory by plain
+// loads of the producer's second warp.
+//
+// The FA2 split of attention_bwd_v2 with every product on wgmma. Warpgroup 0 is the producer:
+// K and V of the block's 128 keys once, then Q_i, dO_i, lse_i, Di_i of each query tile into a
+// ring of ST stages ("full" barrier: the bytes landed and the 32 statistics stores are done;
+// "empty": both consumers are done with the stage). For grouped-query attention the block walks
+// the query tiles of all G heads that share its K and V, so dK and dV are summed over the group
+// in registers, without atomics. Warpgroups 1 and 2 are consumers: consumer c owns keys
+// 64 c .. 64 c + 63 of the block and holds their dK and dV in registers. Per query tile:
+//   S^T = K_c Q^T, dP^T = V_c dO^T             wgmma, both operands in shared (K-major)
+//   P^T = exp2(S^T scale_log2 - lse_log2),  dS^T = P^T * (dP^T - Di)     (registers)
+//   dV_c += P^T dO,  dK_c += dS^T Q            wgmma, A from registers, B = dO, Q as they lie
+//                                              (N-major: no transpose)
+//   dS^T -> shared (16 bits), both consumers meet (named barrier 1)
+//   dQ_i += dS K                               wgmma, A = dS^T and B = K both MN-major in shared;
+//                                              D = 64 (BR = 128): consumer c takes query rows
+//                                              64 c .., D = 128 (BR = 64): columns 64 c ..
+//   dQ_i's 64 x 64 piece added to the fp32 dQacc with vector atomics (other key blocks add
+//   theirs); attention_bwd_v2_convert scales and rounds it afterwards.
+// Two dS^T buffers alternate, so one barrier per tile suffices: a consumer overwrites a buffer
+// two tiles later, after the other has passed the barrier that follows its own dQ wait.
+// Causal: the block's first query tile is the one holding query k0 (query i sees keys j <= i),
+// and only tiles that cross the diagonal, or the ragged ends, pay for the mask. Query rows past
+// Nq read lse = +inf (P = 0); key rows past Nk are masked; neither is stored.
+template <typename T, int D, int BR, int ST>
+__device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc& tk,
+                                                const TmaDesc& tv, const TmaDesc& tdo,
+                                                const float* __restrict__ lse2,
+                                                const float* __restrict__ Di,
+                                                float* __restrict__ dQacc, T* __restrict__ dK,
+                                                T* __restrict__ dV, int Nq, int Nk, float scale,
+                                                int causal, int group) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BC = 128, SL = D / 64, NR = BR / 8, ND = D / 8, KR = BR / 16;
+    static_assert((D == 64 && BR == 128) || (D == 128 && BR == 64), "tiles of the two head dims");
+    constexpr unsigned KV_BYTES = 2 * BC * D * sizeof(T), QD_BYTES = 2 * BR * D * sizeof(T);
+    __shared__ __align__(8) unsigned long long kvbar, full[ST], empty[ST];
+    __shared__ __align__(16) float lse_s[ST][BR], di_s[ST][BR];
+    extern __shared__ __align__(1024) unsigned char attn_smem[];
+    // slab sl of a tile of R rows: R x 64 values at offset sl * R * 64 (the TMA boxes)
+    T* Ks = reinterpret_cast<T*>(align_1024(attn_smem));
+    T* Vs = Ks + BC * D;
+    T* Qs = Vs + BC * D;                          // ST stages of BR x D
+    T* dOs = Qs + ST * BR * D;                    // ST stages of BR x D
+    T* dSs = dOs + ST * BR * D;                   // 2 buffers of dS^T: BC rows (keys) x BR
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    const int bhk = blockIdx.y, k0 = blockIdx.x * BC;
+    const int n_qt = ceil_div(Nq, BR), Nq_pad = n_qt * BR;
+    const int qt0 = causal ? min(k0 / BR, n_qt) : 0;   // the first tile with a query >= k0
+    const int per_head = n_qt - qt0, n_it = per_head * group;
+    if (threadIdx.x == 0) {
+        mbar_init(&kvbar, 1);
+        for (int s = 0; s < ST; s++) {
+            mbar_init(&full[s], 1);                // the producer's arrive (+ the bytes)
+            mbar_init(&empty[s], 2);               // one arrive per consumer warpgroup
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {                                // ---------------------------------- producer
+        setmaxnreg_dec<24>();
+        if (tid == 0) {
+            mbar_expect_tx(&kvbar, KV_BYTES);
+            for (int sl = 0; sl < SL; sl++) {
+                tma_load_2d(Ks + sl * BC * 64, &tk, &kvbar, 64 * sl, bhk * Nk + k0);
+                tma_load_2d(Vs + sl * BC * 64, &tv, &kvbar, 64 * sl, bhk * Nk + k0);
+            }
+            for (int it = 0; it < n_it; it++) {
+                const int s = it % ST, use = it / ST;
+                const int bh = bhk * group + it / per_head, q0 = (qt0 + it % per_head) * BR;
+                if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
+                mbar_expect_tx(&full[s], QD_BYTES + 2 * BR * 4);
+                for (int sl = 0; sl < SL; sl++) {
+                    tma_load_2d(Qs + s * BR * D + sl * BR * 64, &tq, &full[s], 64 * sl, bh * Nq + q0);
+                    tma_load_2d(dOs + s * BR * D + sl * BR * 64, &tdo, &full[s], 64 * sl,
+                                bh * Nq + q0);
+                }
+                const size_t row = (size_t)bh * Nq_pad + q0;     // padded statistics rows
+                bulk_load(lse_s[s], lse2 + row, BR * 4, &full[s]);
+                bulk_load(di_s[s], Di + row, BR * 4, &full[s]);
+            }
+        }
+        return;
+    }
+    setmaxnreg_inc<240>();                         // ---------------------------------- consumers
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int kr = 64 * c + 16 * warp + g;        // this thread's key rows kr, kr + 8 (block)
+    const float scale_log2 = scale * ATTN_LOG2E;
+    float dv[D / 2], dk[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) dv[i] = dk[i] = 0.f;
+    mbar_wait(&kvbar, 0);
+
+    for (int it = 0; it < n_it; it++) {
+        const int s = it % ST, b = it & 1;
+        const int bh = bhk * group + it / per_head, q0 = (qt0 + it % per_head) * BR;
+        const T* Qt = Qs + s * BR * D;
+        const T* dOt = dOs + s * BR * D;
+        T* dSt = dSs + b * BC * BR;
+        float st[BR / 2], dpt[BR / 2];
+#pragma unroll
+        for (int i = 0; i < BR / 2; i++) st[i] = dpt[i] = 0.f;
+        mbar_wait(&full[s], (it / ST) & 1);
+        wgmma_fence();                            // S^T = K_c Q^T, then dP^T = V_c dO^T
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wg_ss<BR, T>(st, wgmma_desc_sw128(Ks + (kk / 4) * BC * 64 + c * 64 * 64 + 16 * (kk % 4)),
+                         wgmma_desc_sw128(Qt + (kk / 4) * BR * 64 + 16 * (kk % 4)));
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wg_ss<BR, T>(dpt, wgmma_desc_sw128(Vs + (kk / 4) * BC * 64 + c * 64 * 64 + 16 * (kk % 4)),
+                         wgmma_desc_sw128(dOt + (kk / 4) * BR * 64 + 16 * (kk % 4)));
+        wgmma_commit();
+        wgmma_wait<1>();                          // S^T is done (dP^T may still run)
+        pin_all<BR / 2>(st);
+        // P^T: rows are keys k0 + kr (+ 8), columns queries q0 + 8 j + 2 t (+ 1)
+        const bool edge = k0 + BC > Nk || (causal && k0 + BC - 1 > q0);
+#pragma unroll
+        for (int j = 0; j < NR; j++) {
+            const float2 l2 = *reinterpret_cast<const float2*>(&lse_s[s][8 * j + 2 * t]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+                if (edge) {
+                    const int key = k0 + kr + 8 * (e / 2), query = q0 + 8 * j + 2 * t + (e & 1);
+                    if (key >= Nk || (causal && key > query)) p = 0.f;
+                }
+                st[4 * j + e] = p;
+            }
+        }
+        wgmma_wait<0>();                          // dP^T is done
+        pin_all<BR / 2>(dpt);
+        unsigned pa[KR][4], da[KR][4];            // P^T and dS^T as 16-bit A fragments
+#pragma unroll
+        for (int j = 0; j < NR; j++) {
+            const float2 d2 = *reinterpret_cast<const float2*>(&di_s[s][8 * j + 2 * t]);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+        }
+#pragma unroll
+        for (int kk = 0; kk < KR; kk++) {
+            acc_to_a<T>(pa[kk], &st[8 * kk], &st[8 * kk + 4]);
+            acc_to_a<T>(da[kk], &dpt[8 * kk], &dpt[8 * kk + 4]);
+        }
+        wgmma_fence();                            // dV += P^T dO, dK += dS^T Q
+#pragma unroll
+        for (int kk = 0; kk < KR; kk++)
+            wg_rs<D, T>(dv, pa[kk], wgmma_desc_sw128_mn(dOt + kk * 16 * 64, BR * 64 * sizeof(T)));
+#pragma unroll
+        for (int kk = 0; kk < KR; kk++)
+            wg_rs<D, T>(dk, da[kk], wgmma_desc_sw128_mn(Qt + kk * 16 * 64, BR * 64 * sizeof(T)));
+        wgmma_commit();
+        // dS^T into shared: row kr (+ 8), query columns 16 kk + 2 t (+ 8), panels of 64 queries
+        unsigned* d32 = reinterpret_cast<unsigned*>(dSt);
+#pragma unroll
+        for (int kk = 0; kk < KR; kk++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int row = kr + 8 * (r & 1), col = 16 * kk + 8 * (r / 2) + 2 * t;
+                d32[((col / 64) * BC * 64 + swz<64>(row, col % 64)) / 2] = da[kk][r];
+            }
+        fence_proxy_async();                      // the stores, before wgmma reads them
+        wgmma_wait<0>();                          // dV, dK done: P^T, dS^T registers are free
+        pin_all<D / 2>(dv);
+        pin_all<D / 2>(dk);
+        pin_all<4 * KR>(&pa[0][0]);
+        pin_all<4 * KR>(&da[0][0]);
+        named_sync(1);                            // both consumers' halves of dS^T are in place
+        float dq[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) dq[i] = 0.f;
+        // D = 64: rows 64 c .. of dQ_i (panel c of dS^T), all 64 columns of K;
+        // D = 128: all 64 rows (panel 0), columns 64 c .. (slab c of K)
+        const T* As = dSt + (D == 64 ? c * BC * 64 : 0);
+        const T* Bs = Ks + (D == 64 ? 0 : c * BC * 64);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++)
+            wg_tt<T>(dq, wgmma_desc_sw128_mn(As + kk * 16 * 64, BC * 64 * sizeof(T)),
+                     wgmma_desc_sw128_mn(Bs + kk * 16 * 64, BC * 64 * sizeof(T)));
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin_all<32>(dq);
+        if (tid == 0) mbar_arrive(&empty[s]);     // Q_i, dO_i, lse_i, Di_i are free
+        // dQacc += this block's piece: rows q0 + r0 (+ 8), columns c0 + 8 j + 2 t (+ 1)
+        const int r0 = q0 + (D == 64 ? 64 * c : 0) + 16 * warp + g, c0 = D == 64 ? 0 : 64 * c;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = r0 + 8 * h;
+            if (row < Nq) {
+                float* out = dQacc + ((size_t)bh * Nq + row) * D + c0 + 2 * t;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    atomicAdd(reinterpret_cast<float2*>(out + 8 * j),
+                              make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]));
+            }
+        }
+    }
+    // dK = scale dS^T Q and dV, rows k0 + kr (+ 8), summed over the group's heads
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = k0 + kr + 8 * h;
+        if (row < Nk) {
+            const size_t base = ((size_t)bhk * Nk + row) * D + 2 * t;
+            unsigned* pk = reinterpret_cast<unsigned*>(dK + base);
+            unsigned* pv = reinterpret_cast<unsigned*>(dV + base);
+#pragma unroll
+            for (int j = 0; j < ND; j++) {
+                pk[j * 4] = Mma<T>::pack(dk[4 * j + 2 * h] * scale, dk[4 * j + 2 * h + 1] * scale);
+                pv[j * 4] = Mma<T>::pack(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+            }
+        }
+    }
+#endif
+}
+
+#define ATTN_BWD_V3(TN, T, D, BR)                                                                \
+    extern "C" __global__ void __launch_bounds__(384, 1) attention_bwd_v3_##TN##_d##D(           \
+        const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk,                  \
+        const __grid_constant__ TmaDesc tv, const __grid_constant__ TmaDesc tdo,                 \
+        const float* lse2, const float* Di, float* dQacc, T* dK, T* dV, int Nq, int Nk,          \
+        float scale, int causal, int group) {                                                    \
+        flash_bwd_wgmma<T, D, BR, 2>(tq, tk, tv, tdo, lse2, Di, dQacc, dK, dV, Nq, Nk, scale,    \
+                                     causal, group);                                             \
+    }
+#define ATTN_BWD_V3_TYPE(TN, T)                                                                  \
+    extern "C" __global__ void attention_bwd_v3_preprocess_##TN(                                 \
+        const T* O, const T* dO, const float* lse, float* Di, float* lse2, float* dQacc, int BH, \
+        int Nq, int Nq_pad, int D) {                                                             \
+        bwd_preprocess_padded<T>(O, dO, lse, Di, lse2, dQacc, BH, Nq, Nq_pad, D);                \
+    }
+#if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v3)
+ATTN_BWD_V3_TYPE(f16, __half)
+ATTN_BWD_V3_TYPE(bf16, __nv_bfloat16)
+ATTN_BWD_V3(f16, __half, 64, 128)
+ATTN_BWD_V3(bf16, __nv_bfloat16, 64, 128)
+ATTN_BWD_V3(f16, __half, 128, 64)
+ATTN_BWD_V3(bf16, __nv_bfloat16, 128, 64)
 #endif

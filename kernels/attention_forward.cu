@@ -26,6 +26,11 @@
 //                       one tile overlaps the softmax of the next, and the two consumers take
 //                       turns issuing their products (ping-pong)
 //
+// Grouped-query attention (v3, v4): K and V may have fewer heads than Q; the kernels' last
+// argument `group` = query heads per key/value head (1: ordinary attention), and query head bh
+// (of BH = B H) reads key/value head bh / group (of B H / group): the (B, H, N, D) layout makes
+// b H + h over group equal b (H / group) + h / group.
+//
 // work (non-causal): 4 Nq Nk D flops (two matrix products); causal about half.
 // Each version's kernels sit inside #if !defined(CB_ONLY) || defined(CB_ONLY_attention_vN): the
 // launcher compiles the one version it launches (cudabook.compile.module(..., only=...)).
@@ -185,7 +190,7 @@ template <typename T, int D, int BR, int BC, int NW>
 __device__ __forceinline__ void flash_mma(const T* __restrict__ Q, const T* __restrict__ K,
                                           const T* __restrict__ V, T* __restrict__ O,
                                           float* __restrict__ lse, int Nq, int Nk,
-                                          float scale_log2, int causal) {
+                                          float scale_log2, int causal, int group) {
     constexpr int NT = NW * 32, MT = BR / (16 * NW), KD = D / 16, NB = BC / 8, ND = D / 8;
     static_assert(BR % (16 * NW) == 0 && BC % 16 == 0 && D % 64 == 0, "tile shape");
     extern __shared__ __align__(1024) unsigned char attn_smem[];
@@ -195,8 +200,8 @@ __device__ __forceinline__ void flash_mma(const T* __restrict__ Q, const T* __re
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;
     int q0 = qb * BR, wr = warp * MT * 16;        // first row of the block, of this warp
-    const T* Kh = K + (size_t)bh * Nk * D;
-    const T* Vh = V + (size_t)bh * Nk * D;
+    const T* Kh = K + (size_t)(bh / group) * Nk * D;   // group query heads share K, V (GQA)
+    const T* Vh = V + (size_t)(bh / group) * Nk * D;
 
     load_tile<T, BR, D, NT>(Qs, Q + (size_t)bh * Nq * D, q0, Nq);
     load_tile<T, BC, D, NT>(Ks, Kh, 0, Nk);
@@ -340,8 +345,9 @@ __device__ __forceinline__ void flash_mma(const T* __restrict__ Q, const T* __re
 #define ATTN_V3(NAME, T, D, BR, BC)                                                              \
     extern "C" __global__ void __launch_bounds__(128) NAME(const T* Q, const T* K, const T* V,   \
                                                          T* O, float* lse, int Nq, int Nk,       \
-                                                         float scale_log2, int causal) {         \
-        flash_mma<T, D, BR, BC, 4>(Q, K, V, O, lse, Nq, Nk, scale_log2, causal);                 \
+                                                         float scale_log2, int causal,           \
+                                                         int group) {                            \
+        flash_mma<T, D, BR, BC, 4>(Q, K, V, O, lse, Nq, Nk, scale_log2, causal, group);          \
     }
 #if !defined(CB_ONLY) || defined(CB_ONLY_attention_v3)
 ATTN_V3(attention_v3_f16_d64, __half, 64, 128, 64)
@@ -371,54 +377,12 @@ ATTN_V3(attention_v3_bf16_d128, __nv_bfloat16, 128, 128, 64)
 // P V product just before O is rescaled. With PINGPONG the two consumers take turns issuing
 // their products (named barriers 1 and 2), so that one's softmax tends to run while the other's
 // products occupy the tensor cores. ST: stages of the K/V ring.
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// d += A (64 x 16, K-major in shared) @ B (16 x N, B stored (N, K) in shared)
-template <int N, typename T>
-__device__ __forceinline__ void wg_ss(float* d, unsigned long long da, unsigned long long db) {
-    static_assert(N == 64 || N == 128, "S tiles of 64 or 128 keys");
-    if constexpr (Mma<T>::bf16) {
-        if constexpr (N == 128) wgmma_m64n128k16_bf16(d, da, db);
-        else wgmma_m64n64k16_bf16(d, da, db);
-    } else {
-        if constexpr (N == 128) wgmma_m64n128k16_f16(d, da, db);
-        else wgmma_m64n64k16_f16(d, da, db);
-    }
-}
-// d += A (64 x 16, registers) @ B (16 x N, stored (K, N) in shared)
-template <int N, typename T>
-__device__ __forceinline__ void wg_rs(float* d, const unsigned* a, unsigned long long db) {
-    static_assert(N == 64 || N == 128, "head dimensions 64 or 128");
-    if constexpr (Mma<T>::bf16) {
-        if constexpr (N == 128) wgmma_m64n128k16_rs_bf16(d, a, db);
-        else wgmma_m64n64k16_rs_bf16(d, a, db);
-    } else {
-        if constexpr (N == 128) wgmma_m64n128k16_rs_f16(d, a, db);
-        else wgmma_m64n64k16_rs_f16(d, a, db);
-    }
-}
-// An empty asm that claims to change x: the compiler must keep x in its register until here, so
-// registers an in-flight wgmma reads or writes are not reused before the wgmma_wait before it.
-__device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
-__device__ __forceinline__ void pin(unsigned& x) { asm volatile("" : "+r"(x) :: "memory"); }
-template <int N, typename X>
-__device__ __forceinline__ void pin_all(X* x) {
-#pragma unroll
-    for (int i = 0; i < N; i++) pin(x[i]);
-}
-// Named barriers 1 and 2, 256 threads: the two consumer warpgroups take turns issuing wgmma.
-__device__ __forceinline__ void named_sync(int id) {
-    asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id) {
-    asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory");
-}
-#endif
 
 template <typename T, int D, int BC, int ST, bool OVERLAP, bool PINGPONG>
 __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk,
                                             const TmaDesc& tv, T* __restrict__ O,
                                             float* __restrict__ lse, int Nq, int Nk,
-                                            float scale_log2, int causal) {
+                                            float scale_log2, int causal, int group) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BR = 128, SL = D / 64, NB = BC / 8, ND = D / 8, KP = BC / 16;
     constexpr unsigned Q_BYTES = BR * D * sizeof(T), KV_BYTES = BC * D * sizeof(T);
@@ -451,7 +415,7 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
             for (int sl = 0; sl < SL; sl++)
                 tma_load_2d(Qs + sl * BR * 64, &tq, &qbar, 64 * sl, bh * Nq + q0);
             for (int jt = 0; jt < n_tiles; jt++) {
-                const int s = jt % ST, use = jt / ST, row = bh * Nk + jt * BC;
+                const int s = jt % ST, use = jt / ST, row = (bh / group) * Nk + jt * BC;
                 if (use > 0) mbar_wait(&kempty[s], (use - 1) & 1);
                 mbar_expect_tx(&kfull[s], KV_BYTES);
                 for (int sl = 0; sl < SL; sl++)
@@ -635,8 +599,9 @@ __device__ __forceinline__ void flash_wgmma(const TmaDesc& tq, const TmaDesc& tk
     extern "C" __global__ void __launch_bounds__(384, 1) NAME(                                   \
         const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk,                  \
         const __grid_constant__ TmaDesc tv, T* O, float* lse, int Nq, int Nk, float scale_log2,  \
-        int causal) {                                                                            \
-        flash_wgmma<T, D, 128, 2, SCHED, SCHED>(tq, tk, tv, O, lse, Nq, Nk, scale_log2, causal); \
+        int causal, int group) {                                                                 \
+        flash_wgmma<T, D, 128, 2, SCHED, SCHED>(tq, tk, tv, O, lse, Nq, Nk, scale_log2, causal,  \
+                                                group);                                          \
     }
 #if !defined(CB_ONLY) || defined(CB_ONLY_attention_v4)
 ATTN_V4(attention_v4_f16_d64, __half, 64, true)

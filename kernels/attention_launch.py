@@ -5,6 +5,7 @@ PyTorch op built on them.
     o, lse = al.forward(q, k, v, causal=True, version="v3")      # q, k, v: torch CUDA tensors
     dq, dk, dv = al.backward(q, k, v, o, lse, do, causal=True)   # (or CuPy arrays, fp16/fp32)
     o = al.flash_attention(q, k, v, causal=True)                 # differentiable (autograd)
+    # grouped-query attention: k, v with fewer heads (H_kv dividing H), forward v3/v4, backward v3
 
   FWD_VERSIONS, BWD_VERSIONS   the ladders ("v3" or "attention_v3"; "v2" or "attention_bwd_v2")
   FWD_DTYPES, BWD_DTYPES       the dtypes of each step; MIN_CC the compute capability per dtype
@@ -18,8 +19,10 @@ PyTorch op built on them.
 Inputs: q (B, H, Nq, D) or (BH, Nq, D), k and v (..., Nk, D), one dtype, C-contiguous, on the
 GPU; any Nq, Nk >= 1; D = 64 or 128. Forward v1 (naive, three kernels) and v2 (fp32 flash) take
 float32, v3 (tensor cores) and v4 (Hopper: wgmma, TMA, warp specialisation; compute capability
-9.0 only) float16 or bfloat16; backward v1 float32, v2 float16/bfloat16. Every assumption is
-checked before a launch, with a message that names the argument.
+9.0 only) float16 or bfloat16; backward v1 float32, v2 float16/bfloat16, v3 (Hopper: wgmma, TMA)
+float16/bfloat16. k and v may have fewer heads than q (grouped-query or multi-query attention:
+H_kv dividing H, query head h reading key/value head h // (H / H_kv)) in the versions of GQA_VERSIONS.
+Every assumption is checked before a launch, with a message that names the argument.
 
 Backward v2's own tiles need 130 KiB (D = 64) and 145 KiB (D = 128) of shared memory per block:
 an A100 or an H100 has them. On a GPU with less (L4 / A10 / RTX 30-40: 99 KiB, T4: 64 KiB)
@@ -60,10 +63,16 @@ BWD_V2_TILES = {64: (128, 128), 128: (128, 64)}
 BWD_V2_FIT = {64: [(128, 64, 2), (64, 64, 2)], 128: [(64, 64, 1), (32, 64, 1)]}
 HEAD_DIMS = (64, 128)           # every CUDA version is compiled for these
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
-FWD_VERSIONS, BWD_VERSIONS = ("v1", "v2", "v3", "v4"), ("v1", "v2")
+FWD_VERSIONS, BWD_VERSIONS = ("v1", "v2", "v3", "v4"), ("v1", "v2", "v3")
 FWD_DTYPES = {"v1": ("float32",), "v2": ("float32",), "v3": ("float16", "bfloat16"),
               "v4": ("float16", "bfloat16")}
-BWD_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16")}
+BWD_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16"), "v3": ("float16", "bfloat16")}
+#: the versions whose kernels take grouped-query heads (k, v with fewer heads than q)
+GQA_VERSIONS = {"forward": ("v3", "v4"), "backward": ("v3",)}
+#: attention_bwd_v3 queries per tile (BR) per head dimension (keys per block: 128, two stages),
+#: as in the ATTN_BWD_V3 lines of attention_backward.cu
+BWD_V3_BR = {64: 128, 128: 64}
+BWD_V3_BC = 128
 #: the lowest compute capability of the kernels of each dtype (bfloat16 arithmetic from 8.0);
 #: attention_v4 needs 9.0 exactly (hopper_problem)
 MIN_CC = {"float32": (7, 5), "float16": (7, 5), "bfloat16": (8, 0)}
@@ -71,9 +80,10 @@ MIN_CC = {"float32": (7, 5), "float16": (7, 5), "bfloat16": (8, 0)}
 
 # ============================================================================== checks
 def check_qkv(q, k, v, dtypes, head_dims=HEAD_DIMS,
-              device: bool = True) -> tuple[int, int, int, int]:
+              device: bool = True, gqa: bool = False) -> tuple[int, int, int, int]:
     """(BH, Nq, Nk, D) of attention inputs, or a clear error (see the module's docstring);
-    ``device=False`` skips the device check (the tests check shapes with CPU tensors)."""
+    ``device=False`` skips the device check (the tests check shapes with CPU tensors);
+    ``gqa=True`` lets k and v have fewer heads than q (group_of() gives the group size)."""
     for name, a in (("q", q), ("k", k), ("v", v)):
         cb.expect(a, name, device=device)
         if device and not cb.HAS_GPU:       # expect takes host arrays in simulator mode
@@ -91,9 +101,18 @@ def check_qkv(q, k, v, dtypes, head_dims=HEAD_DIMS,
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")
-    if len(q.shape) != len(k.shape) or tuple(q.shape[:-2]) != tuple(k.shape[:-2]):
+    if len(q.shape) != len(k.shape) or tuple(q.shape[:-3]) != tuple(k.shape[:-3]):
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same batch "
-                         "and head dimensions")
+                         "dimension")
+    hq, hk = int(q.shape[-3]), int(k.shape[-3])
+    if hq != hk:
+        if not gqa:
+            raise ValueError(f"q has {hq} heads and k {hk}: grouped-query attention (fewer "
+                             "key/value heads) runs in the versions of GQA_VERSIONS only "
+                             f"({GQA_VERSIONS})")
+        if hk < 1 or hq % hk:
+            raise ValueError(f"q has {hq} heads and k {hk}: the key/value heads must divide the "
+                             "query heads (each group of H / H_kv query heads shares one)")
     D = int(q.shape[-1])
     if int(k.shape[-1]) != D:
         raise ValueError(f"q and k must have the same head dimension, got {D} and "
@@ -113,6 +132,11 @@ def check_qkv(q, k, v, dtypes, head_dims=HEAD_DIMS,
 
 
 # ============================================================================== launch description
+def group_of(q, k) -> int:
+    """Query heads per key/value head: 1 for ordinary attention, H for multi-query."""
+    return int(q.shape[-3]) // int(k.shape[-3])
+
+
 def kernel_names(which: str) -> list[str]:
     """Every kernel of attention_{forward,backward}.cu (their macros expand to these names)."""
     dts = ("f16", "bf16")
@@ -126,7 +150,9 @@ def kernel_names(which: str) -> list[str]:
             + [f"attention_bwd_v1_{k}_d{d}" for d in HEAD_DIMS for k in ("dkdv", "dq")]
             + [f"attention_bwd_v2_{k}_{t}" for t in dts for k in ("preprocess", "convert")]
             + [f"attention_bwd_v2_{t}_d{d}" for d in HEAD_DIMS for t in dts]
-            + [bwd_v2_name(t, d, *f) for d in HEAD_DIMS for f in BWD_V2_FIT[d] for t in dts])
+            + [bwd_v2_name(t, d, *f) for d in HEAD_DIMS for f in BWD_V2_FIT[d] for t in dts]
+            + [f"attention_bwd_v3_preprocess_{t}" for t in dts]
+            + [f"attention_bwd_v3_{t}_d{d}" for d in HEAD_DIMS for t in dts])
 
 
 def bwd_v2_name(dt: str, D: int, bc: int, br: int, stages: int) -> str:
@@ -173,8 +199,15 @@ def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
     raise ValueError(f"unknown forward version {version!r} (v1, v2, v3, v4)")
 
 
+def bwd_v3_shared(D: int) -> int:
+    """Dynamic shared memory (bytes) of attention_bwd_v3: K and V (128 x D), two stages of Q and
+    dO (BR x D), two dS^T buffers (128 x BR), 16 bits each, and 1024 bytes of alignment slack."""
+    br = BWD_V3_BR[D]
+    return (2 * BWD_V3_BC * D + 2 * 2 * br * D + 2 * BWD_V3_BC * br) * 2 + 1024
+
+
 def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None,
-               optin: int | None = None) -> dict:
+               optin: int | None = None, group: int = 1) -> dict:
     """Kernel names, grid, block and dynamic shared memory of a backward version.
 
     ``optin``: the shared memory one block may have (default: this GPU's, unlimited without
@@ -213,7 +246,16 @@ def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
                 "main": main,
                 "convert": Launch((cd(BH * Nq * D, 256),), (256,),
                                   kernel=f"attention_bwd_v2_convert_{dt}")}
-    raise ValueError(f"unknown backward version {version!r} (v1, v2)")
+    if version == "v3":                     # group: query heads per key/value head
+        br = BWD_V3_BR[D]
+        nq_pad = cd(Nq, br) * br            # statistics rows padded to whole query tiles
+        return {"preprocess": Launch((cd(BH * nq_pad, 4),), (128,), nq_pad=nq_pad,
+                                     kernel=f"attention_bwd_v3_preprocess_{dt}"),
+                "main": Launch((cd(Nk, BWD_V3_BC), BH // group), (384,), shared=bwd_v3_shared(D),
+                               kernel=f"attention_bwd_v3_{dt}_d{D}", br=br, bc=BWD_V3_BC),
+                "convert": Launch((cd(BH * Nq * D, 256),), (256,),
+                                  kernel=f"attention_bwd_v2_convert_{dt}")}
+    raise ValueError(f"unknown backward version {version!r} (v1, v2, v3)")
 
 
 def flops(BH: int, Nq: int, Nk: int, D: int, causal: bool = False,
@@ -235,7 +277,7 @@ def module(which: str, version: str | None = None):
         step = () if version is None else f"attention_{_fwd_version(version)}"
         return cb.module("attention_forward", only=step, a_features=True)
     step = () if version is None else f"attention_bwd_{_bwd_version(version)}"
-    return cb.module("attention_backward", only=step)
+    return cb.module("attention_backward", only=step, a_features=True)
 
 
 def _fwd_version(version: str) -> str:
@@ -251,16 +293,18 @@ def _bwd_version(version: str) -> str:
     try:
         return version_name(BWD_VERSIONS, version, "attention_bwd")
     except ValueError:
-        raise ValueError(f"unknown backward version {version!r} (v1, v2)") from None
+        raise ValueError(f"unknown backward version {version!r} (v1, v2, v3)") from None
 
 
-def hopper_problem(cc: tuple[int, int]) -> str | None:
-    """Why attention_v4 cannot run on a GPU of compute capability ``cc`` (None: it can)."""
+def hopper_problem(cc: tuple[int, int], what: str = "attention_v4",
+                   instead: str = "v3") -> str | None:
+    """Why a Hopper kernel (attention_v4, attention_bwd_v3) cannot run on a GPU of compute
+    capability ``cc`` (None: it can)."""
     if tuple(cc) == (9, 0):
         return None
-    return (f"attention_v4 is built from sm_90a instructions (wgmma, TMA, setmaxnreg) that only "
+    return (f"{what} is built from sm_90a instructions (wgmma, TMA, setmaxnreg) that only "
             f"compute capability 9.0 (H100, H200) has; this GPU is {cc[0]}.{cc[1]}: use "
-            "version='v3'")
+            f"version='{instead}'")
 
 
 _NOTED: set[str] = set()        # fallback kernels announced once
@@ -292,7 +336,9 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
     ``out = (o, lse)`` (NaN-prefilled by a check, say).
     """
     version = _fwd_version(version)
-    BH, Nq, Nk, D = check_qkv(q, k, v, FWD_DTYPES[version])
+    BH, Nq, Nk, D = check_qkv(q, k, v, FWD_DTYPES[version],
+                              gqa=version in GQA_VERSIONS["forward"])
+    group = group_of(q, k)
     dt = cb.describe(q).dtype
     cfg = fwd_config(version, BH, Nq, Nk, D, SHORT[dt], overlap)
     if version == "v4":
@@ -324,10 +370,13 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
         elif version == "v4":                        # TMA descriptors of (BH N, D) matrices
             tmap = cb.tma.tensor_map                 # 64 columns of 16 bits: 128-byte rows
             tq = tmap(int(Q), BH * Nq, D, cfg["box_q"], 64, dt)
-            tk = tmap(int(K), BH * Nk, D, cfg["box_kv"], 64, dt)
-            tv = tmap(int(V), BH * Nk, D, cfg["box_kv"], 64, dt)
+            tk = tmap(int(K), BH // group * Nk, D, cfg["box_kv"], 64, dt)
+            tv = tmap(int(V), BH // group * Nk, D, cfg["box_kv"], 64, dt)
             cb.launch.run(mod.get(cfg["kernel"]), cfg,
-                          (tq, tk, tv, O, L, n_q, n_k, np.float32(s * LOG2E), c))
+                          (tq, tk, tv, O, L, n_q, n_k, np.float32(s * LOG2E), c, np.int32(group)))
+        elif version == "v3":
+            cb.launch.run(mod.get(cfg["kernel"]), cfg,
+                          (Q, K, V, O, L, n_q, n_k, np.float32(s * LOG2E), c, np.int32(group)))
         else:
             cb.launch.run(mod.get(cfg["kernel"]), cfg,
                           (Q, K, V, O, L, n_q, n_k, np.float32(s * LOG2E), c))
@@ -337,13 +386,20 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
 def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
              scale: float | None = None, out: tuple | None = None, optin: int | None = None):
     """(dq, dk, dv) of softmax(scale q k^T) v given the forward's o and lse and the gradient do
-    of o: v1 float32, v2 float16/bfloat16. ``out = (dq, dk, dv)`` gives the outputs.
+    of o: v1 float32, v2 and v3 (Hopper) float16/bfloat16. ``out = (dq, dk, dv)`` gives the
+    outputs. v3 takes grouped-query heads (dk, dv shaped like k, v: summed over each group).
 
     ``optin``: plan v2's tiles for a GPU that lets a block have this many bytes of shared memory
     (default: this GPU's limit; a smaller GPU's runs its tiles here, for the sanitizer)."""
     version = _bwd_version(version)
-    BH, Nq, Nk, D = check_qkv(q, k, v, BWD_DTYPES[version])
+    BH, Nq, Nk, D = check_qkv(q, k, v, BWD_DTYPES[version],
+                              gqa=version in GQA_VERSIONS["backward"])
+    group = group_of(q, k)
     dt = cb.describe(q).dtype
+    if version == "v3":
+        why = hopper_problem(cb.launch.device().cc, "attention_bwd_v3", "v2")
+        if why:
+            raise cb.LaunchError(why)
     cb.need_cc(*MIN_CC[dt], what=f"attention_bwd_{version} in {dt}")
     cb.expect(o, "o", dtype=dt, shape=tuple(q.shape))
     cb.expect(do, "do", dtype=dt, shape=tuple(q.shape))
@@ -351,7 +407,9 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
     limit = _optin()
     if optin is not None:
         limit = optin if limit is None else min(optin, limit)
-    cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt], limit)
+    cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt], limit, group)
+    if version == "v3":
+        cb.need_shared(cfg["main"]["shared"], "attention_bwd_v3", limit)
     if version == "v2":
         main = cfg["main"]
         cb.need_shared(main["shared"], "attention_bwd_v2", limit)
@@ -359,13 +417,14 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
             _NOTED.add(main["kernel"])
             print(f"note: {main['fallback']}")
     s = 1 / math.sqrt(D) if scale is None else float(scale)
-    mod = cb.module("attention_backward", only=f"attention_bwd_{version}")
+    mod = cb.module("attention_backward", only=f"attention_bwd_{version}", a_features=True)
     if out is None:
         out = tuple(cb.arrays.empty_like_lib(q, tuple(a.shape), dt) for a in (q, k, v))
     dq, dk, dv = out
     for name, a, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         cb.expect(a, name, dtype=dt, shape=tuple(like.shape))
-    Di = cb.arrays.empty_like_lib(q, (BH, Nq), "float32")
+    nq_pad = cfg["preprocess"]["nq_pad"] if version == "v3" else Nq
+    Di = cb.arrays.empty_like_lib(q, (BH, nq_pad), "float32")
     Q, K, V, O, L, dO, dQ, dK, dV, DI = (np.uint64(cb.describe(a).ptr)
                                          for a in (q, k, v, o, lse, do, dq, dk, dv, Di))
     n_q, n_k, c, sc = np.int32(Nq), np.int32(Nk), np.int32(bool(causal)), np.float32(s)
@@ -375,12 +434,28 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
             plan = (("preprocess", (O, dO, DI, np.int32(BH * Nq), np.int32(D))),
                     ("dkdv", (Q, K, V, dO, L, DI, dK, dV, n_q, n_k, sc, c)),
                     ("dq", (Q, K, V, dO, L, DI, dQ, n_q, n_k, sc, c)))
-        else:
+        elif version == "v2":
             acc = cb.arrays.empty_like_lib(q, (BH, Nq, D), "float32")  # dQ in fp32, summed
             keep.append(acc)                                           # over key blocks
             A = np.uint64(cb.describe(acc).ptr)
             plan = (("preprocess", (O, dO, DI, A, np.int32(BH * Nq), np.int32(D))),
                     ("main", (Q, K, V, dO, L, DI, A, dK, dV, n_q, n_k, sc, c)),
+                    ("convert", (A, dQ, np.uint64(BH * Nq * D), sc)))
+        else:                                  # v3: TMA descriptors, padded statistics rows
+            acc = cb.arrays.empty_like_lib(q, (BH, Nq, D), "float32")
+            lse2 = cb.arrays.empty_like_lib(q, (BH, nq_pad), "float32")
+            keep += [acc, lse2]
+            A, L2 = (np.uint64(cb.describe(a).ptr) for a in (acc, lse2))
+            main = cfg["main"]
+            tmap = cb.tma.tensor_map
+            tq = tmap(int(Q), BH * Nq, D, main["br"], 64, dt)
+            tdo = tmap(int(dO), BH * Nq, D, main["br"], 64, dt)
+            tk = tmap(int(K), BH // group * Nk, D, main["bc"], 64, dt)
+            tv = tmap(int(V), BH // group * Nk, D, main["bc"], 64, dt)
+            plan = (("preprocess", (O, dO, L, DI, L2, A, np.int32(BH), n_q, np.int32(nq_pad),
+                                    np.int32(D))),
+                    ("main", (tq, tk, tv, tdo, L2, DI, A, dK, dV, n_q, n_k, sc, c,
+                              np.int32(group))),
                     ("convert", (A, dQ, np.uint64(BH * Nq * D), sc)))
         for step, args in plan:
             cb.launch.run(mod.get(cfg[step]["kernel"]), cfg[step], args)
@@ -403,27 +478,53 @@ def _keep_alive(like, bufs: list) -> None:
 
 
 # ============================================================================== PyTorch op
+def op_versions(dtype: str, cc: tuple[int, int]) -> tuple[str, str]:
+    """(forward, backward) versions of the PyTorch op for a dtype on a GPU of compute capability
+    cc: the Hopper kernels (v4, v3) on cc 9.0, the tensor-core ones (v3, v2) elsewhere, the fp32
+    ones (v2, v1) for float32."""
+    if dtype == "float32":
+        return "v2", "v1"
+    return ("v4", "v3") if tuple(cc) == (9, 0) else ("v3", "v2")
+
+
 def _torch_function():
     import torch
 
     class FlashAttention(torch.autograd.Function):
-        """softmax(scale q k^T) v with this chapter's kernels: float32 through forward v2 and
-        backward v1, float16 / bfloat16 through forward v3 and backward v2."""
+        """softmax(scale q k^T) v with this chapter's kernels (op_versions): on an H100 / H200
+        the Hopper forward and backward, elsewhere the mma.sync pair, float32 the fp32 pair.
+        Grouped-query heads run natively on Hopper; elsewhere k and v are repeated over each
+        group (a note says so once) and dk, dv summed back."""
 
         @staticmethod
         def forward(ctx, q, k, v, causal=False, scale=None):
             q, k, v = (t.contiguous() for t in (q, k, v))
-            o, lse = forward(q, k, v, causal, "v2" if q.dtype == torch.float32 else "v3", scale)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.causal, ctx.scale = causal, scale
+            dt = cb.describe(q).dtype
+            fwd_v, bwd_v = op_versions(dt, tuple(torch.cuda.get_device_capability(q.device)))
+            group = group_of(q, k) if q.dim() == k.dim() and q.dim() >= 3 else 1
+            ks, vs = k, v
+            if group > 1 and (fwd_v not in GQA_VERSIONS["forward"]
+                              or bwd_v not in GQA_VERSIONS["backward"]):
+                _note_once("gqa", f"grouped-query attention: attention_{fwd_v} / attention_bwd_"
+                           f"{bwd_v} take as many key/value heads as query heads, so k and v are "
+                           f"repeated over each group of {group} here (the Hopper kernels read "
+                           "them shared)")
+                ks, vs = (t.repeat_interleave(group, dim=-3) for t in (k, v))
+            o, lse = forward(q, ks, vs, causal, fwd_v, scale)
+            ctx.save_for_backward(q, ks, vs, o, lse)
+            ctx.causal, ctx.scale, ctx.bwd_v = causal, scale, bwd_v
+            ctx.fold = group if ks is not k else 1
             return o
 
         @staticmethod
         def backward(ctx, do):
             q, k, v, o, lse = ctx.saved_tensors
-            grads = backward(q, k, v, o, lse, do.contiguous(), ctx.causal,
-                             "v1" if q.dtype == torch.float32 else "v2", ctx.scale)
-            return (*grads, None, None)
+            dq, dk, dv = backward(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.bwd_v,
+                                  ctx.scale)
+            if ctx.fold > 1:                   # sum the repeated heads' gradients back
+                shp = (*dk.shape[:-3], dk.shape[-3] // ctx.fold, ctx.fold, *dk.shape[-2:])
+                dk, dv = (t.view(shp).sum(dim=-3) for t in (dk, dv))
+            return dq, dk, dv, None, None
 
     return FlashAttention
 
@@ -431,9 +532,16 @@ def _torch_function():
 _FA = None
 
 
+def _note_once(key: str, msg: str) -> None:
+    if key not in _NOTED:
+        _NOTED.add(key)
+        print(f"note: {msg}")
+
+
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
-    """The PyTorch op: ``F.scaled_dot_product_attention(q, k, v, is_causal=causal)`` for CUDA
-    tensors (B, H, N, D), D = 64 or 128, float32 / float16 / bfloat16, differentiable."""
+    """The PyTorch op: ``F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+    enable_gqa=True)`` for CUDA tensors (B, H, N, D), D = 64 or 128, float32 / float16 /
+    bfloat16, differentiable; k and v may have H_kv heads, H_kv dividing H."""
     global _FA
     if _FA is None:
         _FA = _torch_function()
@@ -460,6 +568,17 @@ def sanitize_targets():
         oh, lh = forward(qh, kh, vh, True, "v3")
         yield "attention_v3 f16", lambda: forward(qh, kh, vh, True, "v3")
         yield "attention_bwd_v2 f16", lambda: backward(qh, kh, vh, oh, lh, oh, True, "v2")
+        if cb.launch.device().cc == (9, 0):     # the Hopper kernels, grouped-query heads too
+            for D in HEAD_DIMS:
+                qs = g.standard_normal((4, N, D), dtype=cp.float32).astype(cp.float16)
+                ks, vs = (g.standard_normal((2, M, D), dtype=cp.float32).astype(cp.float16)
+                          for _ in range(2))
+                os_, ls_ = forward(qs, ks, vs, True, "v4")
+                yield (f"attention_v4 f16 D={D} gqa",
+                       lambda qs=qs, ks=ks, vs=vs: forward(qs, ks, vs, True, "v4"))
+                yield (f"attention_bwd_v3 f16 D={D} gqa",
+                       lambda qs=qs, ks=ks, vs=vs, os_=os_, ls_=ls_:
+                       backward(qs, ks, vs, os_, ls_, os_, True, "v3"))
         # the smaller tiles of 99 and 64 KiB GPUs (one stage, fewer warps than row tiles at D 128)
         for D in HEAD_DIMS:
             qs, ks, vs = (g.standard_normal((BH, n, D), dtype=cp.float32).astype(cp.float16)

@@ -271,6 +271,7 @@ __device__ __forceinline__ unsigned pack_bf162(float lo, float hi) {
 //   fence_barrier_init(), fence_proxy_async()
 //   tma_load_2d(dst, &desc, bar, x, y)  copy the box at column x, row y of the tensor map into
 //                                       shared dst; bar's transaction count drops by its bytes
+//   bulk_load(dst, src, bytes, bar)     the same for `bytes` contiguous bytes (no tensor map)
 //   (sm_90a only, the "a" features: compile with -arch=sm_90a / compute_90a)
 //   wgmma_desc_sw128(p)                 descriptor of a K-major tile at p (1024-byte aligned):
 //                                       rows of 64 16-bit values (128 bytes), 128-byte swizzle
@@ -320,6 +321,15 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaDesc* desc, unsi
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(smem_u32(dst)), "l"(desc), "r"(x), "r"(y), "r"(smem_u32(bar)) : "memory");
+}
+
+// One contiguous copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global
+// src into shared dst by the copy engine, completing on bar like tma_load_2d (no tensor map).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
+                                          unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];\n"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
 
 // Thread-block clusters (launched with __cluster_dims__): the blocks of a cluster run at the same
@@ -467,6 +477,8 @@ BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_bf16, "bf16")
 //                                       (4 per thread, the layout of an m16n8k16 A fragment for
 //                                       the warp's 16 rows) and B (16 x N) from shared memory,
 //                                       N-major (imm-trans-b = 1): no transpose of V is needed
+//   wgmma_m64n64k16_tt_{f16,bf16}(d, da, db)   d += A @ B, both from shared memory and both
+//                                       MN-major (A stored (K, M), B stored (K, N))
 //
 // The A registers of warp w are rows 16w..16w+15: exactly the accumulator layout above, so two
 // neighbouring 8-column groups of an m64nN accumulator, rounded to 16 bits, are the A operand of
@@ -507,6 +519,26 @@ __device__ __forceinline__ void NAME(float* d, const unsigned* a,          \
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db) : "memory");  \
 }
+
+// d += A (64 x 16) @ B (16 x 64), both from shared memory and both MN-major (imm-trans-a =
+// imm-trans-b = 1): A stored (K, M) with M contiguous, B stored (K, N) with N contiguous, each
+// described by wgmma_desc_sw128_mn. The dQ = dS K product of attention's backward: dS^T and K
+// lie in shared memory with the keys (the reduction axis) as rows.
+#define BOOK_WGMMA_M64N64K16_TT(NAME, T)                                        \
+__device__ __forceinline__ void NAME(float* d, unsigned long long da,      \
+                                     unsigned long long db) {             \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {"  \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 1, 1;\n"  \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+                 : "l"(da), "l"(db) : "memory");  \
+}
+BOOK_WGMMA_M64N64K16_TT(wgmma_m64n64k16_tt_f16, "f16")
+BOOK_WGMMA_M64N64K16_TT(wgmma_m64n64k16_tt_bf16, "bf16")
+#undef BOOK_WGMMA_M64N64K16_TT
 
 BOOK_WGMMA_M64N64K16_RS(wgmma_m64n64k16_rs_f16, "f16")
 BOOK_WGMMA_M64N64K16_RS(wgmma_m64n64k16_rs_bf16, "bf16")

@@ -402,3 +402,130 @@ def test_drawing_of_gaps_and_double_writes(t_overlap):
     ax = tracedraw.writers(t_overlap, "out", by="count")
     assert "40 never written" in ax.get_title() and "96 written by several threads" in \
         ax.get_title()
+
+
+# ----------------------------------------------------------------------------- compute-sanitizer
+# graders._race.racecheck runs compute-sanitizer's racecheck, synccheck and initcheck on a CUDA
+# C++ answer. The parsing of their reports runs here on stored report text (no GPU); the tools
+# themselves run on the GPU below, on ex02.1's transpose with a mistake seeded into it.
+
+_SYNC_REPORT = """========= COMPUTE-SANITIZER
+========= Barrier error detected. Divergent thread(s) in block
+=========     at 0x1b0 in ex02.1 source:12:transpose_tiled
+=========     by thread (16,0,0) in block (0,0,0)
+=========
+========= Barrier error detected. Divergent thread(s) in block
+=========     at 0x90 in cupy_copy__float32_float32
+=========     by thread (3,0,0) in block (0,0,0)
+=========
+========= ERROR SUMMARY: 2 errors
+"""
+_INIT_REPORT = """========= COMPUTE-SANITIZER
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at 0x150 in cupy_random_xorwow
+=========     by thread (0,0,0) in block (0,0,0)
+=========
+========= Host API memory access error at host access to 0x7f14c9e00200 of size 16 bytes
+=========     Uninitialized access at 0x7f14c9e00200 on access by cudaMemcpy source
+=========
+========= Uninitialized __shared__ memory read of size 4 bytes
+=========     at transpose_tiled+0x200 in ex02.1 source:14
+=========     by thread (31,7,0) in block (1,0,0)
+=========     Address 0x1080
+=========
+========= ERROR SUMMARY: 3 errors
+"""
+
+
+def test_sanitizer_findings_are_those_of_the_answers_kernel():
+    from cudabook.graders import _race
+
+    sync = _race.findings("synccheck", _SYNC_REPORT, ["transpose_tiled"])
+    assert len(sync) == 1 and sync[0].startswith("Barrier error detected. Divergent thread(s)")
+    assert "transpose_tiled" in sync[0]
+    init = _race.findings("initcheck", _INIT_REPORT, ["transpose_tiled"])
+    assert init == ["Uninitialized __shared__ memory read of size 4 bytes at transpose_tiled"
+                    "+0x200 in ex02.1 source:14"]
+    assert _race.findings("initcheck", _INIT_REPORT, ["transpose"]) == []   # a whole name
+    assert _race.findings("synccheck", "========= ERROR SUMMARY: 0 errors\n",
+                          ["transpose_tiled"]) == []
+    msg = _race._message("ex02.1", "initcheck", init, "", dict(_race.HINTS))
+    assert msg.startswith("ex02.1: compute-sanitizer initcheck found a read of shared memory")
+    assert "skipped instead of writing a zero" in msg
+    msg = _race._message("ex02.1", "synccheck", sync, "", dict(_race.HINTS))
+    assert "synccheck found a barrier that not every thread of the block reaches" in msg
+
+
+def test_sanitizer_commands(monkeypatch):
+    """initcheck watches shared memory too where the installed tool can (2025.4+), and the
+    notes say so where it cannot."""
+    from cudabook.graders import _race
+
+    monkeypatch.setattr(_race, "_help", lambda tool: "--initcheck-address-space arg")
+    cmd = _race._command("cs", "initcheck", ["python"])
+    assert cmd[:2] == ["cs", "--tool"] and cmd[-3:] == ["--initcheck-address-space", "all",
+                                                        "python"]
+    assert "--racecheck-report" in _race._command("cs", "racecheck", ["python"])
+    assert "--initcheck-address-space" not in _race._command("cs", "synccheck", ["python"])
+    monkeypatch.setattr(_race, "_sanitizer", lambda: "cs")
+    assert _race.sanitizer_notes() == []
+    monkeypatch.setattr(_race, "_help", lambda tool: "")
+    assert "--initcheck-address-space" not in _race._command("cs", "initcheck", ["python"])
+    assert "global memory only" in _race.sanitizer_notes()[0]
+
+
+def _transpose(edits=()):
+    from solution_cells import Solution
+
+    return Solution("02").get("ex02.1", "transpose_src", edits=list(edits))
+
+
+_BARRIER_02_1 = "    __syncthreads();                             // the whole tile is loaded\n"
+
+
+def _sanitize(src, tools=None):
+    from cudabook.graders import _race
+
+    kw = {} if tools is None else {"tools": tools}
+    return _race.racecheck("ex02.1", src, "transpose_tiled", "cudabook.graders.ch02:_race_ex02_1",
+                           hint="a barrier", **kw)
+
+
+@pytest.mark.gpu
+def test_sanitizers_pass_the_reference(monkeypatch):
+    from cudabook.graders import _race
+
+    monkeypatch.setenv(_race.STRICT_ENV, "1")
+    assert _sanitize(_transpose()) is None
+
+
+@pytest.mark.gpu
+def test_synccheck_finds_a_barrier_some_threads_skip(monkeypatch):
+    """__syncthreads() inside if (threadIdx.x < 16): half of every warp skips it."""
+    from cudabook.graders import GradeError, _race
+
+    monkeypatch.setenv(_race.STRICT_ENV, "1")
+    monkeypatch.setattr(_race, "_TIMEOUT", 240)
+    src = _transpose([(_BARRIER_02_1, "    if (threadIdx.x < 16) __syncthreads();\n")])
+    with pytest.raises(GradeError, match="synccheck found a barrier that not every thread"):
+        _sanitize(src, tools=("synccheck",))
+    with pytest.raises(GradeError, match="synccheck found"):   # reported before the races
+        _sanitize(src)
+
+
+@pytest.mark.gpu
+def test_initcheck_finds_a_shared_read_nobody_wrote(monkeypatch):
+    """The read one column to the right: at threadIdx.y + j = 31 it reads the tile's padding
+    column, which no thread writes. The barrier is in place, so racecheck has no second access to
+    pair it with, and the address lies inside the array (memcheck is silent too)."""
+    from cudabook.graders import GradeError, _race
+
+    if _race.sanitizer_notes():
+        pytest.skip(_race.sanitizer_notes()[0])
+    monkeypatch.setenv(_race.STRICT_ENV, "1")
+    src = _transpose([("tile[threadIdx.x][threadIdx.y + j]",
+                       "tile[threadIdx.x][threadIdx.y + j + 1]")])
+    assert _sanitize(src, tools=("racecheck",)) is None
+    with pytest.raises(GradeError, match="initcheck found a read of shared memory that was never "
+                       "written .*__shared__"):
+        _sanitize(src)

@@ -5,9 +5,27 @@ A kernel with a missing or misplaced barrier often computes the right numbers on
 submitted code again, in a subprocess, at small sizes that still cover the edge tiles, and
 turn a hazard into a GradeError that says which check caught it:
 
-* ``racecheck(ex, src, kernel, driver)`` (CUDA C++, GPU): ``compute-sanitizer --tool
-  racecheck`` runs ``driver(kernel)`` (a module-level function ``"package.module:function"``
-  that launches the compiled kernel a few times) and reports shared-memory hazards;
+* ``racecheck(ex, src, kernel, driver)`` (CUDA C++, GPU): three compute-sanitizer tools run
+  ``driver(kernel)`` (a module-level function ``"package.module:function"`` that launches the
+  compiled kernel a few times, with CuPy's memory pool off so that every buffer is a fresh
+  allocation), side by side, one process each:
+
+  - ``--tool racecheck``: shared-memory hazards (a missing or misplaced barrier);
+  - ``--tool synccheck``: a ``__syncthreads()`` that only some threads of a block reach (a
+    barrier inside ``if (threadIdx.x < 16)``, or after an early return);
+  - ``--tool initcheck``: reads of memory no thread or copy ever wrote. Plain initcheck watches
+    global memory only, where the graders' NaN-filled outputs already expose a read of an
+    unwritten output; a kernel that reads a *shared* element it never wrote (an edge tile's
+    skipped load) is invisible to racecheck (no second access to conflict with) and to
+    memcheck (the address is inside the array). compute-sanitizer 2025.4 (CUDA 13.1) added
+    ``--initcheck-address-space shared|global|all``, which catches exactly that read; it is
+    passed (``all``) where the installed tool has it, and where it has not, the check covers
+    global memory and says so (``sanitizer_notes()``).
+
+  Only findings in the answer's own kernel count (CuPy's kernels of the driver are not the
+  reader's). The first finding, in the order synccheck, racecheck, initcheck (a barrier that
+  some threads skip also makes races), becomes the GradeError, naming the tool and the likely
+  mistake;
 * ``simulate(ex, grader, *answers)`` (Numba, GPU): the answer's source, and the globals it
   uses, are shipped (``tracer.Shipment``, as ``cb.trace`` ships a kernel) to a Python running
   the CUDA simulator, where the grader runs again. The
@@ -29,18 +47,22 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
+from functools import lru_cache
 from pathlib import Path
 
 from .. import env
 from ._core import GradeError
 
 __all__ = ["racecheck", "simulate", "explain", "first_launch", "STRICT_ENV", "ENABLE_ENV",
-           "EXPLAIN_THREADS"]
+           "EXPLAIN_THREADS", "TOOLS", "HINTS", "sanitizer_notes", "findings"]
 
 #: Set to 1 to turn a race check that cannot run into an error.
 STRICT_ENV = "CUDABOOK_STRICT_RACECHECK"
@@ -82,57 +104,189 @@ def _last_json(stdout: str) -> dict | None:
 
 
 # ----------------------------------------------------------------------------- CUDA C++
-def racecheck(ex: str, src: str, kernel: str, driver: str, hint: str) -> None:
-    """Run ``driver(compiled kernel)`` under compute-sanitizer racecheck; GradeError on a hazard.
+#: the compute-sanitizer tools ``racecheck`` runs, in the order their findings are reported
+TOOLS = ("synccheck", "racecheck", "initcheck")
 
-    ``hint`` says what to look for (which barrier) in the kernel of this exercise.
+#: the likely mistake behind each kind of finding (a grader may pass its own in ``hints``)
+HINTS = {
+    "synccheck": ("every thread of the block must reach every __syncthreads(): a barrier inside "
+                  "a branch that depends on the thread (if (threadIdx.x < 16) ..., or after an "
+                  "early return) is reached by some threads only. Keep the barrier outside the "
+                  "branch and guard only the work"),
+    "initcheck shared": ("a thread reads a shared-memory element that no thread wrote: an edge "
+                         "tile whose loads were skipped instead of writing a zero, or a read "
+                         "past the part of the array the block fills?"),
+    "initcheck global": ("the kernel reads global memory nobody wrote: an output used before "
+                         "it is written (C += ... on an output that was never zeroed)?"),
+}
+
+#: a finding's first line, per tool (the racecheck lines are those of ``_hazards``)
+_FINDING = {
+    "synccheck": re.compile(r"Barrier error|Divergent thread"),
+    "initcheck": re.compile(r"Uninitiali[sz]ed __(\w+)__ memory (?:read|access)"),
+}
+_SHARED_SPACE = "--initcheck-address-space"
+
+
+def _sanitizer() -> str | None:
+    return shutil.which("compute-sanitizer") or next(
+        (p for p in ("/usr/local/cuda/bin/compute-sanitizer",) if os.path.isfile(p)), None)
+
+
+@lru_cache(maxsize=None)
+def _help(tool: str) -> str:
+    """``compute-sanitizer --help`` (the options this version has)."""
+    try:
+        r = subprocess.run([tool, "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return r.stdout + r.stderr
+
+
+def sanitizer_notes() -> list[str]:
+    """What the installed compute-sanitizer cannot check (empty where it checks everything)."""
+    tool = _sanitizer()
+    if tool is None:
+        return ["compute-sanitizer is not installed: no sanitizer checks"]
+    if _SHARED_SPACE not in _help(tool):
+        return ["this compute-sanitizer has no --initcheck-address-space (2025.4, CUDA 13.1, "
+                "added it): initcheck covers global memory only, so a read of shared memory "
+                "no thread wrote goes unseen"]
+    return []
+
+
+def _command(tool: str, which: str, child: list[str]) -> list[str]:
+    cmd = [tool, "--tool", which, "--error-exitcode", str(_HAZARD_EXIT)]
+    if which == "racecheck":
+        cmd += ["--racecheck-report", "hazard"]
+    if which == "initcheck" and _SHARED_SPACE in _help(tool):
+        cmd += [_SHARED_SPACE, "all"]
+    return cmd + child
+
+
+def _hazards(out: str) -> list[str]:
+    return [ln.split("=========", 1)[-1].strip() for ln in out.splitlines()
+            if "Race reported" in ln or "Potential RAW" in ln or "Potential WAR" in ln
+            or "Potential WAW" in ln]
+
+
+def findings(which: str, out: str, kernels: list[str]) -> list[str]:
+    """The findings of ``which`` (synccheck or initcheck) in its output ``out`` that lie in one
+    of ``kernels``: each as its first line and the line that names the place. A report names
+    the function on one of the lines after its first ("at 0x1a0 in kernel" or "at
+    kernel+0x1a0"); findings in other kernels (CuPy's, while the driver made its inputs) and
+    in host API calls are left out."""
+    lines = [ln.split("=========", 1)[-1].strip() if "=========" in ln else ln.strip()
+             for ln in out.splitlines()]
+    pat = _FINDING[which]
+    names = [re.compile(rf"(?<![\w$]){re.escape(k)}(?![\w$])") for k in kernels]
+    got = []
+    for i, ln in enumerate(lines):
+        if not pat.search(ln):
+            continue
+        where = []
+        for nxt in lines[i + 1:i + 6]:
+            if not nxt or pat.search(nxt) or nxt.startswith("ERROR SUMMARY"):
+                break
+            where.append(nxt)
+        place = next((w for w in where if any(n.search(w) for n in names)), None)
+        if place is not None or any(n.search(ln) for n in names):
+            got.append(f"{ln} {place}" if place else ln)
+    return got
+
+
+def _message(ex: str, which: str, found: list[str], hint: str, hints: dict) -> str:
+    first = found[0]
+    if which == "racecheck":
+        return (f"{ex}: the results were right on this GPU, but compute-sanitizer racecheck "
+                f"found a race on shared memory ({first}): {hint}")
+    n = f"{len(found)} report{'s' if len(found) != 1 else ''}, the first: {first}"
+    if which == "synccheck":
+        return (f"{ex}: compute-sanitizer synccheck found a barrier that not every thread of "
+                f"the block reaches ({n}): {hints['synccheck']}")
+    space = "shared" if "__shared__" in first else "global"
+    return (f"{ex}: compute-sanitizer initcheck found a read of {space} memory that was never "
+            f"written ({n}): {hints[f'initcheck {space}']}")
+
+
+def racecheck(ex: str, src: str, kernel: str, driver: str, hint: str, *,
+              tools: tuple[str, ...] = TOOLS, hints: dict | None = None,
+              options: tuple[str, ...] = ()) -> None:
+    """Run ``driver(compiled kernel)`` under compute-sanitizer: racecheck, synccheck and
+    initcheck side by side (``tools``), one process each; GradeError on the first finding.
+
+    ``hint`` says what to look for (which barrier) when racecheck finds a race in the kernel
+    of this exercise; ``hints`` replaces entries of ``HINTS`` for the other tools. ``kernel``
+    may name several kernels of the source, comma-separated: ``driver`` then receives them all,
+    in that order. ``options``: NVRTC options of the compile (``-arch=sm_90a`` for wgmma).
     """
     if not env.HAS_GPU or not _enabled():
         return
-    tool = shutil.which("compute-sanitizer") or next(
-        (p for p in ("/usr/local/cuda/bin/compute-sanitizer",) if os.path.isfile(p)), None)
+    tool = _sanitizer()
     if tool is None:
         return _skip(ex, "compute-sanitizer is not installed")
+    hints = {**HINTS, **(hints or {})}
+    names = [k.strip() for k in kernel.split(",") if k.strip()]
     with tempfile.NamedTemporaryFile("w", suffix=".cu", delete=False) as f:
         f.write(src)
         path = f.name
-    cmd = [tool, "--tool", "racecheck", "--racecheck-report", "hazard", "--error-exitcode",
-           str(_HAZARD_EXIT), sys.executable, "-c",
-           "import sys; from cudabook.graders._race import _racecheck_child; "
-           "_racecheck_child(*sys.argv[1:])", ex, path, kernel, driver]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT,
-                           env=_child_env())
-    except subprocess.TimeoutExpired:
-        return _skip(ex, f"racecheck took longer than {_TIMEOUT} s")
-    finally:
-        os.unlink(path)
-    out = r.stdout + r.stderr
-    hazards = [ln.split("=========", 1)[-1].strip() for ln in out.splitlines()
-               if "Race reported" in ln or "Potential RAW" in ln or "Potential WAR" in ln
-               or "Potential WAW" in ln]
-    if r.returncode == _HAZARD_EXIT or hazards:
-        first = hazards[0] if hazards else "a shared-memory hazard"
-        raise GradeError(f"{ex}: the results were right on this GPU, but compute-sanitizer "
-                         f"racecheck found a race on shared memory ({first}): {hint}")
-    done = _last_json(r.stdout)
-    if r.returncode != 0 or done is None:
-        tail = (out.strip().splitlines() or ["no output"])[-1]
-        return _skip(ex, f"racecheck run failed: {tail}")
+    child = [sys.executable, "-c", "import sys; from cudabook.graders._race import "
+             "_racecheck_child; _racecheck_child(*sys.argv[1:])", ex, path, kernel, driver,
+             json.dumps(list(options))]
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="cbsan_") as tmp:
+        runs = {}
+        try:
+            for which in tools:   # side by side: the lane waits for the slowest, not the sum
+                with open(os.path.join(tmp, which), "w") as log:
+                    runs[which] = subprocess.Popen(_command(tool, which, child), stdout=log,
+                                                   stderr=subprocess.STDOUT, text=True,
+                                                   env=_child_env(), start_new_session=True)
+            deadline = time.monotonic() + _TIMEOUT
+            for which, p in runs.items():      # in the order of ``tools``: the first finding
+                try:                           # is reported, the other runs are stopped
+                    rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    rc = None
+                out = Path(tmp, which).read_text(errors="replace")
+                found = (_hazards(out) or (["a shared-memory hazard"] if rc == _HAZARD_EXIT
+                                           else [])
+                         if which == "racecheck" else findings(which, out, names))
+                if found:
+                    raise GradeError(_message(ex, which, found, hint, hints))
+                if rc is None:
+                    problems.append(f"{which} took longer than {_TIMEOUT} s")
+                elif _last_json(out) is None or (rc != 0 and which == "racecheck"):
+                    tail = (out.strip().splitlines() or ["no output"])[-1]
+                    problems.append(f"{which} run failed: {tail}")
+        finally:
+            for p in runs.values():    # the sanitizer and the Python it runs: one group each
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            os.unlink(path)
+    if problems:
+        return _skip(ex, "; ".join(problems))
     return None
 
 
-def _racecheck_child(ex: str, path: str, kernel: str, driver: str) -> None:
-    """Subprocess entry under compute-sanitizer: compile, launch through ``driver``."""
+def _racecheck_child(ex: str, path: str, kernel: str, driver: str, options: str = "[]") -> None:
+    """Subprocess entry under compute-sanitizer: compile, launch through ``driver`` with CuPy's
+    memory pool off (a pooled buffer reuses memory an earlier array wrote, which would hide a
+    read of an output nobody wrote from initcheck)."""
     import importlib
+
+    import cupy
 
     from ._core import compile_kernel
 
-    k = compile_kernel(ex, Path(path).read_text(), kernel)
+    cupy.cuda.set_allocator(None)
+    src = Path(path).read_text()
+    ks = [compile_kernel(ex, src, k.strip(), tuple(json.loads(options)))
+          for k in kernel.split(",") if k.strip()]
     mod, func = driver.split(":")
-    getattr(importlib.import_module(mod), func)(k)
-    import cupy
-
+    getattr(importlib.import_module(mod), func)(*ks)
     cupy.cuda.Device().synchronize()
     print(json.dumps({"launched": kernel}), flush=True)
 

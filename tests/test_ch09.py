@@ -713,3 +713,100 @@ def test_ex09_7_tiles_sum_to_autograd():
 def test_ex09_7_wrong_answers_fail(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex09_7(SOL.get("ex09.7", "bwd_dkdq", edits=edits))
+
+
+# ============================================================================ ex09_8 (CUDA C++)
+# The whole backward of one tile in one block. Its rubric (no library, shared memory, a barrier,
+# the outputs written at all) is read from the code, so those wrong answers are graded on a CPU
+# too; the values and racecheck need a GPU.
+from cudabook.graders import ex09_8  # noqa: E402
+
+_BWD_SRC = ("ex09.8", "bwd_tile_src")
+_SYNC = "    __syncthreads();\n"
+_PRODUCTS = "    for (int e = t; e < Bc * D; e += nt) {"     # the loop of dV and dK
+
+
+def test_ex09_8_stub_fails():
+    with pytest.raises(GradeError, match="ex09.8: not implemented yet"):
+        ex09_8(SOL.stub(*_BWD_SRC))
+
+
+@pytest.mark.parametrize("edits, hint", [
+    ([("#define BR_MAX", "#include <cub/block/block_reduce.cuh>\n#define BR_MAX")],
+     "includes <cub/block/block_reduce.cuh>, a library"),
+    ([(_SYNC, "", 2)], "no __syncthreads\\(\\) in the code"),
+])
+def test_ex09_8_rubric_refuses_on_any_machine(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex09_8(SOL.get(*_BWD_SRC, edits=edits))
+
+
+def test_ex09_8_answer_is_not_in_the_lesson():
+    """The lesson derives the five products; the kernel that computes them is the reader's."""
+    import json
+    from pathlib import Path
+
+    from cudabook.graders._static import cuda_code
+
+    src = SOL.get(*_BWD_SRC)
+    body = src.split("BEGIN SOLUTION ex09.8", 1)[1].split("END SOLUTION", 1)[0]
+    lines = [" ".join(ln.split()) for ln in cuda_code(body).splitlines()]
+    lines = [ln for ln in lines if len(ln) >= 12]
+    pairs = [f"{a} {b}" for a, b in zip(lines, lines[1:])]   # two lines running: an answer
+    root = Path(__file__).resolve().parents[1]
+    lesson = json.loads((root / "lessons" / "09_flash_attention.ipynb").read_text())
+    text = []
+    for c in lesson["cells"]:
+        text.append("".join(c["source"]))
+        for o in c.get("outputs", []):
+            text.append("".join(o.get("text", "")) + json.dumps(o.get("data", {})))
+    flat = " ".join(" ".join(text).split())
+    assert len(pairs) >= 10
+    found = [ln for ln in pairs if ln in flat]
+    assert not found, f"the lesson holds lines of ex09.8's answer: {found}"
+
+
+@gpu
+def test_ex09_8_reference_passes(capsys):
+    ex09_8(SOL.get(*_BWD_SRC))
+    assert capsys.readouterr().out == "PASS ex09.8\n"
+
+
+@gpu
+@pytest.mark.parametrize("edits, hint", [
+    # dS = P * dP: the D term left out
+    ([("sdS[i][j] = p * (dp - Di[i]);", "sdS[i][j] = p * dp;")],
+     "dK is wrong.*leaves out the softmax's second term"),
+    ([("dK[e] = scale * k;", "dK[e] = k;")], "dK is wrong.*the scale is missing"),
+    ([("dQ[e] = scale * q;", "dQ[e] = q;")], "dQ is wrong.*the scale is missing"),
+    # dK = dS Q: dS read across its other axis (square tile first: the values name it)
+    ([("k += sdS[i][j] * sQ[i][c];", "k += sdS[j][i] * sQ[i][c];")],
+     "dK is wrong.*sums over the queries.*the wrong axis"),
+    # P from a fresh maximum over the tile's keys instead of the saved lse
+    ([("float p = expf(scale * s - lse[i]);",
+       "float m = -1e30f;\n"
+       "        for (int jj = 0; jj < Bc; jj++) {\n"
+       "            float x = 0.f;\n"
+       "            for (int c = 0; c < D; c++) x += sQ[i][c] * sK[jj][c];\n"
+       "            m = fmaxf(m, scale * x);\n"
+       "        }\n"
+       "        float p = expf(scale * s - m);")],
+     "dV is wrong.*a maximum \\(and sum\\) over this tile's keys"),
+    ([("float p = expf(scale * s - lse[i]);", "float p = expf(scale * s);")],
+     "dV is wrong.*ignores the saved logsumexp"),
+    # the barrier between P, dS and the products that read them
+    ([(_SYNC + _PRODUCTS, _PRODUCTS)], "racecheck found a race"),
+    # a stride of 256 instead of blockDim.x: the grader's second call has 128 threads
+    ([("e += nt", "e += 256", 5)], "stride the loops by blockDim.x"),
+])
+def test_ex09_8_wrong_answers_fail(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex09_8(SOL.get(*_BWD_SRC, edits=edits))
+
+
+def test_ex09_8_states_its_stub_size_and_has_two_hints():
+    from solution_cells import exercise_page
+
+    said, stubs, levels = exercise_page("09")["ex09.8"]
+    assert said and said == stubs, f"the specification says {said} lines, the stub {stubs}"
+    assert levels == [2], f"one hints cell of two levels (a nudge, a closer one): {levels}"

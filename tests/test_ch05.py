@@ -1,6 +1,6 @@
 """Chapter 5: the profiling helpers (the occupancy calculator against the driver's stored answers,
 the Nsight Compute parser and its one-line messages, the PyTorch-trace reader, CUDA graph
-capture) and the graders ex05_1..ex05_4: the reference from solutions/05_profiling.ipynb passes,
+capture) and the graders ex05_1..ex05_5: the reference from solutions/05_profiling.ipynb passes,
 the stub fails, wrong answers generated from the reference fail with the hint of their mistake."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from solution_cells import Solution, exercise_page
 import cudabook as cb
 from cudabook import env, ncu, torchtrace
 from cudabook import occupancy as oc
-from cudabook.graders import GradeError, ch05, ex05_1, ex05_2, ex05_3, ex05_4
+from cudabook.graders import GradeError, ch05, ex05_1, ex05_2, ex05_3, ex05_4, ex05_5
 
 SOL = Solution("05")
 gpu = pytest.mark.gpu
@@ -642,6 +642,79 @@ def test_lesson_headings_carry_no_numbers():
     by_number = [m.group(0) for text in md for m in re.finditer(r"\bsections? \d+", text)]
     assert not numbered, numbered
     assert not by_number, by_number
+
+
+# ============================================================================ ex05.5
+
+_ROWS_LOOP = ("    for (int j = lane; j < N; j += 32) s += r[j];     // one load: 32 neighbours, "
+              "128 bytes\n")
+_SHUFFLE = "    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);\n"
+
+
+def _slow_as_answer(edit=("", "")):
+    return ch05.row_sum_slow_source().replace("row_sum_slow", "row_sum").replace(*edit)
+
+
+@pytest.mark.parametrize("src, match", [
+    (lambda: _slow_as_answer(), "the slow kernel's loop"),
+    (lambda: SOL.get("ex05.5", "row_sum_src", edits=[(
+        _SHUFFLE, "    s = cub::WarpReduce<float>(tmp).Sum(s);\n")]), "calls a library \\(cub"),
+    (lambda: 42, "expected the CUDA C\\+\\+ source as a str"),
+], ids=["slow-kernel", "cub", "not-a-string"])
+def test_ex05_5_refused_from_the_source(src, match):
+    """Caught before anything runs (CPU too): the slow loop handed back, a library reduction."""
+    with pytest.raises(GradeError, match=match):
+        ex05_5(src())
+
+
+def test_ex05_5_slow_kernel_shown_is_the_one_refused():
+    assert "for (int j = 0; j < N; j++) s += x[(size_t)row * N + j];" in \
+        ch05.row_sum_slow_source()
+
+
+@gpu
+def test_ex05_5_reference_passes(capsys):
+    ex05_5(SOL.get("ex05.5", "row_sum_src"))
+    assert capsys.readouterr().out.strip().endswith("PASS ex05.5")
+
+
+#: the lanes of a warp each sum their own contiguous stretch of the row: correct, and L1 keeps
+#: most of the reuse, but every load instruction still touches 32 sectors
+_STRETCH = ("    const int per = (N + 31) / 32;\n"
+            "    for (int j = lane * per; j < min(N, (lane + 1) * per); j++) s += r[j];\n")
+
+WRONG_5 = [
+    ([], "never written \\(all NaN\\): is the kernel still the stub"),
+    ([("    if (row >= M) return;", "    //")], "wrote past the end of out"),
+    ([(_SHUFFLE, "")], "lane 0's share alone"),
+    ([("o > 0; o >>= 1", "o > 1; o >>= 1")], "wrong"),
+    ([(_ROWS_LOOP, _STRETCH)], "correct, but .* the speed of a copy|Nsight Compute counts"),
+]
+
+
+@gpu
+@pytest.mark.parametrize("edits,hint", WRONG_5, ids=["stub", "no-guard", "no-shuffle",
+                                                      "short-shuffle", "per-lane-stretch"])
+def test_ex05_5_wrong_answers(edits, hint):
+    src = SOL.stub("ex05.5", "row_sum_src") if not edits else \
+        SOL.get("ex05.5", "row_sum_src", edits=edits)
+    with pytest.raises(GradeError, match=hint):
+        ex05_5(src)
+
+
+@gpu
+def test_ex05_5_slow_kernel_with_a_changed_loop_fails_the_speed_gate():
+    with pytest.raises(GradeError, match="correct, but .* the speed of a copy of x"):
+        ex05_5(_slow_as_answer(("j++", "++j")))
+
+
+@pytest.mark.skipif(env.HAS_GPU, reason="on a GPU the wrong answers run in full (above)")
+@pytest.mark.parametrize("edits,hint", [w for w in WRONG_5 if w[0]])
+def test_ex05_5_wrong_answers_still_apply(edits, hint):
+    """On a CPU: the GPU-only wrong answers' edits still apply to the solution, and each passes
+    the source rubric (or is caught there with its hint)."""
+    with pytest.raises(GradeError, match=f"needs a CUDA GPU|{hint}"):
+        ex05_5(SOL.get("ex05.5", "row_sum_src", edits=edits))
 
 
 # ============================================================================ the exercise page

@@ -5,10 +5,13 @@ ex05_2  an occupancy calculator (blocks per SM from threads, registers, shared m
         against stored values in the simulator, and also against the driver on a GPU
 ex05_3  capture a chain of kernel launches in a CUDA graph, GRAPH_FACTOR x faster     GPU
 ex05_4  fix a timing function: it is fed kernels whose true durations are known       GPU
+ex05_5  CUDA C++: profile a slow row sum and fix it past a speed gate (a copy of the same  GPU
+        bytes, same run) and, where Nsight Compute reads counters, a sectors-per-byte gate
 
 A wrong answer gets the evidence against it, never the right answer (ex05.1 names the counters
 that refute the label given). The rubric checks that need no GPU run first, on the source: ex05.2
-may not call an occupancy calculator, ex05.3 may not call cb.graphs.capture.
+may not call an occupancy calculator, ex05.3 may not call cb.graphs.capture, ex05.5 may not
+call a library reduction nor hand back the slow kernel's loop.
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ from ..ncu import KernelProfile, NcuReport
 from ..occupancy import ARCHS, Limits
 from ..occupancy import occupancy as _occupancy
 from ._core import GradeError, fresh_rng, need_gpu, passed
+from ._race import racecheck
 from ._static import mentions, python_code
 
-__all__ = ["ex05_1", "ex05_2", "ex05_3", "ex05_4", "LABELS", "NCU_CASES", "show_cases",
-           "OCC_TABLE", "DRIVER_SWEEP", "sweep_cases", "GRAPH_FACTOR", "CHAIN_LENGTH",
-           "chain_source"]
+__all__ = ["ex05_1", "ex05_2", "ex05_3", "ex05_4", "ex05_5", "LABELS", "NCU_CASES",
+           "show_cases", "OCC_TABLE", "DRIVER_SWEEP", "sweep_cases", "GRAPH_FACTOR",
+           "CHAIN_LENGTH", "chain_source", "row_sum_slow_source", "row_sum_counters",
+           "row_sum_profile", "ROW_SUM_SHAPE", "ROW_SUM_ROWS", "ROW_SUM_MIN_RATIO",
+           "ROW_SUM_MAX_SECTORS"]
 
 # ============================================================================ ex05.1
 
@@ -579,4 +585,266 @@ def ex05_4(time_gpu: Callable[..., float]) -> None:
         if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, float, np.floating)):
             raise GradeError(f"{ex}: return the time as a float in milliseconds, got {got!r}")
         _timer_verdict(ex, case, float(got), want, queued / 1e3)
+    passed(ex)
+
+
+# ============================================================================ ex05.5
+
+#: ex05.5: the shape timed (rows x columns, float32: 128 MiB) and the one Nsight Compute profiles
+ROW_SUM_SHAPE = (8192, 4096)
+ROW_SUM_NCU_SHAPE = (2048, 4096)
+#: ex05.5: rows per block of the fixed kernel's launch (256 threads), given in the specification
+ROW_SUM_ROWS = 8
+#: ex05.5: the fixed kernel must be at least this fast relative to a copy of x timed in the same
+#: run (the copy reads and writes M N floats, the row sum only reads them: a kernel that reads
+#: at the copy's bandwidth reaches about 2; the slow kernel stays far below 1)
+ROW_SUM_MIN_RATIO = 1.0
+#: ex05.5: global-load sectors the fixed kernel may request, as a multiple of the sectors that
+#: hold the input once (32 bytes each): coalesced loads request each sector once (1.0)
+ROW_SUM_MAX_SECTORS = 1.5
+#: ex05.5: (rows, columns) of the correctness cases: one row, one column, a warp's worth, one
+#: block of rows +- 1, columns that are no multiple of 32, more rows than one block holds
+ROW_SUM_CASES = [(1, 1), (1, 33), (7, 1), (8, 31), (9, 32), (3, 1000), (257, 129),
+                 (1000, 3), (300, 4097), (17, 65537)]
+
+
+def _race_ex05_5(k) -> None:
+    """Sanitizer driver: ragged shapes, a few blocks."""
+    import cupy
+
+    for M, N in ((33, 1000), (8, 31)):
+        x = cupy.asarray(np.random.default_rng(0).standard_normal((M, N), dtype=np.float32))
+        out = cupy.empty(M, cupy.float32)
+        k((ceil_div(M, ROW_SUM_ROWS),), (256,), (x, out, np.int32(M), np.int32(N)))
+
+
+def row_sum_slow_source() -> str:
+    """The slow kernel of ex05.5: one thread per row, each walking its own row."""
+    return r'''
+// out[row] = x[row, 0] + ... + x[row, N - 1]; x is (M, N), row-major.
+// launch: grid (ceil(M / 256)), block 256: one thread per row
+extern "C" __global__ void row_sum_slow(const float* x, float* out, int M, int N) {
+    int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= M) return;
+    float s = 0.0f;
+    for (int j = 0; j < N; j++) s += x[(size_t)row * N + j];
+    out[row] = s;
+}'''
+
+
+def _squash(code: str) -> str:
+    return re.sub(r"\s+", "", code)
+
+
+def _row_sum_static(ex: str, src: str) -> None:
+    """The rubric that needs no GPU: a CUDA C++ string, no library reduction, not the slow
+    kernel's loop."""
+    from ._static import cuda_code
+
+    if not isinstance(src, str):
+        raise GradeError(f"{ex}: expected the CUDA C++ source as a str, got {type(src).__name__}")
+    code = cuda_code(src)
+    lib = re.search(r"\b(cub|thrust|cooperative_groups::reduce|cg::reduce)\b|#\s*include\s*<"
+                    r"(cub|thrust)", code)
+    if lib:
+        raise GradeError(f"{ex}: the answer calls a library ({lib.group(0).strip()}): the "
+                         "exercise is the kernel's own loads and reduction (the profile shows "
+                         "what to change in the loads; a warp shuffle or shared memory combines "
+                         "the partial sums)")
+    slow = _squash(cuda_code(row_sum_slow_source()))
+    loop = slow[slow.index("for(intj=0"):slow.index("out[row]=s;")]
+    if loop in _squash(code):
+        raise GradeError(f"{ex}: this is the slow kernel's loop (each thread walks its own row "
+                         "from j = 0 to N - 1): in one load instruction the 32 lanes of a warp "
+                         "read 32 different rows, N * 4 bytes apart, so every lane needs its own "
+                         "32-byte sector. Make the lanes of a warp read neighbouring elements of "
+                         "one row instead")
+
+
+def _row_sum_check(ex: str, case: str, out, buf, x: np.ndarray) -> None:
+    """GradeError naming the likely mistake unless ``out`` holds the row sums of ``x``."""
+    from ..check import dot_tolerance
+    from ._core import canary_ok, close
+
+    M, N = x.shape
+    o = to_numpy(out).astype(np.float64)
+    x64 = x.astype(np.float64)
+    ref = x64.sum(axis=1)
+    if not canary_ok(buf, M):
+        raise GradeError(f"{ex}: {case}: wrote past the end of out (M={M}): rows beyond M "
+                         "must not write (a guard if (row < M) for the block's last rows?)")
+    nan = np.isnan(o)
+    if nan.all():
+        raise GradeError(f"{ex}: {case}: out never written (all NaN): is the kernel still the "
+                         "stub?")
+    if nan.any():
+        first = int(np.argmax(nan))
+        raise GradeError(f"{ex}: {case}: {int(nan.sum())} of {M} rows never written, first "
+                         f"row {first}: the grid has ceil(M / {ROW_SUM_ROWS}) blocks of "
+                         f"{ROW_SUM_ROWS} rows; does every row of a block get its sum written "
+                         f"(row = blockIdx.x * {ROW_SUM_ROWS} + ...)?")
+    tol = dot_tolerance(N)
+    scale = np.abs(x64).sum(axis=1)
+    atol = tol["atol"] * np.maximum(scale / max(N, 1), 1.0)     # per row: rows of 1e30 too
+    bad = ~close(o, ref, atol, tol["rtol"])
+    if not bad.any():
+        return
+    r = int(np.argmax(bad))
+    msg = (f"{ex}: {case}: row {r}: got {o[r]:.7g}, expected {ref[r]:.7g} ({int(bad.sum())} of "
+           f"{M} rows wrong)")
+    lane0 = x64[:, ::32].sum(axis=1)
+    if N > 32 and close(o, lane0, atol, tol["rtol"])[bad].all():
+        raise GradeError(f"{msg}: that is lane 0's share alone (elements 0, 32, 64, ...): "
+                         "the 32 lanes' partial sums must be added together (a shuffle "
+                         "reduction over the warp) before lane 0 writes")
+    if N > 1 and np.isclose(o[r], 2 * ref[r], rtol=1e-3):
+        raise GradeError(f"{msg}: twice the sum: an element counted twice, or the reduction "
+                         "adds a lane to itself (__shfl_xor_sync with offsets 16, 8, 4, 2, 1)?")
+    raise GradeError(f"{msg}: does every element of the row enter the sum exactly once (j from "
+                     "lane, stepping by 32, up to N), and do the shuffle offsets halve from 16 "
+                     "down to 1?")
+
+
+def _row_sum_ratio(kern, rows: int = ROW_SUM_ROWS, quiet: bool = True,
+                   name: str = "row_sum (yours)") -> tuple[float, float, float]:
+    """(ratio, your us, the copy's us) at ROW_SUM_SHAPE, timed in one call of cb.bench; ``rows``
+    rows per block of 256 threads."""
+    import cupy
+
+    from ..bench import bench
+
+    M, N = ROW_SUM_SHAPE
+    x = cupy.random.standard_normal((M, N), dtype=cupy.float32)
+    y = cupy.empty_like(x)
+    out = cupy.empty(M, cupy.float32)
+    grid = (ceil_div(M, rows),)
+    t = bench({name: lambda: kern(grid, (256,), (x, out, np.int32(M), np.int32(N)))},
+              baseline={"copy of x": lambda: cupy.copyto(y, x)}, bytes=4.0 * M * N,
+              repeat=10, quiet=quiet)
+    row, base = t[name], t["copy of x"]
+    return row.ratio, row.time_us, base.time_us
+
+
+_NCU_TARGET = '''
+import numpy as np, cupy
+from cudabook.graders._core import compile_kernel
+k = compile_kernel("ex05.5", open({path!r}).read(), {kernel!r})
+M, N = {M}, {N}
+x = cupy.random.standard_normal((M, N), dtype=cupy.float32)
+out = cupy.empty(M, cupy.float32)
+k(({grid},), (256,), (x, out, np.int32(M), np.int32(N)))
+cupy.cuda.Device().synchronize()
+'''
+
+
+def row_sum_counters(src: str, kernel: str = "row_sum", rows: int = ROW_SUM_ROWS,
+                     stalls: bool = False):
+    """Nsight Compute's global-load counters of ``kernel`` (ex05.5's signature, ``rows`` rows
+    per block of 256 threads) at ROW_SUM_NCU_SHAPE: ``(sectors / the sectors that hold x,
+    report)``; the first is None where no counters could be read (``report.message`` says
+    why)."""
+    import tempfile
+
+    from ..ncu import METRICS, profile
+
+    M, N = ROW_SUM_NCU_SHAPE
+    keys = ("time_ns", "gld_sectors", "gld_requests", "dram_bytes", "l1_hit_pct")
+    with tempfile.TemporaryDirectory(prefix="cb_ex05_5_") as tmp:
+        path = f"{tmp}/row_sum.cu"
+        with open(path, "w") as f:
+            f.write(src)
+        rep = profile(_NCU_TARGET.format(path=path, kernel=kernel, M=M, N=N,
+                                         grid=ceil_div(M, rows)),
+                      kernel=kernel, stalls=stalls, metrics={k: METRICS[k] for k in keys})
+    if not rep or rep[0].get("gld_sectors") is None:
+        return None, rep
+    return rep[0].get("gld_sectors") / (M * N * 4 / 32), rep
+
+
+def row_sum_profile(src: str, kernel: str = "row_sum", rows: int = ROW_SUM_ROWS) -> None:
+    """Print what ex05.5's grader measures of ``kernel``: its time against a copy of x at
+    ROW_SUM_SHAPE, and Nsight Compute's load counters at ROW_SUM_NCU_SHAPE (or why there are
+    none)."""
+    from ._core import compile_kernel
+
+    kern = compile_kernel("ex05.5", src, kernel)
+    ratio, _, _ = _row_sum_ratio(kern, rows, quiet=False, name=kernel)
+    print(f"{kernel}: {ratio:.2f} times the speed of the copy (the grader asks for "
+          f"{ROW_SUM_MIN_RATIO:g})")
+    sectors, rep = row_sum_counters(src, kernel, rows, stalls=True)
+    if sectors is None:
+        print(rep.message)
+        return
+    M, N = ROW_SUM_NCU_SHAPE
+    print(f"Nsight Compute, {M} x {N}:")
+    print(rep.table(columns=("time", "dram", "l1", "sectors", "stall")))
+    print(f"global-load sectors: {sectors:.2f} times those that hold x (the grader allows "
+          f"{ROW_SUM_MAX_SECTORS:g})")
+
+
+def ex05_5(src: str, min_ratio: float = ROW_SUM_MIN_RATIO) -> None:
+    """``src`` defines ``row_sum(const float* x, float* out, int M, int N)``: out[r] = the sum of
+    row r of x (M, N), launched with blocks of 256 threads and grid (ceil(M / ROW_SUM_ROWS)).
+
+    First the source (no GPU needed): no library reduction, not the slow kernel's loop. On a
+    GPU: ROW_SUM_CASES twice each with fresh data (rows of 1e30 among them), x followed by zeros
+    so that a missing row guard reads no foreign memory, out NaN-filled with a canary; then at
+    ROW_SUM_SHAPE at least ``min_ratio`` of the speed of a copy of x in the same run (timed again
+    once when the first result is within 20% below the goal); then, where Nsight Compute can
+    read counters, at most ROW_SUM_MAX_SECTORS times the global-load sectors that hold the input
+    (a correct kernel that is fast enough here but still uncoalesced fails there). Without
+    counters the speed decides alone, and a failure says so.
+    """
+    ex = "ex05.5"
+    _row_sum_static(ex, src)
+    need_gpu(ex)
+    import cupy
+
+    from ._core import compile_kernel, guarded, padded
+
+    kern = compile_kernel(ex, src, "row_sum")
+    rng, seed = fresh_rng()
+    for M, N in ROW_SUM_CASES:
+        for rep in range(2):
+            x = rng.standard_normal((M, N), dtype=np.float32)
+            if M > 2:
+                x[M // 2] *= np.float32(1e30)       # extreme values: still finite sums
+            xd = padded(x, ROW_SUM_ROWS * N)
+            out, buf = guarded((M,))
+            case = f"M={M}, N={N} (seed {seed}, call {rep + 1})"
+            try:
+                kern((ceil_div(M, ROW_SUM_ROWS),), (256,), (xd, out, np.int32(M), np.int32(N)))
+                cupy.cuda.Device().synchronize()
+            except Exception as e:  # noqa: BLE001
+                raise GradeError(f"{ex}: {case}: the launch failed: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
+            _row_sum_check(ex, case, out, buf, x)
+    racecheck(ex, src, "row_sum", "cudabook.graders.ch05:_race_ex05_5",
+              hint="a __syncthreads() between writing the partial sums to shared memory and "
+                   "reading them")
+    from ..ncu import find_ncu
+
+    no_ncu = ("" if find_ncu() else " (Nsight Compute is not installed here, so the speed "
+              "alone is graded)")
+    ratio, mine, copy = _row_sum_ratio(kern)
+    if 0.8 * min_ratio <= ratio < min_ratio:          # near the goal: a busy moment? once more
+        ratio, mine, copy = max((ratio, mine, copy), _row_sum_ratio(kern))
+    M, N = ROW_SUM_SHAPE
+    if ratio < min_ratio:
+        raise GradeError(f"{ex}: correct, but {mine:.0f} us for {M} x {N}: {ratio:.2f} times "
+                         f"the speed of a copy of x ({copy:.0f} us, timed in the same run); the "
+                         f"goal is {min_ratio:g}. The row sum reads what the copy reads and "
+                         "writes almost nothing. Read the profile: are the 32 loads of one "
+                         "warp instruction 32 neighbouring floats (lane j reads element j, then "
+                         f"j + 32, ...)?{no_ncu}")
+    sectors, rep = row_sum_counters(src)
+    if sectors is not None and sectors > ROW_SUM_MAX_SECTORS:
+        Mc, Nc = ROW_SUM_NCU_SHAPE
+        per_request = rep[0].sectors_per_request or 0.0
+        raise GradeError(f"{ex}: fast enough on this GPU ({ratio:.2f} times the copy's speed), "
+                         f"but Nsight Compute counts {sectors:.1f} times the global-load "
+                         f"sectors that hold x ({per_request:.1f} sectors per request, at "
+                         f"{Mc} x {Nc}): the loads are still uncoalesced (does each lane walk "
+                         "its own stretch of the row?). A warp's load instruction should read "
+                         "32 neighbouring floats: 4 sectors, each used whole")
     passed(ex)

@@ -1,6 +1,6 @@
 """Chapter 8: the hgemm launch helpers (operand, architecture and parameter checks), the
 fp32-accumulation error bound, every kernel of kernels/hgemm.cu on ragged shapes (GPU), and the
-graders ex08_1..ex08_4: the reference passes, the stub fails, and wrong answers generated from the
+graders ex08_1..ex08_5: the reference passes, the stub fails, and wrong answers generated from the
 reference fail with the hint for their mistake."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from solution_cells import Solution
 
 import cudabook as cb
-from cudabook.graders import GradeError, ex08_1, ex08_2, ex08_3, ex08_4
+from cudabook.graders import GradeError, ex08_1, ex08_2, ex08_3, ex08_4, ex08_5
 from cudabook.graders._static import cuda_ptx
 
 hg = cb.load_launch("hgemm")
@@ -494,3 +494,104 @@ def test_gpu_wrong_answers_still_apply(grader, ex, name, edits, hint):
     gets through the code and PTX rubric to the GPU checks (or is caught there with its hint)."""
     with pytest.raises(GradeError, match=f"needs a CUDA GPU|{hint}"):
         grader(SOL.get(ex, name, edits=edits))
+
+
+# ============================================================================ ex08.5: wgmma
+
+_WG_CALL = ("            wgmma_m64n64k16_f16(d, wgmma_desc_sw128(As + 16 * kk), "
+            "wgmma_desc_sw128(Bs + 16 * kk));\n")
+_SWIZZLED = "at = r * 64 + 8 * (c ^ (r % 8));"
+
+#: caught from the source and its sm_90a PTX, before anything runs (CPU too, with NVRTC)
+STATIC_5 = [
+    ([], "still the stub"),
+    # a warp's mma.sync in place of the warpgroup's wgmma
+    ([(_WG_CALL, "            mma_m16n8k16_f16(d, nullptr, nullptr);\n")], "mma.sync / WMMA"),
+    # a scalar product: the same numbers, no tensor core
+    ([(_WG_CALL, "            for (int e = 0; e < 16; e++) d[e] += __half2float(As[16 * kk + e])"
+                 " * __half2float(Bs[e]);\n")], "no wgmma_m64n64k16_f16 call"),
+    ([("        wgmma_fence();\n", "")], "no wgmma_fence\\(\\)"),
+    ([("        wgmma_commit();\n", "")], "no wgmma_commit\\(\\)"),
+    ([("        wgmma_wait<0>();", "        //")], "no wgmma_wait<0>\\(\\)"),
+    ([("wgmma_wait<0>();", "wgmma_wait<1>();")], "wgmma_wait<1>\\(\\), which lets 1 group"),
+    ([("        fence_proxy_async();", "        //")], "no fence_proxy_async\\(\\)"),
+    ([("        __syncthreads();                   // before the next k-step", "        //")],
+     "fewer than two __syncthreads"),
+]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("edits,hint", STATIC_5, ids=["stub", "mma-sync", "scalar", "no-fence",
+                                                       "no-commit", "no-wait", "wait-1",
+                                                       "no-proxy-fence", "one-barrier"])
+def test_ex08_5_refused_from_the_source(edits, hint):
+    src = SOL.stub("ex08.5", "wgmma_tile_src") if not edits else \
+        SOL.get("ex08.5", "wgmma_tile_src", edits=edits)
+    with pytest.raises(GradeError, match=hint):
+        ex08_5(src)
+
+
+def _hopper():
+    if cb.cc() != (9, 0):
+        pytest.skip("wgmma needs compute capability 9.0")
+
+
+@gpu
+@needs_gpu
+def test_ex08_5_reference_passes(capsys):
+    _hopper()
+    ex08_5(SOL.get("ex08.5", "wgmma_tile_src"))
+    assert capsys.readouterr().out.strip().endswith("PASS ex08.5")
+
+
+#: right rubric, wrong values: named by the pattern they leave in C
+WRONG_5 = [
+    ([(_SWIZZLED, "at = r * 64 + 8 * c;")], "without the 128-byte swizzle"),
+    ([(_WG_CALL, "            wgmma_m64n64k16_f16(d, wgmma_desc_sw128(As), "
+                 "wgmma_desc_sw128(Bs));\n")], "every k16 slice read the same 16 columns"),
+    ([(_WG_CALL, "            wgmma_m64n64k16_f16(d, wgmma_desc_sw128(Bs + 16 * kk), "
+                 "wgmma_desc_sw128(As + 16 * kk));\n")], "tile of C came out transposed"),
+    ([("k0 < K; k0 += 64", "k0 < 64; k0 += 64")], "only the first 64 of the K columns"),
+]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("edits,hint", WRONG_5, ids=["no-swizzle", "descriptor-fixed",
+                                                      "swapped", "first-k-tile"])
+def test_ex08_5_wrong_answers(edits, hint):
+    _hopper()
+    with pytest.raises(GradeError, match=hint):
+        ex08_5(SOL.get("ex08.5", "wgmma_tile_src", edits=edits))
+
+
+@pytest.mark.skipif(cb.HAS_GPU, reason="on a GPU the reference and wrong answers run in full")
+@needs_nvrtc
+@pytest.mark.parametrize("edits,hint", [([], "")] + WRONG_5)
+def test_ex08_5_gpu_answers_pass_the_rubric_on_a_cpu(edits, hint):
+    """On a CPU: the reference and each GPU-only wrong answer get through the source and PTX
+    rubric to the GPU checks (their edits still apply to the solution)."""
+    with pytest.raises(GradeError, match="needs a CUDA GPU"):
+        ex08_5(SOL.get("ex08.5", "wgmma_tile_src", edits=edits))
+
+
+def test_ex08_5_swizzle_pattern_is_what_wgmma_reads():
+    """The grader's model of an unswizzled tile: logical chunk c of row r is read from physical
+    chunk c ^ (r % 8), which holds logical chunk c ^ (r % 8)."""
+    from cudabook.graders.ch08 import _swizzle_off
+
+    X = np.arange(16 * 128).reshape(16, 128)
+    Y = _swizzle_off(X)
+    for r in (0, 3, 9):
+        for t in (0, 1):
+            for c in range(8):
+                got = Y[r, 64 * t + 8 * c: 64 * t + 8 * c + 8]
+                want = X[r, 64 * t + 8 * (c ^ (r % 8)): 64 * t + 8 * (c ^ (r % 8)) + 8]
+                assert (got == want).all()
+
+
+def test_ex08_5_states_its_stub_size():
+    from solution_cells import exercise_page
+
+    said, stubs, levels = exercise_page("08")["ex08.5"]
+    assert said == stubs and levels == [2], (said, stubs, levels)

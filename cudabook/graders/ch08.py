@@ -6,12 +6,16 @@ ex08_2  Python: the fragment layout of mma.sync.m16n8k16 (lane, value -> element
 ex08_3  Python: a swizzle of 64-byte shared-memory rows (bijective, conflict-free)     CPU
         (also the lesson's 128-byte rows and 256-byte ones: ``row_bytes``)
 ex08_4  CUDA C++: a 3-stage cp.async pipeline reaching FAST_FRACTION of cuBLAS fp16   GPU, sm_80+
+ex08_5  CUDA C++: one warpgroup's wgmma tile, C = A @ B^T from swizzled shared tiles     GPU, sm_90
+        (its wgmma, fence, commit, wait and proxy-fence rubric is checked on the CPU: the
+        sm_90a PTX NVRTC makes of it)
 
 The CUDA C++ graders check ragged and tall-skinny shapes against the float64 product with the
 error bound of fp32 accumulation (``hgemm_launch.tolerance``): a kernel that accumulates in fp16
 fails it as soon as K is large, and is told so. They fill C with NaN followed by a NaN canary,
-call twice with fresh data, and end with compute-sanitizer racecheck on small ragged sizes (a
-missing barrier that happens to give the right numbers).
+call twice with fresh data, and end with compute-sanitizer (racecheck, synccheck, initcheck) on
+small ragged sizes (a missing barrier that happens to give the right numbers, a barrier some
+threads skip, a shared element read before anyone wrote it).
 
 Before anything runs (so on a CPU too) they read the answer's code, comments and strings
 removed, and the PTX that NVRTC makes of it (which needs no GPU): ex08_1 must reach a
@@ -35,8 +39,8 @@ from ._core import GradeError, canary_ok, fresh_rng, need_gpu, passed, sync
 from ._race import racecheck
 from ._static import calls, cuda_code, cuda_ptx, ptx_instructions
 
-__all__ = ["ex08_1", "ex08_2", "ex08_3", "ex08_4", "FAST_FRACTION", "FAST_N", "pipe_ratio",
-           "with_mma_header"]
+__all__ = ["ex08_1", "ex08_2", "ex08_3", "ex08_4", "ex08_5", "FAST_FRACTION", "FAST_N",
+           "pipe_ratio", "with_mma_header", "SMEM_5"]
 
 #: ex08_4: the fraction of cuBLAS fp16 (same run, n = FAST_N) the pipelined kernel must reach.
 #: It lies between the lesson's single-stage kernel (v4) and its 3-stage one (v5), so a working
@@ -554,3 +558,178 @@ def pipe_ratio(src: str, n: int = FAST_N) -> float:
 
     kern = _compile("ex08.4", src, "hgemm_pipe")
     return _ratio(kern, n, bench, quiet=False)[0]
+
+
+# ============================================================================ ex08_5: wgmma
+
+#: (M, N, K, big): multiples of the 64 x 64 x 64 tile; several tiles of C, several k-steps
+_SHAPES_5 = [(64, 64, 64, False), (64, 64, 64, True), (128, 64, 128, False),
+             (64, 192, 64, False), (192, 128, 512, False), (64, 64, 2048, False)]
+SMEM_5 = 2 * 64 * 64 * 2 + 1024          # two 8 KiB tiles, and slack to a 1024-byte boundary
+_WGMMA_CALL = re.compile(r"(?<!\w)wgmma_m64n\d+k16_(?:f16|bf16)\s*\(")
+_SYNC_5 = ("a __syncthreads() after fence_proxy_async() (every thread's stores are in the tiles "
+           "before wgmma reads them) and one after wgmma_wait<0>() (before the next k-step "
+           "overwrites them)")
+
+
+def _launch_5(kern, A, B, C, M, N, K):
+    kern((N // 64, M // 64), (128,), (A, B, C, np.int32(M), np.int32(N), np.int32(K)),
+         shared_mem=SMEM_5)
+
+
+def _rubric_5(ex: str, src: str) -> None:
+    """ex08.5's rubric from the source and its sm_90a PTX (CPU): wgmma through mma.cuh, its
+    fence, commit and wait, the proxy fence after ordinary stores, two barriers per k-step."""
+    if not isinstance(src, str):
+        raise GradeError(f"{ex}: expected the CUDA C++ source as a str, got {type(src).__name__}")
+    code = cuda_code(src)
+    if not _WGMMA_CALL.search(code):
+        other = re.search(r"(?<!\w)(mma_m16n8k\d+_\w+|wmma::mma_sync|mma_sync)\s*\(|"
+                          r"\bmma\.sync\b", code)
+        if other:
+            raise GradeError(f"{ex}: the answer multiplies with {other.group(0).rstrip('(')} "
+                             "(a warp's mma.sync / WMMA): the exercise is Hopper's warpgroup "
+                             "instruction, wgmma_m64n64k16_f16 of mma.cuh, whose operands come "
+                             "from shared memory through two descriptors")
+        raise GradeError(f"{ex}: no wgmma_m64n64k16_f16 call in the code: is the kernel still "
+                         "the stub? A loop of scalar multiply-adds gives the same numbers, but "
+                         "the exercise is one warpgroup's wgmma on the shared tiles")
+    if calls(code, "__syncthreads") < 2:
+        raise GradeError(f"{ex}: fewer than two __syncthreads() in the code: the 128 threads "
+                         f"fill the tiles that the warpgroup's wgmma reads, so each k-step needs "
+                         f"{_SYNC_5}")
+    ptx = cuda_ptx(ex, with_mma_header(src), "compute_90a")
+    if ptx is None:                  # no NVRTC here: the GPU run below compiles and checks
+        return
+    ops = [i.split()[0] for i in ptx_instructions(ex, ptx, "wgmma_tile")]
+    if not any(op.startswith("wgmma.mma_async") for op in ops):
+        raise GradeError(f"{ex}: the compiled kernel has no wgmma.mma_async: the call in the "
+                         "source is never reached (dead code, or under #if 0?)")
+    scalar = [op for op in ops if op.startswith(("mma.sync", "wmma.mma", "fma.rn.f32"))]
+    if scalar:
+        raise GradeError(f"{ex}: besides wgmma the kernel multiplies with {scalar[0]}: the "
+                         "product must come from wgmma alone")
+    waits = [int(w.split()[1]) for w in ptx_instructions(ex, ptx, "wgmma_tile")
+             if w.startswith("wgmma.wait_group") and len(w.split()) > 1]
+    missing = [(name, why) for name, op, why in [
+        ("wgmma_fence()", "wgmma.fence", "before the first wgmma of a k-step: it orders the "
+         "accumulator registers (written by other instructions, here the zeros) before the "
+         "tensor cores use them"),
+        ("wgmma_commit()", "wgmma.commit_group", "after the four wgmma: it closes them into a "
+         "group that wgmma_wait can wait for (an uncommitted wgmma is waited for by nobody)"),
+        ("wgmma_wait<0>()", "wgmma.wait_group", "after the commit: wgmma runs asynchronously, so "
+         "the accumulators are not final, and the tiles still being read, until it returns"),
+        ("fence_proxy_async()", "fence.proxy.async", "after the ordinary stores into the tiles "
+         "and before the barrier: the stores go through the generic proxy, wgmma reads "
+         "through the async proxy, and only this fence orders the two")]
+        if not any(o.startswith(op) for o in ops)
+        and not (op == "fence.proxy.async" and any(o.startswith("cp.async.bulk") for o in ops))]
+    if missing:
+        raise GradeError(f"{ex}: no {missing[0][0]} in the compiled kernel: it belongs "
+                         f"{missing[0][1]}")
+    if waits and min(waits) > 0:
+        raise GradeError(f"{ex}: the kernel waits with wgmma_wait<{min(waits)}>(), which lets "
+                         f"{min(waits)} group(s) still run: this kernel has one group per "
+                         "k-step, and its tiles are overwritten (and its accumulators stored) "
+                         "right after, so wait for all of them: wgmma_wait<0>()")
+
+
+def _swizzle_off(X: np.ndarray) -> np.ndarray:
+    """What wgmma reads when a tile of X was stored without the swizzle its descriptor promises:
+    logical chunk c of row r comes from physical chunk c ^ (r % 8), in every 64-wide k-tile."""
+    R, K = X.shape
+    v = X.reshape(R, K // 64, 8, 8)
+    r = np.arange(R)[:, None] % 8
+    idx = np.arange(8)[None, :] ^ r                     # (R, 8): physical chunk per logical
+    return np.take_along_axis(v, idx[:, None, :, None].repeat(K // 64, 1).repeat(8, 3),
+                              axis=2).reshape(R, K)
+
+
+def _wgmma_pattern(A64, B64, o: np.ndarray, absprod, K: int) -> str | None:
+    """The hint of the wgmma mistake whose result ``o`` matches (within the fp32 bound)."""
+    M, N = o.shape
+    tiles = lambda X: X.reshape(M // 64, 64, N // 64, 64)       # noqa: E731
+    cands = {
+        "the tiles were stored without the 128-byte swizzle that wgmma_desc_sw128 promises: "
+        "wgmma reads 16-byte chunk c of row r from chunk c ^ (r % 8) of that row, so store it "
+        "there": _swizzle_off(A64) @ _swizzle_off(B64).T,
+        "every k16 slice read the same 16 columns of the tiles: the descriptor's start moves 16 "
+        "halves (32 bytes) along the rows per slice, wgmma_desc_sw128(As + 16 * kk)":
+        4 * sum(A64[:, k:k + 16] @ B64[:, k:k + 16].T for k in range(0, K, 64)),
+        "each 64 x 64 tile of C came out transposed: the first descriptor is A's (the 64 rows "
+        "of M), the second B's (the columns of N)":
+        tiles(A64 @ B64.T).transpose(0, 3, 2, 1).reshape(M, N) if M == N == 64 else None,
+        "only the first 64 of the K columns were multiplied: the k-loop runs k0 = 0, 64, ... "
+        "while k0 < K": A64[:, :64] @ B64[:, :64].T if K > 64 else None,
+        "only the last 64 of the K columns count: are the accumulators zeroed inside the "
+        "k-loop?": A64[:, -64:] @ B64[:, -64:].T if K > 64 else None,
+    }
+    bound = _bound(A64 @ B64.T, absprod, K, "float32")
+    for hint, ref in cands.items():
+        if ref is not None and (np.abs(o - ref) <= bound + 1e-3 * np.abs(ref)).all():
+            return hint
+    return None
+
+
+def ex08_5(src: str) -> None:
+    """``src`` defines ``wgmma_tile(const half* A, const half* B, float* C, int M, int N,
+    int K)``: C = A @ B^T (A (M, K), B (N, K), fp16; C fp32), M, N, K multiples of 64, one
+    warpgroup (128 threads) per 64 x 64 tile of C, grid (N / 64, M / 64), dynamic shared memory
+    SMEM_5 (two 64 x 64 tiles in the 128-byte swizzle, wgmma_m64n64k16_f16 on them).
+    First the rubric from the code and its sm_90a PTX (on a CPU too); then on a Hopper GPU the
+    shapes of _SHAPES_5 twice each with fresh data (a wrong result that matches a known wgmma
+    mistake is named: no swizzle, a descriptor that does not move along K, A and B swapped); then
+    the sanitizers. On another GPU the grader says so and stops."""
+    ex = "ex08.5"
+    _rubric_5(ex, src)
+    need_gpu(ex)
+    if env.cc() != (9, 0):
+        print(f"skipped: {ex} needs a Hopper GPU (compute capability 9.0: wgmma exists on "
+              f"sm_90a only); this GPU is {env.cc()[0]}.{env.cc()[1]}")
+        return
+    import cupy
+
+    from ..compile import arch_options, compile_source
+
+    opts = arch_options(a_features=True)
+    try:
+        kern = compile_source(with_mma_header(src), opts, name=f"{ex} source").get("wgmma_tile")
+    except (RuntimeError, AttributeError) as e:
+        raise GradeError(f"{ex}: {e}") from None
+    rng, seed = fresh_rng()
+    passed_before = False
+    for M, N, K, big in _SHAPES_5:
+        for rep in range(2):
+            A, B, ref, absprod = _mats(rng, M, N, K, big)
+            C, buf = _guarded((M, N), np.float32)
+            case = (f"M={M}, N={N}, K={K}{', entries in [12, 24]' if big else ''} (seed {seed}, "
+                    f"call {rep + 1})")
+            dA, dB = cupy.asarray(A), cupy.asarray(B)
+            _call(ex, case, lambda: _launch_5(kern, dA, dB, C, M, N, K))
+            o = to_numpy(C).astype(np.float64)
+            if np.isfinite(o).all():
+                hint = _wgmma_pattern(A.astype(np.float64), B.astype(np.float64), o, absprod, K)
+                if hint and not np.allclose(o, ref, rtol=1e-3, atol=1e-2):
+                    raise GradeError(f"{ex}: {case}: C is wrong in a pattern: {hint}")
+            _diagnose(ex, case, C, ref, absprod, K, "float32", buf, tile=(64, 64),
+                      hint_sync=("the same shapes passed before: a race? " + _SYNC_5
+                                 if passed_before else
+                                 "check the loads (row m0 + r, column k0 + 8 c), the swizzle "
+                                 "(chunk c of row r at chunk c ^ (r % 8)) and the descriptors "
+                                 "(one per k16 slice, 32 bytes apart)"))
+            passed_before = True
+    racecheck(ex, with_mma_header(src), "wgmma_tile", "cudabook.graders.ch08:_race_ex08_5",
+              hint=_SYNC_5, options=opts)
+    passed(ex)
+
+
+def _race_ex08_5(kern) -> None:
+    """Sanitizer driver: two launches of ex08.5's kernel, several tiles and k-steps."""
+    import cupy
+
+    rng = np.random.default_rng(0)
+    for M, N, K in [(64, 128, 128), (128, 64, 64)]:
+        A = cupy.asarray(rng.standard_normal((M, K)).astype(np.float16))
+        B = cupy.asarray(rng.standard_normal((N, K)).astype(np.float16))
+        C = cupy.empty((M, N), cupy.float32)
+        _launch_5(kern, A, B, C, M, N, K)

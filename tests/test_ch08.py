@@ -413,8 +413,39 @@ def test_ex08_1_wrong_answers(edits, hint):
         ex08_1(src)
 
 
-PIPE_LOOP_BARRIER = ("        cp_async_wait<STAGES - 2>();            // my copies of tile kt have "
-                     "landed\n        __syncthreads();")
+_STEADY_WAIT = ("        cp_async_wait<STAGES - 2>();                          // my copies of "
+                "tile kt")
+_DRAIN_WAIT = "        cp_async_wait_upto<STAGES - 2>(KT - 1 - kt);\n"
+_DRAIN_SYNC = ("        __syncthreads();                                      // everyone's copies "
+               "of tile kt have landed\n")
+_MMA = "        mma_stage(As + (kt % STAGES) * BM * BK, Bs + (kt % STAGES) * BN * BK, acc);\n"
+#: the lesson's loop, pasted in: right values, but it commits empty groups and never drains
+_LESSON_LOOP = """    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < KT) {
+            copy_tile<BM>(As + s * BM * BK, A, M, K, m0, s * BK);
+            copy_tile<BN>(Bs + s * BN * BK, B, N, K, n0, s * BK);
+        }
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const int nk = kt + STAGES - 1, ns = nk % STAGES;
+        if (nk < KT) {
+            copy_tile<BM>(As + ns * BM * BK, A, M, K, m0, nk * BK);
+            copy_tile<BN>(Bs + ns * BN * BK, B, N, K, n0, nk * BK);
+        }
+        cp_async_commit();
+        mma_stage(As + (kt % STAGES) * BM * BK, Bs + (kt % STAGES) * BN * BK, acc);
+    }
+"""
+
+
+def _with_loop(body: str) -> str:
+    """ex08.4's source with its whole solution region replaced by ``body``."""
+    src = SOL.get("ex08.4", "hgemm_pipe_src")
+    a = src.index("    // BEGIN SOLUTION ex08.4\n") + len("    // BEGIN SOLUTION ex08.4\n")
+    return src[:a] + body + src[src.index("    // END SOLUTION"):]
 
 
 @gpu
@@ -428,11 +459,17 @@ def test_ex08_4_reference_passes(capsys):
 
 @pytest.mark.parametrize("edits,hint", [
     ([], "main loop is missing"),
-    ([("        cp_async_wait<STAGES - 2>();", "        ")], "no cp_async_wait"),
-    ([("        __syncthreads();", "        ")], "no __syncthreads"),
+    ([(_STEADY_WAIT, "        //"), (_DRAIN_WAIT, "")], "no cp_async_wait"),
+    ([("        __syncthreads();", "        //", 2)], "no __syncthreads"),
+    # the one-stage wait, and a count right for one depth only: numbers written in
+    ([("cp_async_wait<STAGES - 2>();", "cp_async_wait<0>();")], "cp_async_wait<0>\\(\\) waits with "
+     "a number written in(.|\n)*one-stage loop"),
+    ([("cp_async_wait<STAGES - 2>();", "cp_async_wait<1>();")], "cp_async_wait<1>\\(\\) waits with "
+     "a number written in"),
 ])
 def test_ex08_4_static_checks(edits, hint):
-    """Caught from the source before anything runs (CPU too): the stub, no wait, no barrier."""
+    """Caught from the source before anything runs (CPU too): the stub, no wait, no barrier, a
+    wait count written as a number."""
     src = SOL.stub("ex08.4", "hgemm_pipe_src") if not edits else \
         SOL.get("ex08.4", "hgemm_pipe_src", edits=edits)
     with pytest.raises(GradeError, match=hint):
@@ -440,12 +477,22 @@ def test_ex08_4_static_checks(edits, hint):
 
 
 @needs_nvrtc
-def test_ex08_4_one_stage_caught_in_the_ptx():
-    """The lesson's one-stage wait in the three-stage loop: right numbers, nothing in flight."""
-    src = SOL.get("ex08.4", "hgemm_pipe_src",
-                  edits=[("cp_async_wait<STAGES - 2>()", "cp_async_wait<0>()")])
-    with pytest.raises(GradeError, match="one-stage loop"):
-        ex08_4(src)
+@pytest.mark.parametrize("src,hint", [
+    # the lesson's loop: always STAGES - 2, empty groups at the tail
+    (lambda: _with_loop(_LESSON_LOOP), "at STAGES = 3 the compiled kernel waits with the counts "
+     "\\[1\\], a peeled pipeline with \\[0, 1\\]"),
+    # a drain that waits for everything: right values, less overlap, the wrong counts at 4
+    (lambda: SOL.get("ex08.4", "hgemm_pipe_src", edits=[(_DRAIN_WAIT, "        cp_async_wait_upto"
+                                                          "<0>(0);\n")]),
+     "at STAGES = 3 the compiled kernel waits with the counts \\[0\\]|at STAGES = 4 .*\\[0, 2\\]"),
+    # one group too few waited for: tile kt may still be in flight
+    (lambda: SOL.get("ex08.4", "hgemm_pipe_src", edits=[
+        ("cp_async_wait<STAGES - 2>();", "cp_async_wait<STAGES - 1>();")]),
+     "at STAGES = 2 the kernel waits with cp.async.wait_group 1"),
+], ids=["lesson-loop", "drain-waits-all", "too-few-waited"])
+def test_ex08_4_wait_counts_read_from_the_ptx(src, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex08_4(src())
 
 
 @pytest.mark.skipif(cb.HAS_GPU, reason="on a GPU the grader goes on (test_ex08_4_reference_passes)")
@@ -456,32 +503,25 @@ def test_ex08_4_reference_meets_the_rubric_on_a_cpu():
 
 
 WRONG_4 = [
-    ([("cp_async_wait<STAGES - 2>()", "cp_async_wait<STAGES - 1>()")], "cp_async_wait<STAGES - 2>"),
-    ([("        __syncthreads();                        // everyone's have", "        //"),
-      ("        mma_stage(As + (kt % STAGES) * BM * BK, Bs + (kt % STAGES) * BN * BK, acc);\n",
-       "        mma_stage(As + (kt % STAGES) * BM * BK, Bs + (kt % STAGES) * BN * BK, acc);\n"
-       "        __syncthreads();\n")], "__syncthreads"),
     # the next tile's copies go into the stage about to be read
     ([("const int nk = kt + STAGES - 1, ns = nk % STAGES;",
-       "const int nk = kt + STAGES - 1, ns = kt % STAGES;")], "wrong products|racecheck"),
-    # no empty group past the last tile: the count of groups in flight is off at the tail
-    ([("            copy_tile<BN>(Bs + ns * BN * BK, B, N, K, n0, nk * BK);\n        }\n"
-       "        cp_async_commit();\n",
-       "            copy_tile<BN>(Bs + ns * BN * BK, B, N, K, n0, nk * BK);\n"
-       "            cp_async_commit();\n        }\n")], "wrong products|racecheck"),
+       "const int nk = kt + STAGES - 1, ns = kt % STAGES;")],
+     "wrong products|racecheck|initcheck"),
+    # the drain multiplies the stage after the one that holds tile kt
+    ([(_DRAIN_SYNC + _MMA, _DRAIN_SYNC + _MMA.replace("(kt % STAGES)", "((kt + 1) % STAGES)"))],
+     "wrong products"),
 ]
 
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("edits,hint", WRONG_4)
+@pytest.mark.parametrize("edits,hint", WRONG_4, ids=["copy-into-read-stage",
+                                                      "drain-wrong-stage"])
 def test_ex08_4_wrong_answers(edits, hint):
     if cb.cc() < (8, 0):
         pytest.skip("cp.async needs compute capability 8.0")
-    src = SOL.stub("ex08.4", "hgemm_pipe_src") if not edits else \
-        SOL.get("ex08.4", "hgemm_pipe_src", edits=edits)
     with pytest.raises(GradeError, match=hint):
-        ex08_4(src)
+        ex08_4(SOL.get("ex08.4", "hgemm_pipe_src", edits=edits))
 
 
 @pytest.mark.skipif(cb.HAS_GPU, reason="on a GPU the wrong answers run in full (above)")

@@ -5,7 +5,9 @@ ex08_1  CUDA C++: a WMMA tile kernel, C = A @ B^T, fp16 in, fp32 accumulate     
 ex08_2  Python: the fragment layout of mma.sync.m16n8k16 (lane, value -> element)    CPU
 ex08_3  Python: a swizzle of 64-byte shared-memory rows (bijective, conflict-free)     CPU
         (also the lesson's 128-byte rows and 256-byte ones: ``row_bytes``)
-ex08_4  CUDA C++: a 3-stage cp.async pipeline reaching FAST_FRACTION of cuBLAS fp16   GPU, sm_80+
+ex08_4  CUDA C++: a peeled cp.async pipeline, STAGES a template parameter graded at    GPU, sm_80+
+        2, 3 and 4 (the wait counts of each depth read from the PTX on the CPU), reaching
+        FAST_FRACTION of cuBLAS fp16 at 3 stages
 ex08_5  CUDA C++: one warpgroup's wgmma tile, C = A @ B^T from swizzled shared tiles     GPU, sm_90
         (its wgmma, fence, commit, wait and proxy-fence rubric is checked on the CPU: the
         sm_90a PTX NVRTC makes of it)
@@ -20,8 +22,8 @@ threads skip, a shared element read before anyone wrote it).
 Before anything runs (so on a CPU too) they read the answer's code, comments and strings
 removed, and the PTX that NVRTC makes of it (which needs no GPU): ex08_1 must reach a
 tensor-core instruction (a scalar loop gives the same numbers; a ``wmma::mma_sync`` in dead
-code or under ``#if 0`` leaves none in the PTX) whose accumulator is fp32; ex08_4 must leave
-tiles in flight (a ``cp.async.wait_group`` above 0).
+code or under ``#if 0`` leaves none in the PTX) whose accumulator is fp32; ex08_4 must wait
+with STAGES - 2, then STAGES - 3 ... 0 in its drain, at each depth (``cp.async.wait_group``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from ._race import racecheck
 from ._static import calls, cuda_code, cuda_ptx, ptx_instructions
 
 __all__ = ["ex08_1", "ex08_2", "ex08_3", "ex08_4", "ex08_5", "FAST_FRACTION", "FAST_N",
-           "pipe_ratio", "with_mma_header", "SMEM_5"]
+           "pipe_ratio", "with_mma_header", "SMEM_5", "STAGES_4", "TIMED_STAGES", "smem_4"]
 
 #: ex08_4: the fraction of cuBLAS fp16 (same run, n = FAST_N) the pipelined kernel must reach.
 #: It lies between the lesson's single-stage kernel (v4) and its 3-stage one (v5), so a working
@@ -451,51 +453,112 @@ def ex08_3(swizzle: Callable[[int, int], int], rows: int = 64, row_bytes: int = 
 
 # ============================================================================ ex08_4: pipeline
 
-_SHAPES_4 = [(128, 128, 64), (1, 1, 8), (127, 129, 72), (1000, 777, 520), (4096, 24, 64),
-             (16, 3000, 136), (300, 200, 1000)]
-_HINT_4 = ("wait for a stage's copies with cp_async_wait<STAGES - 2>() and then __syncthreads() "
-           "(other threads' copies, and the stage about to be overwritten) before reading it")
-SMEM_4 = 3 * (128 + 128) * 64 * 2
+_SHAPES_4 = [(128, 128, 64), (1, 1, 8), (127, 129, 72), (130, 70, 136), (1000, 777, 520),
+             (4096, 24, 64), (16, 3000, 136), (300, 200, 1000)]
+#: the pipeline depths ex08.4 is graded at: its kernels hgemm_pipe2, hgemm_pipe3, hgemm_pipe4
+STAGES_4 = (2, 3, 4)
+#: the depth timed against cuBLAS
+TIMED_STAGES = 3
+_HINT_4 = ("wait for a stage's copies with cp_async_wait<STAGES - 2>() (in the drain: one group "
+           "fewer per step) and then __syncthreads() (other threads' copies, and the stage about "
+           "to be overwritten) before reading it")
 
 
-def _launch_4(kern, A, B, C, M, N, K):
-    kern.max_dynamic_shared_size_bytes = SMEM_4
+def smem_4(stages: int) -> int:
+    """Dynamic shared memory of hgemm_pipe<stages>: the A and B tiles of every stage."""
+    return stages * (128 + 128) * 64 * 2
+
+
+def _launch_4(kern, A, B, C, M, N, K, stages: int = TIMED_STAGES):
+    kern.max_dynamic_shared_size_bytes = smem_4(stages)
     kern((ceil_div(M, 128) * ceil_div(N, 128),), (256,),
-         (A, B, C, np.int32(M), np.int32(N), np.int32(K)), shared_mem=SMEM_4)
+         (A, B, C, np.int32(M), np.int32(N), np.int32(K)), shared_mem=smem_4(stages))
+
+
+def _body(code: str, name: str) -> str:
+    """The body of the function ``name`` in ``code`` (braces matched), or all of ``code`` where
+    there is none."""
+    m = re.search(rf"(?<!\w){name}\s*\([^;{{]*\)\s*{{", code)
+    if not m:
+        return code
+    depth, i = 1, m.end()
+    while i < len(code) and depth:
+        depth += {"{": 1, "}": -1}.get(code[i], 0)
+        i += 1
+    return code[m.end():i]
+
+
+def _waits_4(ex: str, src: str) -> dict[int, list[int]] | None:
+    """{stages: the cp.async.wait_group counts in hgemm_pipe<stages>'s PTX} (sm_80), or None
+    where NVRTC is missing."""
+    ptx = cuda_ptx(ex, with_mma_header(src), "compute_80")     # cp.async is real from sm_80
+    if ptx is None:
+        return None
+    return {st: sorted({int(w.split()[1]) if len(w.split()) > 1 else 0
+                        for w in ptx_instructions(ex, ptx, f"hgemm_pipe{st}")
+                        if w.startswith(("cp.async.wait_group", "cp.async.wait_all"))})
+            for st in STAGES_4}
+
+
+def _rubric_4(ex: str, src: str) -> None:
+    """ex08.4's rubric from the source and its PTX (CPU): a main loop, a wait written in terms
+    of STAGES, barriers, and per depth the wait counts of a peeled pipeline: STAGES - 2 in the
+    steady state, then STAGES - 3, ..., 0 in the drain."""
+    if not isinstance(src, str):
+        raise GradeError(f"{ex}: expected the CUDA C++ source as a str, got {type(src).__name__}")
+    code = _body(cuda_code(src), "main_loop")
+    if not re.search(r"(?<!\w)mma_stage\s*\(", code):
+        raise GradeError(f"{ex}: the main loop is missing: main_loop never calls mma_stage (is "
+                         "the kernel still the stub?)")
+    if not re.search(r"(?<!\w)cp_async_wait(?:_upto)?\s*<", code):
+        raise GradeError(f"{ex}: no cp_async_wait<...>() in main_loop: a thread must wait for "
+                         "its copies of a stage before anyone reads it (" + _HINT_4 + ")")
+    if calls(code, "__syncthreads") == 0:
+        raise GradeError(f"{ex}: no __syncthreads() in main_loop: cp_async_wait covers only "
+                         "this thread's copies, so the block must sync before reading a stage "
+                         "other threads filled, and before refilling one others still read")
+    literal = re.search(r"(?<!\w)cp_async_wait\s*<\s*(\d+)\s*>", code)
+    if literal:
+        one = (" Waiting for all copies (0) in every step is the one-stage loop: nothing is in "
+               "flight while a tile is multiplied." if literal.group(1) == "0" else "")
+        raise GradeError(f"{ex}: cp_async_wait<{literal.group(1)}>() waits with a number written "
+                         f"in, which is right for one depth at most: the kernel is built for "
+                         f"STAGES = 2, 3 and 4. Write the count in terms of STAGES "
+                         f"(cp_async_wait<STAGES - 2>() in the steady state, "
+                         f"cp_async_wait_upto<STAGES - 2>(n) in the drain).{one}")
+    waits = _waits_4(ex, src)
+    if waits is None:                # no NVRTC here: the GPU run below compiles and checks
+        return
+    for st, ws in waits.items():
+        want = list(range(st - 1))
+        if not ws:
+            continue                 # no wait at all: the source check above named it
+        if max(ws) > st - 2:
+            raise GradeError(f"{ex}: at STAGES = {st} the kernel waits with cp.async.wait_group "
+                             f"{max(ws)}: with STAGES - 1 = {st - 1} tiles in flight at the top "
+                             f"of a step, tile kt has landed only when at most STAGES - 2 = "
+                             f"{st - 2} groups are still pending; waiting for fewer reads a "
+                             "tile whose copies may not have arrived")
+        if ws != want:
+            raise GradeError(f"{ex}: at STAGES = {st} the compiled kernel waits with the counts "
+                             f"{ws}, a peeled pipeline with {want}: once the last tile's copies "
+                             "are issued nothing new is committed, so each of the last "
+                             "STAGES - 1 steps has one group fewer in flight. Peel those steps "
+                             "off the loop into a drain that waits with "
+                             "cp_async_wait_upto<STAGES - 2>(the tiles after kt), instead of "
+                             "committing empty groups (or waiting for all of them)")
 
 
 def ex08_4(src: str, fraction: float = FAST_FRACTION) -> None:
-    """``src`` defines ``hgemm_pipe(const half* A, const half* B, half* C, int M, int N, int K)``
-    (C = A @ B^T, fp16, 128x128x64 tiles, 256 threads, 1D grid of tiles, dynamic shared memory
-    SMEM_4) with a 3-stage cp.async main loop. Correct on ragged shapes, no shared-memory race,
-    then at least ``fraction`` of cuBLAS fp16 at FAST_N^3 in the same run. Needs sm_80+ (on
-    older GPUs the grader says so and stops)."""
+    """``src`` defines ``main_loop<STAGES>`` (the peeled cp.async pipeline) of the kernels
+    ``hgemm_pipe2``, ``hgemm_pipe3`` and ``hgemm_pipe4`` (C = A @ B^T, fp16, 128x128x64 tiles,
+    256 threads, 1D grid of tiles, dynamic shared memory smem_4(STAGES)). First the rubric from
+    the source and its PTX (on a CPU too: the wait counts of each depth); then at each depth
+    that fits this GPU's shared memory, ragged shapes twice with fresh data; the sanitizers;
+    and at STAGES = TIMED_STAGES at least ``fraction`` of cuBLAS fp16 at FAST_N^3 in the same
+    run. Needs sm_80+ (on older GPUs the grader says so and stops)."""
     ex = "ex08.4"
-    if not isinstance(src, str):
-        raise GradeError(f"{ex}: expected the CUDA C++ source as a str, got {type(src).__name__}")
-    code = cuda_code(src)
-    if len(re.findall(r"(?<!\w)mma_stage\s*\(", code)) < 2:
-        raise GradeError(f"{ex}: the main loop is missing: mma_stage is never called (is the "
-                         "kernel still the stub?)")
-    if not re.search(r"(?<!\w)cp_async_wait\s*<", code):
-        raise GradeError(f"{ex}: no cp_async_wait<...>() in the source: a thread must wait for "
-                         "its copies of a stage before anyone reads it (" + _HINT_4 + ")")
-    if calls(code, "__syncthreads") == 0:
-        raise GradeError(f"{ex}: no __syncthreads() in the source: cp_async_wait covers only "
-                         "this thread's copies, so the block must sync before reading a stage "
-                         "other threads filled, and before refilling one others still read")
-    ptx = cuda_ptx(ex, with_mma_header(src), "compute_80")     # cp.async is real from sm_80
-    if ptx is not None:
-        waits = [int(w.split()[1]) if len(w.split()) > 1 else 0
-                 for w in ptx_instructions(ex, ptx, "hgemm_pipe")
-                 if w.startswith(("cp.async.wait_group", "cp.async.wait_all"))]
-        if waits and max(waits) == 0:
-            raise GradeError(f"{ex}: every k-step waits for all of its copies "
-                             "(cp_async_wait<0>(): the compiled kernel's only wait is "
-                             "cp.async.wait_group 0), which is the one-stage loop: nothing is in "
-                             "flight while a tile is multiplied. Wait with "
-                             "cp_async_wait<STAGES - 2>(), which leaves the newer tiles' copies "
-                             "in flight")
+    _rubric_4(ex, src)
     need_gpu(ex)
     if env.cc() < (8, 0):
         print(f"skipped: {ex} needs compute capability 8.0+ (cp.async); this GPU is "
@@ -505,39 +568,44 @@ def ex08_4(src: str, fraction: float = FAST_FRACTION) -> None:
 
     from ..bench import bench
 
-    kern = _compile(ex, src, "hgemm_pipe")
+    optin = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    depths = [st for st in STAGES_4 if smem_4(st) <= optin]
+    kerns = {st: _compile(ex, src, f"hgemm_pipe{st}") for st in depths}
     rng, seed = fresh_rng()
-    for M, N, K in _SHAPES_4:
-        for rep in range(2):
-            A, B, ref, absprod = _mats(rng, M, N, K)
-            C, buf = _guarded((M, N), np.float16)
-            case = f"M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
-            dA, dB = cupy.asarray(A), cupy.asarray(B)
-            _call(ex, case, lambda: _launch_4(kern, dA, dB, C, M, N, K))
-            _diagnose(ex, case, C, ref, absprod, K, "float16", buf, tile=(128, 128),
-                      hint_sync=_HINT_4)
-    racecheck(ex, with_mma_header(src), "hgemm_pipe", "cudabook.graders.ch08:_race_ex08_4",
-              hint=_HINT_4)
-    ratio, mine, base = _ratio(kern, FAST_N, bench)
+    for st in depths:
+        for M, N, K in _SHAPES_4:
+            for rep in range(2):
+                A, B, ref, absprod = _mats(rng, M, N, K)
+                C, buf = _guarded((M, N), np.float16)
+                case = f"STAGES={st}, M={M}, N={N}, K={K} (seed {seed}, call {rep + 1})"
+                dA, dB = cupy.asarray(A), cupy.asarray(B)
+                _call(ex, case, lambda: _launch_4(kerns[st], dA, dB, C, M, N, K, st))
+                _diagnose(ex, case, C, ref, absprod, K, "float16", buf, tile=(128, 128),
+                          hint_sync=_HINT_4)
+    racecheck(ex, with_mma_header(src), ",".join(f"hgemm_pipe{st}" for st in depths),
+              "cudabook.graders.ch08:_race_ex08_4", hint=_HINT_4)
+    ratio, mine, base = _ratio(kerns[TIMED_STAGES], FAST_N, bench)
     if ratio < fraction:
-        raise GradeError(f"{ex}: correct, but at {FAST_N}^3 it reaches {mine:.0f} TFLOP/s = "
-                         f"{100 * ratio:.0f}% of cuBLAS fp16 ({base:.0f}); the goal is "
-                         f"{100 * fraction:.0f}%. Are STAGES - 1 tiles in flight while one is "
-                         "computed (one barrier per k-step, the next copies issued right after "
-                         "it)?")
+        raise GradeError(f"{ex}: correct, but at {FAST_N}^3 with STAGES = {TIMED_STAGES} it "
+                         f"reaches {mine:.0f} TFLOP/s = {100 * ratio:.0f}% of cuBLAS fp16 "
+                         f"({base:.0f}); the goal is {100 * fraction:.0f}%. Are STAGES - 1 "
+                         "tiles in flight while one is computed (one barrier per k-step, the "
+                         "next copies issued right after it)?")
     passed(ex)
 
 
-def _race_ex08_4(kern) -> None:
-    """racecheck driver: small ragged launches of ex08.4's kernel (several k-steps)."""
+def _race_ex08_4(*kerns) -> None:
+    """Sanitizer driver: small ragged launches of ex08.4's kernels, STAGES = 2, 3, ... in order
+    (several k-steps, and a K shorter than the pipeline)."""
     import cupy
 
     rng = np.random.default_rng(0)      # data made on the host: no other kernel to instrument
-    for M, N, K in [(130, 70, 200), (64, 200, 136)]:
-        A = cupy.asarray(rng.standard_normal((M, K)).astype(np.float16))
-        B = cupy.asarray(rng.standard_normal((N, K)).astype(np.float16))
-        C = cupy.empty((M, N), cupy.float16)
-        _launch_4(kern, A, B, C, M, N, K)
+    for st, kern in zip(STAGES_4, kerns):
+        for M, N, K in [(130, 70, 200), (64, 200, 72)]:
+            A = cupy.asarray(rng.standard_normal((M, K)).astype(np.float16))
+            B = cupy.asarray(rng.standard_normal((N, K)).astype(np.float16))
+            C = cupy.empty((M, N), cupy.float16)
+            _launch_4(kern, A, B, C, M, N, K, st)
 
 
 def _ratio(kern, n: int, bench, quiet: bool = True) -> tuple[float, float, float]:
@@ -553,10 +621,11 @@ def _ratio(kern, n: int, bench, quiet: bool = True) -> tuple[float, float, float
 
 
 def pipe_ratio(src: str, n: int = FAST_N) -> float:
-    """The ratio to cuBLAS fp16 that ex08_4 measures (printed, for the notebook)."""
+    """The ratio to cuBLAS fp16 that ex08_4 measures at STAGES = TIMED_STAGES (printed, for
+    the notebook)."""
     from ..bench import bench
 
-    kern = _compile("ex08.4", src, "hgemm_pipe")
+    kern = _compile("ex08.4", src, f"hgemm_pipe{TIMED_STAGES}")
     return _ratio(kern, n, bench, quiet=False)[0]
 
 

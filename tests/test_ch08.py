@@ -509,7 +509,7 @@ WRONG_4 = [
      "wrong products|racecheck|initcheck"),
     # the drain multiplies the stage after the one that holds tile kt
     ([(_DRAIN_SYNC + _MMA, _DRAIN_SYNC + _MMA.replace("(kt % STAGES)", "((kt + 1) % STAGES)"))],
-     "wrong products"),
+     "wrong products|never written|all zeros"),
 ]
 
 

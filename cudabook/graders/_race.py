@@ -20,7 +20,12 @@ turn a hazard into a GradeError that says which check caught it:
     memcheck (the address is inside the array). compute-sanitizer 2025.4 (CUDA 13.1) added
     ``--initcheck-address-space shared|global|all``, which catches exactly that read; it is
     passed (``all``) where the installed tool has it, and where it has not, the check covers
-    global memory and says so (``sanitizer_notes()``).
+    global memory and says so (``sanitizer_notes()``). With compute-sanitizer 2025.3 (CUDA
+    13.0) no tool reports such a read: racecheck, initcheck and synccheck were all silent on
+    ex02.1's transpose reading its tile's padding column (tests/test_trace.py).
+    synccheck reports a barrier inside ``if (threadIdx.x < 16)`` as "Divergent thread(s) in
+    warp" and stops the kernel (the driver then fails with a launch failure, which is why a
+    finding is read before the run's own success).
 
   Only findings in the answer's own kernel count (CuPy's kernels of the driver are not the
   reader's). The first finding, in the order synccheck, racecheck, initcheck (a barrier that

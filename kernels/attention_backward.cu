@@ -522,8 +522,10 @@ ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 128, 32, 64, 1)
 //   dQ_i += dS K                               wgmma, A = dS^T and B = K both MN-major in shared;
 //                                              D = 64 (BR = 128): consumer c takes query rows
 //                                              64 c .., D = 128 (BR = 64): columns 64 c ..
-//   dQ_i's 64 x 64 piece added to the fp32 dQacc with vector atomics (other key blocks add
-//   theirs); attention_bwd_v2_convert scales and rounds it afterwards.
+//   dQ_i's 64 x 64 piece added to the fp32 dQacc with float4 atomics (other key blocks add
+//   theirs); attention_bwd_v2_convert scales and rounds it afterwards. (Staging the piece in
+//   shared memory and adding whole rows with the copy engine's cp.reduce.async.bulk measured
+//   slower: tools/dev/ch09_hopper.py's log in reports/.)
 // Two dS^T buffers alternate, so one barrier per tile suffices: a consumer overwrites a buffer
 // two tiles later, after the other has passed the barrier that follows its own dQ wait.
 // Causal: the block's first query tile is the one holding query k0 (query i sees keys j <= i),
@@ -559,7 +561,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
         mbar_init(&kvbar, 1);
         for (int s = 0; s < ST; s++) {
             mbar_init(&full[s], 1);                // the producer's arrive (+ the bytes)
-            mbar_init(&empty[s], 2);               // one arrive per consumer warpgroup
+            mbar_init(&empty[s], 256);             // every consumer thread: each read lse, Di
         }
         fence_barrier_init();
     }
@@ -691,19 +693,23 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
         wgmma_commit();
         wgmma_wait<0>();
         pin_all<32>(dq);
-        if (tid == 0) mbar_arrive(&empty[s]);     // Q_i, dO_i, lse_i, Di_i are free
-        // dQacc += this block's piece: rows q0 + r0 (+ 8), columns c0 + 8 j + 2 t (+ 1)
-        const int r0 = q0 + (D == 64 ? 64 * c : 0) + 16 * warp + g, c0 = D == 64 ? 0 : 64 * c;
+        mbar_arrive(&empty[s]);                   // Q_i, dO_i, lse_i, Di_i are free
+        // dQacc += this block's piece with float4 atomics: lanes t and t ^ 1 trade halves so
+        // that an even lane holds 4 neighbouring columns of row r0 and an odd lane those of
+        // row r0 + 8 (half as many atomic requests as float2). Columns c0 + 8 j + 4 (t / 2) ..
+        const int r0 = q0 + (D == 64 ? 64 * c : 0) + 16 * warp + g + 8 * (t & 1);
+        const int c0 = (D == 64 ? 0 : 64 * c) + 4 * (t / 2);
+        float* out = dQacc + ((size_t)bh * Nq + r0) * D + c0;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = r0 + 8 * h;
-            if (row < Nq) {
-                float* out = dQacc + ((size_t)bh * Nq + row) * D + c0 + 2 * t;
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    atomicAdd(reinterpret_cast<float2*>(out + 8 * j),
-                              make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]));
-            }
+        for (int j = 0; j < 8; j++) {
+            // even t keeps its row-r0 pair and takes its neighbour's; odd t the row-r0+8 ones
+            const float s0 = (t & 1) ? dq[4 * j] : dq[4 * j + 2];
+            const float s1 = (t & 1) ? dq[4 * j + 1] : dq[4 * j + 3];
+            const float o0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+            const float o1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            const float4 v = (t & 1) ? make_float4(o0, o1, dq[4 * j + 2], dq[4 * j + 3])
+                                     : make_float4(dq[4 * j], dq[4 * j + 1], o0, o1);
+            if (r0 < Nq) atomicAdd(reinterpret_cast<float4*>(out + 8 * j), v);
         }
     }
     // dK = scale dS^T Q and dV, rows k0 + kr (+ 8), summed over the group's heads

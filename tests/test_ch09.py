@@ -207,6 +207,30 @@ def test_v4_refuses_every_gpu_but_hopper():
     for cc in ((7, 5), (8, 0), (8, 9), (10, 0), (12, 0)):
         msg = al.hopper_problem(cc)
         assert f"this GPU is {cc[0]}.{cc[1]}" in msg and "version='v3'" in msg
+        msg = al.hopper_problem(cc, "attention_bwd_v3", "v2")
+        assert msg.startswith("attention_bwd_v3") and "version='v2'" in msg
+
+
+def test_bwd_v3_config_and_op_versions():
+    """attention_bwd_v3's plan: one block per 128 keys of each key/value head, statistics rows
+    padded to whole query tiles, the shared memory the .cu file's comment gives."""
+    for D, br in ((64, 128), (128, 64)):
+        cfg = al.bwd_config("v3", 32, 1000, 700, D, "bf16", group=4)
+        main = cfg["main"]
+        assert main["grid"] == (6, 8) and main["block"] == (384,) and main["br"] == br
+        assert main["kernel"] == f"attention_bwd_v3_bf16_d{D}"
+        assert main["shared"] == al.bwd_v3_shared(D) <= 227 * 1024
+        assert cfg["preprocess"]["nq_pad"] == -(-1000 // br) * br
+        assert cfg["convert"]["kernel"] == "attention_bwd_v2_convert_bf16"
+    src = (cb.KERNELS_DIR / "attention_backward.cu").read_text()
+    for D, br in al.BWD_V3_BR.items():
+        assert f"ATTN_BWD_V3(bf16, __nv_bfloat16, {D}, {br})" in src
+    assert "161 KiB at D = 64" in src and al.bwd_v3_shared(64) // 1024 == 161
+    names = al.kernel_names("backward")
+    assert "attention_bwd_v3_f16_d128" in names and "attention_bwd_v3_preprocess_bf16" in names
+    assert al.op_versions("bfloat16", (9, 0)) == ("v4", "v3")
+    assert al.op_versions("float16", (8, 0)) == ("v3", "v2")
+    assert al.op_versions("float32", (9, 0)) == ("v2", "v1")
 
 
 def test_check_qkv_messages():
@@ -216,8 +240,15 @@ def test_check_qkv_messages():
     assert chk(t(2, 4, 100, 64), t(2, 4, 77, 64), t(2, 4, 77, 64)) == (8, 100, 77, 64)
     with pytest.raises(ValueError, match="k and v must have the same shape"):
         chk(t(2, 5, 64), t(2, 5, 64), t(2, 6, 64))
-    with pytest.raises(ValueError, match="same batch and head"):
+    with pytest.raises(ValueError, match="q has 2 heads and k 3: grouped-query"):
         chk(t(2, 5, 64), t(3, 5, 64), t(3, 5, 64))
+    with pytest.raises(ValueError, match="same batch dimension"):
+        chk(t(2, 4, 5, 64), t(3, 4, 5, 64), t(3, 4, 5, 64))
+    # grouped-query heads: the key/value heads must divide the query heads
+    assert chk(t(2, 8, 5, 64), t(2, 2, 7, 64), t(2, 2, 7, 64), gqa=True) == (16, 5, 7, 64)
+    assert al.group_of(t(2, 8, 5, 64), t(2, 2, 7, 64)) == 4
+    with pytest.raises(ValueError, match="must divide the query heads"):
+        chk(t(2, 8, 5, 64), t(2, 3, 5, 64), t(2, 3, 5, 64), gqa=True)
     with pytest.raises(ValueError, match="head dimension 96 is not supported"):
         chk(*(t(2, 5, 96),) * 3)
     with pytest.raises(ValueError, match="same head dimension"):
@@ -557,6 +588,40 @@ def test_hopper_v4(dt, shape, D, causal):
 
 
 @gpu
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(2, 1, 1, 1), (3, 1, 17, 17), (2, 1, 1000, 1000),
+                                   (1, 1, 4097, 4097), (3, 1, 150, 77), (3, 1, 1, 300),
+                                   (2, 4, 333, 517), (1, 8, 200, 200)])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_bwd_v3(dt, shape, D, causal):
+    """attention_bwd_v3 (wgmma, TMA) against float64 autograd on ragged lengths, Nq != Nk and
+    grouped-query heads (shape: key/value heads, group, Nq, Nk); elsewhere, its refusal."""
+    import torch
+
+    BHkv, G, Nq, Nk = shape
+    g = torch.Generator(device="cuda").manual_seed(Nq + D + causal + G)
+    mk = lambda b, n: torch.randn(b, n, D, generator=g, device="cuda",  # noqa: E731
+                                  dtype=getattr(torch, dt))
+    q, do, k, v = mk(BHkv * G, Nq), mk(BHkv * G, Nq), mk(BHkv, Nk), mk(BHkv, Nk)
+    if al.hopper_problem(cb.cc()):
+        o, lse = al.forward(q, k.repeat_interleave(G, 0), v.repeat_interleave(G, 0), causal)
+        with pytest.raises(cb.LaunchError, match="compute capability 9.0"):
+            al.backward(q, k, v, o, lse, do, causal, "v3")
+        return
+    kr, vr = (x.repeat_interleave(G, 0) for x in (k, v))
+    O, lse, dQ, dK, dV = _torch_ref(q, kr, vr, do, causal)
+    dK, dV = (x.view(BHkv, G, Nk, D).sum(1) for x in (dK, dV))
+    o, lo = al.forward(q, k, v, causal, "v4")
+    tol = 2e-2 if dt == "bfloat16" else 5e-3
+    assert _rel(o, O) < tol and _rel(lo, lse) < 1e-4
+    grads = tuple(torch.full_like(x, float("nan")) for x in (q, k, v))
+    al.backward(q, k, v, o, lo, do, causal, "v3", out=grads)
+    for gr, r in zip(grads, (dQ, dK, dV)):
+        assert _rel(gr, r) < 2 * tol
+
+
+@gpu
 def test_launchers_refuse_bad_input():
     import torch
 
@@ -580,7 +645,12 @@ def test_launchers_refuse_bad_input():
         with pytest.raises(ValueError, match="C-contiguous"):
             al.forward(t(2, 64, 50).transpose(1, 2), q[0], q[0], version="v4")
     with pytest.raises(ValueError, match="unknown backward version"):
-        al.backward(q, q, q, q, q[..., 0].float(), q, version="v3")
+        al.backward(q, q, q, q, q[..., 0].float(), q, version="v4")
+    kv = t(2, 2, 50, 64)                           # grouped-query heads: v3/v4 and bwd v3 only
+    with pytest.raises(ValueError, match="3 heads and k 2.*must divide"):
+        al.forward(q, kv, kv, version="v3")
+    with pytest.raises(ValueError, match="grouped-query attention"):
+        al.forward(*(x.float() for x in (q, kv, kv)), version="v2")
     o, lse = al.forward(q, q, q)
     with pytest.raises(ValueError, match="lse: expected shape"):
         al.backward(q, q, q, o, lse[..., :-1].contiguous(), o)
@@ -606,6 +676,32 @@ def test_torch_op_against_autograd(dt):
     assert _rel(out, ref) < tol
     for a, b in zip(grads, rgrads):
         assert _rel(a, b.double()) < 2 * tol
+
+
+@gpu
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+def test_torch_op_grouped_query_heads(dt, capsys):
+    """The op against SDPA(enable_gqa=True) in float64: native on Hopper, k and v repeated over
+    each group elsewhere (with a note)."""
+    import torch
+
+    if dt == "bfloat16" and cb.cc() < (8, 0):
+        pytest.skip("bfloat16 needs compute capability 8.0")
+    torch.manual_seed(1)
+    q = torch.randn(2, 8, 90, 128, device="cuda", dtype=getattr(torch, dt), requires_grad=True)
+    k, v = (torch.randn(2, 2, 90, 128, device="cuda", dtype=getattr(torch, dt),
+                        requires_grad=True) for _ in range(2))
+    out = al.flash_attention(q, k, v, causal=True)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True,
+                                                           enable_gqa=True)
+    rgrads = torch.autograd.grad(ref, leaves, g.double())
+    tol = 1e-4 if dt == "float32" else 2e-2
+    assert _rel(out, ref) < tol
+    for a, b in zip(grads, rgrads):
+        assert a.shape == b.shape and _rel(a, b.double()) < 2 * tol
 
 
 @gpu

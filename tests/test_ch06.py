@@ -17,8 +17,9 @@ from solution_cells import Solution, exercise_page
 
 import cudabook as cb
 from cudabook import digits, torchops
-from cudabook.graders import GradeError, ex06_1, ex06_2, ex06_3, ex06_4
+from cudabook.graders import GradeError, ex06_1, ex06_2, ex06_3, ex06_4, ex06_5
 from cudabook.graders._core import xp as grader_xp
+from cudabook.graders.ch06 import layernorm_backward_reference
 
 # the grader tests read the reference answers from the solutions notebook, which is committed
 # with the outputs of its GPU run; until then they are skipped (the kernel tests still run)
@@ -756,3 +757,118 @@ def test_exercise_states_its_stub_sizes_and_has_two_hints(ex):
     said, stubs, levels = exercise_page("06")[ex]
     assert said and said == stubs, f"{ex}: the specification says {said} lines, the stubs {stubs}"
     assert levels == [2], f"{ex}: one hints cell of two levels (a nudge, a closer one): {levels}"
+
+
+
+# ----------------------------------------------------------------------------- ex06.5 (CUDA C++)
+def ln_src(*edits):
+    return SOL.get("ex06.5", "layernorm_bwd_src", edits=edits)
+
+
+#: the column sums of layernorm_bwd_params kept in half precision
+LN_HALF = [("// The LayerNorm backward.", "#include <cuda_fp16.h>\n// The LayerNorm backward."),
+           ("float sg = 0.f, sb = 0.f;", "__half sg = __float2half(0.f), sb = sg;"),
+           ("sg += d * (x[(size_t)r * C + c] - mean[r]) * rstd[r];",
+            "sg = __hadd(sg, __float2half(d * (x[(size_t)r * C + c] - mean[r]) * rstd[r]));"),
+           ("sb += d;", "sb = __hadd(sb, __float2half(d));"),
+           ("sg += part[0][k][tx];", "sg = __hadd(sg, __float2half(part[0][k][tx]));"),
+           ("sb += part[1][k][tx];", "sb = __hadd(sb, __float2half(part[1][k][tx]));"),
+           ("dgamma[c] = sg;", "dgamma[c] = __half2float(sg);"),
+           ("dbeta[c] = sb;", "dbeta[c] = __half2float(sb);")]
+LN_DX = "dxr[c] = rs * (dyr[c] * gamma[c] - mean_g - xhat * mean_gx);"
+
+
+def test_layernorm_backward_reference_matches_autograd():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 13))
+    gamma, beta, dy = rng.standard_normal(13), rng.standard_normal(13), rng.standard_normal((6, 13))
+    xt, gt, bt = (torch.tensor(a, requires_grad=True) for a in (x, gamma, beta))
+    F.layer_norm(xt, (13,), gt, bt, 1e-5).backward(torch.tensor(dy))
+    mean, rstd = x.mean(1), 1 / np.sqrt(x.var(1) + 1e-5)
+    dx, dg, db = layernorm_backward_reference(dy, x, gamma, mean, rstd)
+    for got, want in ((dx, xt.grad), (dg, gt.grad), (db, bt.grad)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@needs_solutions
+@pytest.mark.parametrize("edits, hint", [
+    ([("// The LayerNorm backward.", "#include <cub/block/block_reduce.cuh>\n// The LayerNorm")],
+     r"includes <cub/block/block_reduce\.cuh>, a library"),
+    ([("float mu = mean[r], rs = rstd[r];",
+       "float mu = mean[r], rs = rstd[r];\n    cub::BlockReduce<float, 128> br;")],
+     "library namespace cub::"),
+    # the barriers only in comments: the rubric reads the code without them
+    ([("__syncthreads();", "// __syncthreads();", 3)], r"no __syncthreads\(\) in the code"),
+], ids=["cub-header", "cub-namespace", "barriers-in-comments"])
+def test_ex06_5_rubric_refuses_on_any_machine(edits, hint):
+    with pytest.raises(GradeError, match=f"ex06.5: .*{hint}"):
+        ex06_5(ln_src(*edits))
+
+
+@needs_solutions
+def test_ex06_5_stub_fails():
+    with pytest.raises(GradeError, match=r"ex06\.5: .*still the stub"):
+        ex06_5(SOL.stub("ex06.5", "layernorm_bwd_src"))
+
+
+@needs_solutions
+@pytest.mark.skipif(cb.HAS_GPU, reason="on a GPU the grader runs the kernels")
+def test_ex06_5_needs_a_gpu():
+    with pytest.raises(GradeError, match=r"ex06\.5: needs a CUDA GPU"):
+        ex06_5(ln_src())
+
+
+@gpu
+@needs_solutions
+def test_ex06_5_reference_passes(capsys):
+    ex06_5(ln_src())
+    assert capsys.readouterr().out == "PASS ex06.5\n"
+
+
+@gpu
+@needs_solutions
+@pytest.mark.parametrize("edits, hint", [
+    ([(LN_DX, LN_DX.replace(" - mean_g", ""))], r"the term -mean\(g\) is missing"),
+    ([(LN_DX, LN_DX.replace(" - xhat * mean_gx", ""))],
+     r"the term -xhat \* mean\(g \* xhat\) is missing"),
+    ([("float g = dyr[c] * gamma[c];", "float g = dyr[c];"),
+      (LN_DX, LN_DX.replace("dyr[c] * gamma[c]", "dyr[c]"))], r"dy was used where g = dy \* gamma"),
+    ([(LN_DX, LN_DX.replace(");", ") / rows;"))], "dx is divided by rows"),
+    ([("mean_g = red[0][0] / C, mean_gx = red[1][0] / C;",
+       "mean_g = red[0][0] / blockDim.x, mean_gx = red[1][0] / blockDim.x;")],
+     "the means divide by the 128 threads"),
+    ([("dgamma[c] = sg;", "dgamma[c] = sg / rows;"), ("dbeta[c] = sb;", "dbeta[c] = sb / rows;")],
+     "MEAN over the rows"),
+    ([("dgamma[c] = sg;", "dgamma[c] += sg;"), ("dbeta[c] = sb;", "dbeta[c] += sb;")],
+     "does not zero them"),
+    (LN_HALF, r"half precision \(fp16\)"),
+    # x near 1e4: sum(g x) - mean sum(g) cancels
+    ([("sum_gx += g * (xr[c] - mu) * rs;", "sum_gx += g * xr[c];"),
+      ("mean_gx = red[1][0] / C;", "mean_gx = (red[1][0] - mu * red[0][0]) * rs / C;")],
+     "cancels every significant digit"),
+    ([("dgamma[c] = sg;\n        dbeta[c] = sb;", "dgamma[c] = sb;\n        dbeta[c] = sg;")],
+     "swapped"),
+    ([("sg += d * (x[(size_t)r * C + c] - mean[r]) * rstd[r];",
+       "sg += d * x[(size_t)r * C + c];")], r"dgamma summed dy \* x"),
+    ([("for (int c = t; c < C; c += blockDim.x) {\n        float xhat",
+       "for (int c = t; c < C && c < 128; c += blockDim.x) {\n        float xhat")],
+     "columns past the first 128 never written"),
+    # the first barrier of the row reduction missing: the tree reads partials not yet written
+    ([("    red[1][t] = sum_gx;\n    __syncthreads();\n", "    red[1][t] = sum_gx;\n")],
+     "racecheck found a race"),
+    # the barrier of the column sums missing (the dx kernel keeps its barriers)
+    ([("    part[1][ty][tx] = sb;\n    __syncthreads();\n", "    part[1][ty][tx] = sb;\n")],
+     "racecheck found a race"),
+], ids=["no-mean-g", "no-xhat-term", "no-gamma", "dx-by-rows", "means-by-threads",
+        "params-mean", "params-added-to-nan", "half-accumulator", "expanded-cancels",
+        "params-swapped", "dgamma-of-x", "dx-first-128-columns", "race-dx", "race-params"])
+def test_ex06_5_wrong_answers_fail(edits, hint):
+    with pytest.raises(GradeError, match=f"ex06.5: .*{hint}"):
+        ex06_5(ln_src(*edits))
+
+
+@needs_solutions
+def test_ex06_5_states_its_stub_sizes_and_has_two_hints():
+    said, stubs, levels = exercise_page("06")["ex06.5"]
+    assert said and said == stubs, f"ex06.5: the specification says {said} lines, the stubs {stubs}"
+    assert levels == [2], f"ex06.5: one hints cell of two levels: {levels}"

@@ -11,9 +11,10 @@ import pytest
 
 import cudabook as cb  # first: decides GPU or simulator mode
 from cudabook import gpt
-from cudabook.graders import GradeError, ex07_1, ex07_2, ex07_3
-from cudabook.graders.ch07 import decode_reference, rope_reference, topk_reference
-from solution_cells import Solution
+from cudabook.graders import GradeError, ex07_1, ex07_2, ex07_3, ex07_4
+from cudabook.graders.ch07 import (decode_attention_reference, decode_reference, rope_reference,
+                                   topk_reference)
+from solution_cells import Solution, exercise_page
 
 torch = pytest.importorskip("torch")
 SOL = Solution("07")
@@ -527,3 +528,92 @@ def test_sanitize_targets_run():
             launch()
             names.append(name)
         assert names, mod
+
+
+
+# ============================================================================ ex07_4 (CUDA C++)
+def attn_src(*edits):
+    return SOL.get("ex07.4", "decode_attn_src", edits=edits)
+
+
+ATTN_SYNC = "    __syncthreads();\n    float M = NEG_INF"
+
+
+def test_decode_attention_reference_is_masked_softmax():
+    rng = np.random.default_rng(2)
+    q, kc, vc = rng.standard_normal((3, 8)), rng.standard_normal((3, 10, 8)), rng.standard_normal(
+        (3, 10, 8))
+    lens = np.array([10, 4, 1])
+    o, mag = decode_attention_reference(q, kc, vc, lens, 0.3)
+    for bh, n in enumerate(lens):
+        s = 0.3 * kc[bh, :n] @ q[bh]
+        p = np.exp(s - s.max())
+        np.testing.assert_allclose(o[bh], p @ vc[bh, :n] / p.sum(), rtol=1e-12)
+        np.testing.assert_allclose(mag[bh], p @ np.abs(vc[bh, :n]) / p.sum(), rtol=1e-12)
+    assert np.isnan(decode_attention_reference(q, kc, vc, lens, 0.3, n=lens - 1)[0][2]).all()
+
+
+@pytest.mark.parametrize("edits, hint", [
+    ([("#include <cuda_fp16.h>", "#include <cuda_fp16.h>\n#include <cub/warp/warp_reduce.cuh>")],
+     r"includes <cub/warp/warp_reduce\.cuh>, a library"),
+    ([("    __shared__ float wm[WARPS]", "    extern __shared__ float sc[];\n"
+       "    __shared__ float wm[WARPS]")], "extern __shared__ array"),
+    # the barrier only in a comment: the rubric reads the code without it
+    ([("    __syncthreads();\n", "    // __syncthreads();\n")],
+     r"no __syncthreads\(\) in the code"),
+], ids=["cub-header", "extern-shared", "barrier-in-a-comment"])
+def test_ex07_4_rubric_refuses_on_any_machine(edits, hint):
+    with pytest.raises(GradeError, match=f"ex07.4: .*{hint}"):
+        ex07_4(attn_src(*edits))
+
+
+def test_ex07_4_stub_fails():
+    with pytest.raises(GradeError, match=r"ex07\.4: .*still the stub"):
+        ex07_4(SOL.stub("ex07.4", "decode_attn_src"))
+
+
+@pytest.mark.skipif(cb.HAS_GPU, reason="on a GPU the grader runs the kernel")
+def test_ex07_4_needs_a_gpu():
+    with pytest.raises(GradeError, match=r"ex07\.4: needs a CUDA GPU"):
+        ex07_4(attn_src())
+
+
+@gpu
+def test_ex07_4_reference_passes(capsys):
+    ex07_4(attn_src())
+    assert capsys.readouterr().out == "PASS ex07.4\n"
+
+
+@gpu
+@pytest.mark.parametrize("edits, hint", [
+    ([("float a = __expf(m - m_new), p = __expf(s - m_new);", "float a = 1.f, p = __expf(s);"),
+      ("__expf(wm[w] - M)", "1.f", 2)], "exp.1000. overflows float32"),
+    ([("float m = NEG_INF, l = 0.f;", "float m = 0.f, l = 0.f;")],
+     "start it at -INFINITY, not at 0"),
+    ([("int n = lens[bh], P", "int n = L, P")], "attended over the whole cache"),
+    ([("for (int j = warp; j < n;", "for (int j = warp; j <= n;")], "one key too many"),
+    ([("for (int j = warp; j < n;", "for (int j = warp; j < n - 1;")],
+     "single key .* are NaN|one key too few"),
+    ([("        s *= scale;\n", "")], "not multiplied by scale"),
+    ([("o[(size_t)bh * D + e] = sum / tot;", "o[(size_t)bh * D + e] = sum;")],
+     "multiple of the right one"),
+    # the online softmax without its rescaling: right only while the max never grows
+    ([("l = l * a + p;", "l += p;"),
+      ("acc[c].x = acc[c].x * a + p * vv.x;", "acc[c].x += p * vv.x;"),
+      ("acc[c].y = acc[c].y * a + p * vv.y;", "acc[c].y += p * vv.y;")], "rescale its sum l"),
+    ([("e < D; e += blockDim.x", "e <= D; e += blockDim.x")], "wrote past the end of o"),
+    # the barrier before the warps write their results instead of after
+    ([("    if (lane == 0) {\n        wm[warp] = m;",
+       "    __syncthreads();\n    if (lane == 0) {\n        wm[warp] = m;"),
+      (ATTN_SYNC, "    float M = NEG_INF")], "racecheck found a race"),
+], ids=["no-max-shift", "max-from-zero", "whole-cache", "one-key-too-many", "one-key-too-few",
+        "no-scale", "not-normalised", "no-rescale", "past-the-end", "race"])
+def test_ex07_4_wrong_answers_fail(edits, hint):
+    with pytest.raises(GradeError, match=f"ex07.4: .*{hint}"):
+        ex07_4(attn_src(*edits))
+
+
+def test_ex07_4_states_its_stub_size_and_has_two_hints():
+    said, stubs, levels = exercise_page("07")["ex07.4"]
+    assert said and said == stubs, f"ex07.4: the specification says {said} lines, the stubs {stubs}"
+    assert levels == [2], f"ex07.4: one hints cell of two levels: {levels}"

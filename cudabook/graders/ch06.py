@@ -4,6 +4,7 @@ ex06_1  Numba: softmax cross-entropy forward + backward fused, one thread per ro
 ex06_2  Numba: the bias gradient, a column sum with a shared-memory block            simulator
 ex06_3  Numba: the AdamW update (weight decay, bias correction) for arrays of any strides  simulator
 ex06_4  Python: a linear layer as a torch.autograd.Function through DLPack (gradcheck)  CPU or GPU
+ex06_5  CUDA C++ via CuPy: the LayerNorm backward, dx by rows and dgamma, dbeta by columns  GPU
 
 Every reference is PyTorch autograd (or torch.optim.AdamW) in float64. Besides the values, the
 graders check that the answer is the reader's own work of the kind asked: a @cuda.jit kernel and
@@ -11,6 +12,12 @@ not one of the book's (``_need_kernel``, ``_book_file``); an AdamW update writte
 by array code around one (``_watch_launches``); a Function that computes on the DLPack arrays, not
 with torch (``_Bridge``, a TorchFunctionMode). In the simulator, shared memory starts NaN-filled
 in every block and every barrier must be reached by every thread (``_strict_simulator``).
+
+ex06_5 reads the answer's code first (``_cuda_ch06_07.rubric``, so on a CPU too): no library,
+shared memory and a barrier. On a GPU it compares both kernels with the float64 reference
+(``layernorm_backward_reference``) on ragged shapes, many rows and x near 1e4 with a spread of
+1e-2, names the mistake a wrong answer's values match (a term of dx missing, sums scaled by
+1/rows, a half-precision accumulator, ...) and ends with compute-sanitizer racecheck.
 """
 
 from __future__ import annotations
@@ -34,16 +41,19 @@ from ._core import (
     error_summary,
     fresh_rng,
     guarded,
+    need_gpu,
     need_launch,
     padded,
     passed,
     to_device,
     xp,
 )
+from ._cuda_ch06_07 import rubric
 from ._race import simulate
 from ._static import calls, mentions, python_code, refuse_stub
 
-__all__ = ["ex06_1", "ex06_2", "ex06_3", "ex06_4"]
+__all__ = ["ex06_1", "ex06_2", "ex06_3", "ex06_4", "ex06_5", "layernorm_backward_reference",
+           "LN_THREADS", "LN_BLOCK", "LN_CASES"]
 
 #: (atol, rtol) of a float32 gradient against the float64 reference
 GRAD_TOL = (1e-6, 1e-4)
@@ -902,3 +912,300 @@ def ex06_4(Linear: Any) -> None:
         raise GradeError(f"{ex}: torch.autograd.gradcheck failed (float64): the backward does "
                          "not match finite differences of the forward")
     passed(ex)
+
+
+# ----------------------------------------------------------------------------- ex06.5
+LN_THREADS = 128        # layernorm_bwd_dx: one block of 128 threads per row
+LN_BLOCK = (32, 8)      # layernorm_bwd_params: 32 columns x 8 thread rows per block
+LN_EPS = 1e-5           # the forward's eps, inside rstd = 1 / sqrt(var + eps)
+#: ex06.5's cases (rows, C, kind), in this order: one row of one column; C below, at and past a
+#: warp and past the block of 128; a row many blocks long; many rows, where a column sum kept in
+#: half precision loses digits; x near 1e4 with a spread of 1e-2 ("extreme")
+LN_CASES = ((1, 1, "plain"), (1, 77, "plain"), (3, 31, "plain"), (37, 33, "plain"),
+            (130, 129, "plain"), (5, 1000, "plain"), (64, 4099, "plain"),
+            (4096, 77, "many rows"), (7, 200, "extreme"))
+#: (atol, rtol) of dx, rtol relative to the magnitude of its terms (``_ln_parts``)
+LN_DX_TOL = (1e-6, 3e-5)
+#: (atol, rtol) of dgamma and dbeta, rtol relative to the column's sum of |terms|: a float32
+#: sum of 4096 terms in any order stays near 1e-6 of it
+LN_SUM_TOL = (1e-6, 1e-5)
+#: column sums off by less than this fraction of their sum of |terms|, in most columns: the
+#: rounding of a half-precision accumulator (a race or a lost row misses by a whole term or more)
+LN_ROUNDING = 0.02
+
+_LN_LIBRARY = ("the row sums of dx and the column sums of dgamma and dbeta written out in the "
+               "kernels' own loops")
+_LN_SHARED = ("the 128 threads of a row add their partial sums of g and g * xhat through shared "
+              "memory, and the 8 thread rows of a column block their partial column sums; each "
+              "needs a barrier between writing the partials and reading them")
+_LN_SYNC_DX = ("in layernorm_bwd_dx: a __syncthreads() after every thread has written its "
+               "partials to shared memory, and one after each step of the tree reduction "
+               "(outside the if, so that every thread reaches it)")
+_LN_SYNC_PARAMS = ("in layernorm_bwd_params: a __syncthreads() between writing the partial "
+                   "column sums to shared memory and thread row 0 reading them")
+_LN_FORMULA = ("dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma, xhat = "
+               "(x - mean[r]) * rstd[r], the means over the row's C columns")
+_LN_EXTREME = ("right for ordinary rows, wrong where x is near 1e4 with a spread of 1e-2: form "
+               "xhat = (x - mean[r]) * rstd[r] element by element from the saved mean and rstd "
+               "before any sum. An expanded form such as sum(g * x) - mean * sum(g) (or a "
+               "variance recomputed as E[x^2] - E[x]^2) subtracts two numbers near 1e4 * sum(g) "
+               "and cancels every significant digit")
+_LN_HALF = ("the errors fit half precision (fp16): the columns off by about its rounding (a "
+            "part in 2000 of each term) and more as the rows grow. fp16 keeps 11 significant "
+            "bits (past 2048, adding 1 changes nothing): accumulate the column sums in float "
+            "and convert nothing to half")
+_LN_NAN_PARAMS = ("the grader fills dgamma and dbeta with NaN and does not zero them: the kernel "
+                  "writes each element once, with = (a += into the output, or an atomicAdd, adds "
+                  "to the NaN); or is the body of layernorm_bwd_params still the stub?")
+
+
+def layernorm_backward_reference(dy, x, gamma, mean, rstd):
+    """(dx, dgamma, dbeta) in float64 of the LayerNorm y = gamma * xhat + beta, xhat = (x -
+    mean[r]) * rstd[r], from the forward's saved mean and rstd (rows,), for dy, x (rows, C) and
+    gamma (C,). Equal to torch autograd of F.layer_norm where mean and rstd are x's own."""
+    p = _ln_parts(dy, x, gamma, mean, rstd)
+    return p["dx"], p["dgamma"], p["dbeta"]
+
+
+def _ln_parts(dy, x, gamma, mean, rstd) -> dict[str, np.ndarray]:
+    """The reference, the magnitudes its float32 rounding scales with, and the answers of the
+    mistakes ex06.5 names, all float64."""
+    dy, x, gamma = (np.asarray(a, np.float64) for a in (dy, x, gamma))
+    mean, rstd = (np.asarray(a, np.float64)[:, None] for a in (mean, rstd))
+    rows, C = dy.shape
+    xh = (x - mean) * rstd
+    g = dy * gamma
+
+    def dx_of(g, n=C, lead=True, mean_g=True, xhat_term=True):
+        d = g - (g.sum(1, keepdims=True) / n if mean_g else 0.0)
+        if xhat_term:
+            d = d - xh * (g * xh).sum(1, keepdims=True) / n
+        return rstd * d if lead else d
+
+    dx = dx_of(g)
+    return {
+        "dx": dx, "dgamma": (dy * xh).sum(0), "dbeta": dy.sum(0),
+        "mag_dx": rstd * (np.abs(g) + np.abs(g).mean(1, keepdims=True)
+                          + np.abs(xh) * np.abs(g * xh).mean(1, keepdims=True)),
+        "mag_dgamma": np.abs(dy * xh).sum(0), "mag_dbeta": np.abs(dy).sum(0),
+        "dx_no_mean_g": dx_of(g, mean_g=False), "dx_no_xhat_term": dx_of(g, xhat_term=False),
+        "dx_no_gamma": dx_of(dy), "dx_no_rstd": dx_of(g, lead=False),
+        "dx_by_threads": dx_of(g, n=LN_THREADS), "dx_by_rows": dx / rows,
+        "dgamma_of_x": (dy * x).sum(0), "dgamma_with_gamma": (dy * xh * gamma).sum(0),
+    }
+
+
+def _ln_inputs(rng, rows: int, C: int, kind: str):
+    """dy, x, gamma, mean, rstd (float32) of one case; mean and rstd are x's own, computed in
+    float64 and rounded, as a forward saves them. dy has a mean of 0.5 (1 with many rows), so
+    that mean(g) matters and the column sums grow with the rows."""
+    if kind == "extreme":
+        x = (1e4 + 1e-2 * rng.standard_normal((rows, C))).astype(np.float32)
+    else:
+        x = (2 * rng.standard_normal((rows, C)) + 0.5).astype(np.float32)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(1)
+    rstd = 1 / np.sqrt(x64.var(1) + LN_EPS)
+    gamma = (1 + 0.3 * rng.standard_normal(C)).astype(np.float32)
+    dy = (rng.standard_normal((rows, C)) + (1.0 if kind == "many rows" else 0.5))
+    return dy.astype(np.float32), x, gamma, mean.astype(np.float32), rstd.astype(np.float32)
+
+
+def _ln_launch_dx(kern, dy, x, gamma, mean, rstd, dx, rows: int, C: int) -> None:
+    kern((rows,), (LN_THREADS,), (dy, x, gamma, mean, rstd, dx, np.int32(rows), np.int32(C)))
+
+
+def _ln_launch_params(kern, dy, x, mean, rstd, dgamma, dbeta, rows: int, C: int) -> None:
+    kern((ceil_div(C, LN_BLOCK[0]),), LN_BLOCK, (dy, x, mean, rstd, dgamma, dbeta,
+                                                  np.int32(rows), np.int32(C)))
+
+
+def _compile(ex: str, src: str, name: str):
+    """The kernel ``name`` of a CUDA C++ answer (a GradeError if it does not compile)."""
+    from ._core import compile_kernel
+
+    return compile_kernel(ex, src, name)
+
+
+def _racecheck(ex: str, src: str, kernel: str, driver: str, hint: str) -> None:
+    from ._race import racecheck
+
+    racecheck(ex, src, kernel, f"cudabook.graders.ch06:{driver}", hint=hint)
+
+
+def ex06_5(src: str) -> None:
+    """``src`` defines two kernels of the LayerNorm backward, for dy, x, dx (rows, C) float32,
+    gamma, dgamma, dbeta (C,), and the forward's saved mean, rstd (rows,):
+
+    * ``layernorm_bwd_dx(dy, x, gamma, mean, rstd, dx, rows, C)``, launched with grid ``rows``
+      and 128 threads: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma;
+    * ``layernorm_bwd_params(dy, x, mean, rstd, dgamma, dbeta, rows, C)``, launched with grid
+      ``ceil(C / 32)`` and block (32, 8): dgamma = sum over the rows of dy * xhat, dbeta = sum
+      of dy. The grader does not zero dgamma and dbeta (it fills them with NaN): the kernel
+      writes them.
+
+    Static rubric first (on a CPU too): no library, a __shared__ array and a barrier. Then, on a
+    GPU, each case of ``LN_CASES`` twice with fresh data against the float64 reference, outputs
+    NaN-filled with a canary; then compute-sanitizer racecheck of both kernels.
+    """
+    ex = "ex06.5"
+    code = rubric(ex, src, _LN_LIBRARY, why_shared=_LN_SHARED)
+    need_gpu(ex)
+    kdx = _compile(ex, src, "layernorm_bwd_dx")
+    kpar = _compile(ex, src, "layernorm_bwd_params")
+    rng, seed = fresh_rng()
+    plain_ok = False                      # an ordinary case has passed
+    for rows, C, kind in LN_CASES:
+        for rep in range(2):
+            dy, x, gamma, mean, rstd = _ln_inputs(rng, rows, C, kind)
+            parts = _ln_parts(dy, x, gamma, mean, rstd)
+            what = {"plain": "", "many rows": ", many rows",
+                    "extreme": ", x near 1e4 with a spread of 1e-2"}[kind]
+            case = f"rows={rows}, C={C}{what} (seed {seed}, call {rep + 1})"
+            # a missing column guard reads the zero tail on a GPU instead of faulting
+            dy_d, x_d, g_d = (padded(a, 2 * LN_THREADS) for a in (dy, x, gamma))
+            mean_d, rstd_d = to_device(mean), to_device(rstd)
+            dx, dx_buf = guarded((rows, C))
+            dg, dg_buf = guarded((C,))
+            db, db_buf = guarded((C,))
+            call(ex, case, lambda: _ln_launch_dx(kdx, dy_d, x_d, g_d, mean_d, rstd_d, dx,
+                                                 rows, C))
+            call(ex, case, lambda: _ln_launch_params(kpar, dy_d, x_d, mean_d, rstd_d, dg, db,
+                                                     rows, C))
+            if not (np.array_equal(to_numpy(dy_d), dy) and np.array_equal(to_numpy(x_d), x)):
+                raise GradeError(f"{ex}: {case}: dy or x changed: a kernel writes into its "
+                                 "inputs; dx, dgamma and dbeta are separate outputs")
+            for name, buf, n in (("dx", dx_buf, rows * C), ("dgamma", dg_buf, C),
+                                 ("dbeta", db_buf, C)):
+                if not canary_ok(buf, n):
+                    raise GradeError(f"{ex}: {case}: wrote past the end of {name}: guard the "
+                                     "column index (c < C) before every load and store")
+            _ln_check_dx(ex, case, kind, src, to_numpy(dx).astype(np.float64), parts, rows, C,
+                         plain_ok)
+            _ln_check_params(ex, case, src, code, to_numpy(dg).astype(np.float64),
+                             to_numpy(db).astype(np.float64), parts, rows)
+            plain_ok |= kind == "plain"
+    _racecheck(ex, src, "layernorm_bwd_dx", "_race_ex06_5_dx", _LN_SYNC_DX)
+    _racecheck(ex, src, "layernorm_bwd_params", "_race_ex06_5_params", _LN_SYNC_PARAMS)
+    passed(ex)
+
+
+def _ln_near(got: np.ndarray, alt: np.ndarray, mag: np.ndarray) -> bool:
+    """``got`` is the answer of a mistake ``alt`` (far looser than the check: the mistakes
+    differ from the reference by whole terms)."""
+    with np.errstate(invalid="ignore"):
+        return bool((np.abs(got - alt) <= 1e-5 + 1e-3 * (mag + np.abs(alt))).all())
+
+
+def _ln_check_dx(ex, case, kind, src, got, parts, rows, C, plain_ok) -> None:
+    ref, mag = parts["dx"], parts["mag_dx"]
+    atol, rtol = LN_DX_TOL
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.abs(got - ref) <= atol + rtol * mag)
+    if not bad.any():
+        return
+    msg = f"{ex}: {case}: dx is wrong ({error_summary(got, ref, bad)})"
+    nan = np.isnan(got)
+    if nan.all():
+        raise GradeError(f"{ex}: {case}: dx never written (all NaN): is the body of "
+                         "layernorm_bwd_dx still the stub?")
+    if nan.any():
+        cols = np.nonzero(nan)[1]
+        if C > LN_THREADS and cols.min() >= LN_THREADS:
+            raise GradeError(f"{msg}: the columns past the first {LN_THREADS} never written: C "
+                             "is longer than the block, so each thread loops c = threadIdx.x, "
+                             "c + blockDim.x, ... while c < C")
+        raise GradeError(f"{msg}: {int(nan.sum())} elements never written: block r writes "
+                         "every column c < C of row r")
+    hints = [("dx_no_mean_g", "the term -mean(g) is missing, the gradient through the row's "
+              "mean (every x of the row moves it): " + _LN_FORMULA),
+             ("dx_no_xhat_term", "the term -xhat * mean(g * xhat) is missing, the gradient "
+              "through rstd (every x of the row moves the variance): " + _LN_FORMULA),
+             ("dx_no_gamma", "dy was used where g = dy * gamma belongs (y = gamma * xhat + "
+              "beta, so the gradient reaching xhat is dy * gamma): " + _LN_FORMULA),
+             ("dx_no_rstd", "the leading factor rstd is missing: " + _LN_FORMULA),
+             ("dx_by_threads", f"the means divide by the {LN_THREADS} threads of the block; "
+              f"they are means over the row's C = {C} columns"),
+             ("dx_by_rows", f"dx is divided by rows = {rows}: dy is already the gradient of "
+              "the loss (the 1/rows of a mean loss is inside it); dx has no further factor")]
+    for key, hint in hints:
+        if key == "dx_by_rows" and rows == 1:
+            continue
+        if _ln_near(got, parts[key], mag):
+            raise GradeError(f"{msg}: {hint}")
+    if kind == "extreme" and plain_ok:
+        raise GradeError(f"{msg}: {_LN_EXTREME}")
+    # values of no known mistake: a race on the row sums gives such numbers, so racecheck has
+    # the first word (it raises when it finds one)
+    _racecheck(ex, src, "layernorm_bwd_dx", "_race_ex06_5_dx", _LN_SYNC_DX)
+    raise GradeError(f"{msg}: {_LN_FORMULA}")
+
+
+def _ln_check_params(ex, case, src, code, dg, db, parts, rows) -> None:
+    atol, rtol = LN_SUM_TOL
+    got = {"dgamma": dg, "dbeta": db}
+    if np.isnan(dg).all() and np.isnan(db).all():
+        raise GradeError(f"{ex}: {case}: dgamma and dbeta are all NaN: {_LN_NAN_PARAMS}")
+    for name in ("dbeta", "dgamma"):
+        o, ref, mag = got[name], parts[name], parts[f"mag_{name}"]
+        with np.errstate(invalid="ignore"):
+            err = np.abs(o - ref)
+            bad = ~(err <= atol + rtol * mag)
+        if not bad.any():
+            continue
+        msg = f"{ex}: {case}: {name} is wrong ({error_summary(o, ref, bad)})"
+        nan = np.isnan(o)
+        if nan.all():
+            raise GradeError(f"{msg}: {name} is all NaN: {_LN_NAN_PARAMS}")
+        if nan.any():
+            c = int(np.argmax(nan))
+            raise GradeError(f"{msg}: {name}[{c}] never written: block b owns columns 32 b .. "
+                             "32 b + 31, and thread row 0 writes each of them (c < C)")
+        other = "dgamma" if name == "dbeta" else "dbeta"
+        mistakes = [(rows > 1 and _ln_near(o, ref / rows, mag / rows),
+                     f"{name} is the MEAN over the rows (1/{rows} of the sum); dgamma and dbeta "
+                     "are SUMS: dgamma[c] = sum_r dy[r, c] * xhat[r, c], dbeta[c] = sum_r "
+                     "dy[r, c] (the 1/rows of a mean loss is already inside dy)"),
+                    (_ln_near(o, parts[other], parts[f"mag_{other}"]),
+                     "dgamma and dbeta are swapped: dgamma sums dy * xhat, dbeta sums dy"),
+                    (name == "dgamma" and _ln_near(o, parts["dgamma_of_x"], mag),
+                     "dgamma summed dy * x: it sums dy * xhat, xhat = (x - mean[r]) * rstd[r]"),
+                    (name == "dgamma" and _ln_near(o, parts["dgamma_with_gamma"], mag),
+                     "dgamma summed dy * xhat * gamma: gamma multiplies xhat in the forward, so "
+                     "its gradient is what multiplies it there, dy * xhat")]
+        for hit, hint in mistakes:
+            if hit:
+                raise GradeError(f"{msg}: {hint}")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rel = err / np.maximum(mag, 1e-30)
+        if np.isfinite(o).all() and bad.mean() >= 0.3 and float(rel.max()) < LN_ROUNDING:
+            if not any(mentions(code, w) for w in ("half", "__half", "__float2half", "__hadd")):
+                _racecheck(ex, src, "layernorm_bwd_params", "_race_ex06_5_params",
+                           _LN_SYNC_PARAMS)
+            raise GradeError(f"{msg}: {_LN_HALF}")
+        _racecheck(ex, src, "layernorm_bwd_params", "_race_ex06_5_params", _LN_SYNC_PARAMS)
+        raise GradeError(f"{msg}: dgamma[c] = sum over the rows r of dy[r, c] * xhat[r, c], "
+                         "dbeta[c] = sum of dy[r, c]; thread row ty adds rows ty, ty + 8, ..., "
+                         "and thread row 0 adds the 8 partials of its column")
+
+
+def _race_ex06_5_dx(kern) -> None:
+    """racecheck driver: layernorm_bwd_dx on a row shorter and one longer than the block."""
+    import cupy
+
+    rng = np.random.default_rng(0)      # data made on the host: no other kernel to instrument
+    for rows, C in ((3, 77), (2, 300)):
+        dy, x, gamma, mean, rstd = (cupy.asarray(a) for a in _ln_inputs(rng, rows, C, "plain"))
+        dx = cupy.empty((rows, C), cupy.float32)
+        _ln_launch_dx(kern, dy, x, gamma, mean, rstd, dx, rows, C)
+
+
+def _race_ex06_5_params(kern) -> None:
+    """racecheck driver: layernorm_bwd_params on ragged column blocks."""
+    import cupy
+
+    rng = np.random.default_rng(0)
+    for rows, C in ((37, 45), (9, 70)):
+        dy, x, _, mean, rstd = (cupy.asarray(a) for a in _ln_inputs(rng, rows, C, "plain"))
+        dg, db = cupy.empty(C, cupy.float32), cupy.empty(C, cupy.float32)
+        _ln_launch_params(kern, dy, x, mean, rstd, dg, db, rows, C)

@@ -3,6 +3,7 @@
 ex07_1  Numba: rotary position embedding (RoPE), half-split pairs (i, i + D/2)          simulator
 ex07_2  Numba: append one token to the KV cache and attend over the cache               simulator
 ex07_3  Numba: top-k sampling with temperature, inverse CDF of a given uniform number   simulator
+ex07_4  CUDA C++ via CuPy: decode attention over a KV cache of any length, ragged lengths  GPU
 
 Every grader compares with a float64 NumPy reference, runs ragged sizes twice with a fresh seed,
 fills outputs with NaN (a canary after them), and, when an answer is wrong, compares it with the
@@ -11,11 +12,18 @@ answers of the usual mistakes to name the one it made. ex07_2 and ex07_3 also ru
 subtracts the maximum stays finite; every grader refuses library calls inside the kernel (the
 simulator runs them, a GPU cannot compile them) and ex07_2 a barrier that not every thread
 reaches.
+
+ex07_4 reads the answer's code first (``_cuda_ch06_07.rubric``, so on a CPU too): no library, no
+dynamic shared memory (the grader launches with none), a __shared__ array and a barrier. On a
+GPU it runs caches from 1 to 16411 keys with ragged lengths per head, scores near +-1000, D = 64
+and 128, names the mistake a wrong answer's values match (keys past the head's length, no scale,
+no normalisation, ...) and ends with compute-sanitizer racecheck.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -28,15 +36,20 @@ from ._core import (
     error_summary,
     fresh_rng,
     guarded,
+    looks_like_low_precision,
+    need_gpu,
+    padded,
     passed,
     to_device,
 )
+from ._cuda_ch06_07 import rubric
 from ._race import simulate
 from ._static import calls, python_code, refuse_stub, thread_divergent_barriers
 from ._static import refuse_library as _refuse_library
 
-__all__ = ["ex07_1", "ex07_2", "ex07_3", "rope_reference", "decode_reference",
-           "topk_reference", "TPB", "KMAX"]
+__all__ = ["ex07_1", "ex07_2", "ex07_3", "ex07_4", "rope_reference", "decode_reference",
+           "topk_reference", "decode_attention_reference", "TPB", "KMAX", "ATTN_THREADS",
+           "ATTN_CASES"]
 
 TPB = 32       # threads per block of the launches of ex07_1 and ex07_3
 KMAX = 16      # ex07_3: the largest k
@@ -454,3 +467,226 @@ def _topk_hint(got, z, u, temp, k, V) -> str:
         if np.array_equal(got, alt):
             return hint
     return _TOPK_GENERIC
+
+
+# ----------------------------------------------------------------------------- ex07.4
+ATTN_THREADS = 128      # ex07_4: the block of decode_attn, one block per (batch * head)
+#: ex07_4's cases (BH, L, D, kind), in this order: ragged lengths (head 0 the whole cache, the
+#: last of three or more a single key) of a cache of 17; a cache of one key; caches of 1000 and
+#: 4097; many heads; every score near +1000 (an exp without the max overflows) and near -1000
+#: (a max started at 0 underflows every exp); a cache of 16411, longer than a buffer of one
+#: float score per key in shared memory can hold
+ATTN_CASES = ((3, 17, 128, "plain"), (1, 1, 64, "plain"), (5, 1000, 64, "plain"),
+              (2, 4097, 128, "plain"), (48, 300, 128, "plain"), (4, 300, 128, "+1000"),
+              (3, 77, 64, "-1000"), (2, 16411, 64, "long"))
+#: (atol, rtol) of o, rtol relative to sum_j p_j |v_j|; scores near 1000 carry float32's
+#: rounding of 1000 (6e-5) into every weight
+ATTN_TOL = {"plain": (1e-5, 2e-4), "long": (1e-5, 2e-4), "+1000": (1e-5, 2e-3),
+            "-1000": (1e-5, 2e-3)}
+
+_ATTN_LIBRARY = ("the scores, the softmax and the weighted sum of the values in the kernel's own "
+                 "loops")
+_ATTN_SHARED = ("the warps of the block split the keys, and their partial results (max, sum, "
+                "output) meet in shared memory after a barrier")
+_ATTN_SYNC = ("a __syncthreads() between the warps writing their (m, l, acc) to shared memory and "
+              "any thread reading another warp's")
+_ATTN_FORMULA = ("o = softmax(scale q K^T) V over the keys 0..lens[bh]-1. When a warp's running "
+                 "max grows from m to m', rescale its sum l and output acc by exp(m - m') before "
+                 "adding the new key; the warps' results combine with the weights exp(m_w - M), "
+                 "M the largest m_w: o = sum_w acc_w exp(m_w - M) / sum_w l_w exp(m_w - M)")
+_ATTN_OVERFLOW = ("every score here is near +1000 and exp(1000) overflows float32 (inf / inf is "
+                  "NaN): subtract the running max before exp, p = exp(s - m)")
+_ATTN_UNDERFLOW = ("every score here is near -1000, so exp(s - 0) underflows to 0 and the sum is "
+                   "0: the max must be the largest score itself; start it at -INFINITY, not at 0 "
+                   "(a warp that saw no key keeps m = -inf and l = 0, and its weight exp(-inf - "
+                   "M) is 0)")
+
+
+def decode_attention_reference(q, kc, vc, lens, scale: float, n=None):
+    """(o, mag) in float64 of one decode step: head bh's query q[bh] (BH, D) attends over its
+    keys and values kc[bh, j], vc[bh, j] (BH, L, D), j < n[bh] (``n`` defaults to ``lens``):
+    o = softmax(scale q k^T) v. ``mag`` = sum_j p_j |v_j| (what float32 rounding scales with).
+    A head with n[bh] = 0 gives NaN."""
+    q, kc, vc = (np.asarray(a, np.float64) for a in (q, kc, vc))
+    n = np.asarray(lens if n is None else n)
+    L = kc.shape[1]
+    s = np.einsum("bd,bjd->bj", q, kc) * scale
+    keep = np.arange(L)[None, :] < n[:, None]
+    s = np.where(keep, s, -np.inf)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.where(keep, np.exp(s - s.max(1, keepdims=True)), 0.0)
+        l = p.sum(1, keepdims=True)
+        return (np.einsum("bj,bjd->bd", p, vc) / l, np.einsum("bj,bjd->bd", p, np.abs(vc)) / l)
+
+
+def _attn_inputs(rng, BH: int, L: int, D: int, kind: str):
+    """q (BH, D), kc, vc (BH, L, D) fp16, lens (BH,) int32, scale. Head 0 uses the whole cache,
+    the last of three or more a single key. The positions past a head's length hold keys and
+    values of another kind (larger keys, values near 5), so that reading them shows. With
+    kind "+1000" / "-1000" the scores of the attended keys are all near that value."""
+    lens = rng.integers(1, L + 1, BH)
+    lens[0] = L
+    if BH >= 3:
+        lens[-1] = 1
+    q = rng.standard_normal((BH, D))
+    kc = rng.standard_normal((BH, L, D))
+    vc = rng.standard_normal((BH, L, D))
+    past = np.arange(L)[None, :] >= lens[:, None]
+    kc[past] = 3 * rng.standard_normal((int(past.sum()), D))
+    vc[past] = 5 + rng.standard_normal((int(past.sum()), D))
+    scale = 1 / math.sqrt(D)
+    if kind in ("+1000", "-1000"):
+        sign = 1.0 if kind == "+1000" else -1.0
+        q[:] = 0.0
+        q[:, 0] = 10 / scale                          # score = 10 * k[0]
+        k0 = sign * 100 + 0.3 * rng.standard_normal((BH, L))
+        kc[..., 0] = np.where(past, kc[..., 0], k0)
+    return (q.astype(np.float16), kc.astype(np.float16), vc.astype(np.float16),
+            lens.astype(np.int32), scale)
+
+
+def _attn_launch(kern, q, kc, vc, lens, o, L: int, D: int, scale: float) -> None:
+    kern((q.shape[0],), (ATTN_THREADS,), (q, kc, vc, lens, o, np.int32(L), np.int32(D),
+                                          np.float32(scale)))
+
+
+def _compile(ex: str, src: str, name: str):
+    """The kernel ``name`` of a CUDA C++ answer (a GradeError if it does not compile)."""
+    from ._core import compile_kernel
+
+    return compile_kernel(ex, src, name)
+
+
+def _racecheck(ex: str, src: str) -> None:
+    from ._race import racecheck
+
+    racecheck(ex, src, "decode_attn", "cudabook.graders.ch07:_race_ex07_4", hint=_ATTN_SYNC)
+
+
+def ex07_4(src: str) -> None:
+    """``src`` defines ``decode_attn(q, kc, vc, lens, o, L, D, scale)``: one decode step of
+    attention for BH = batch * heads, launched with grid BH, 128 threads and no dynamic shared
+    memory. q (BH, D), the caches kc, vc (BH, L, D) are fp16; lens (BH,) int32, 1 <= lens[bh]
+    <= L; o (BH, D) float32 = softmax(scale q K^T) V over keys 0..lens[bh]-1; D is 64 or 128.
+
+    Static rubric first (on a CPU too): no library, no dynamic shared memory, a __shared__ array
+    and a barrier. Then, on a GPU, each case of ``ATTN_CASES`` twice with fresh data against
+    the float64 reference, o NaN-filled with a canary; then compute-sanitizer racecheck.
+    """
+    ex = "ex07.4"
+
+    code = rubric(ex, src, _ATTN_LIBRARY, why_shared=_ATTN_SHARED)
+    if re.search(r"\bextern\s+__shared__", code):
+        raise GradeError(f"{ex}: the code declares an extern __shared__ array, but the grader "
+                         "launches decode_attn with no dynamic shared memory (and a cache of any "
+                         "length L would not fit it): stream the keys instead, with a running "
+                         "max, sum and output per warp (no buffer of scores), and static "
+                         "__shared__ arrays for the warps' results")
+    need_gpu(ex)
+    kern = _compile(ex, src, "decode_attn")
+    rng, seed = fresh_rng()
+    plain_ok = False                      # a case of ordinary scores has passed
+    for BH, L, D, kind in ATTN_CASES:
+        for rep in range(2):
+            q, kc, vc, lens, scale = _attn_inputs(rng, BH, L, D, kind)
+            ref, mag = decode_attention_reference(q, kc, vc, lens, scale)
+            what = {"plain": "", "long": "", "+1000": ", every score near +1000",
+                    "-1000": ", every score near -1000"}[kind]
+            lens_s = (f"lens {lens.tolist()}" if BH <= 5 else
+                      f"lens from {int(lens.min())} to {int(lens.max())}")
+            case = f"BH={BH}, L={L}, D={D}, {lens_s}{what} (seed {seed}, call {rep + 1})"
+            # a loop one key too far reads the zero tail on a GPU instead of faulting
+            q_d, kc_d, vc_d = to_device(q), padded(kc, 4 * D), padded(vc, 4 * D)
+            o, buf = guarded((BH, D))
+            call(ex, case, lambda: _attn_launch(kern, q_d, kc_d, vc_d, to_device(lens), o, L, D,
+                                                scale))
+            if not canary_ok(buf, BH * D):
+                raise GradeError(f"{ex}: {case}: wrote past the end of o: head bh writes "
+                                 "o[bh * D + e] for e < D only")
+            got = to_numpy(o).astype(np.float64)
+            atol, rtol = ATTN_TOL[kind]
+            with np.errstate(invalid="ignore"):
+                bad = ~(np.abs(got - ref) <= atol + rtol * mag)
+            if bad.any():
+                hint = _attn_hint(ex, src, kind, got, ref, bad, q, kc, vc, lens, scale,
+                                  plain_ok)
+                raise GradeError(f"{ex}: {case}: o is wrong ({error_summary(got, ref, bad)}): "
+                                 f"{hint}")
+            plain_ok |= kind == "plain"
+    _racecheck(ex, src)
+    passed(ex)
+
+
+def _attn_hint(ex, src, kind, got, ref, bad, q, kc, vc, lens, scale, plain_ok) -> str:
+    """The likely mistake behind a wrong o."""
+    nan, finite = np.isnan(got), np.isfinite(got)
+    if kind == "+1000" and not finite.all() and plain_ok:
+        return _ATTN_OVERFLOW
+    if kind == "-1000" and not finite.all() and plain_ok:
+        return _ATTN_UNDERFLOW
+    if nan.all():
+        return "o never written (all NaN): is the body of decode_attn still the stub?"
+    BH, L, D = kc.shape
+    one = lens == 1
+    if nan.any() and one.any() and nan[one].all() and not nan[~one].any():
+        return ("the heads with a single key (lens[bh] = 1) are NaN, 0 / 0: no key was "
+                "attended. The keys are 0..lens[bh]-1, the last one included")
+
+    def near(alt) -> bool:
+        a, m = alt
+        with np.errstate(invalid="ignore"):
+            same = (np.abs(got - a) <= 1e-4 + 1e-3 * m) | (np.isnan(got) & np.isnan(a))
+        return bool(same.all())
+
+    # one key past a head's length: a full head reads the next head's key 0 (the last head
+    # the zero tail after the cache), as the memory is laid out
+    kx, vx = (np.concatenate([a, np.concatenate([a[1:, :1], np.zeros((1, 1, D), a.dtype)])], 1)
+              for a in (kc, vc))
+    for k_, v_, n, hint in ((kc, vc, np.full_like(lens, L), "every head attended over the "
+                             "whole cache of L keys: the positions from lens[bh] on hold no "
+                             "token of this sequence; keys 0..lens[bh]-1 only"),
+                            (kx, vx, lens + 1, "one key too many: keys 0..lens[bh]-1, so the "
+                             "loop runs while j < lens[bh]"),
+                            (kc, vc, lens - 1, "one key too few: keys 0..lens[bh]-1, the last "
+                             "one included")):
+        if not np.array_equal(n, lens) and near(decode_attention_reference(q, k_, v_, lens,
+                                                                           scale, n)):
+            return hint
+    if near(decode_attention_reference(q, kc, vc, lens, 1.0)):
+        return "the scores are not multiplied by scale: s = scale * (q . k_j)"
+    if near(decode_attention_reference(q, kc, vc, lens, scale * scale)):
+        return "scale is applied twice: s = scale * (q . k_j), once"
+    if nan.any():
+        return (f"{int(nan.sum())} elements of o never written: head bh writes o[bh * D + e] "
+                "for every e < D")
+    if not finite.all():
+        return "inf in o: subtract the running max before exp, and divide by a sum that is > 0"
+    # a race between the warps can give any of the numbers below (stale sums make each head a
+    # multiple of the right one), so racecheck has the first word (it raises when it finds one)
+    _racecheck(ex, src)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = (got * ref).sum(1) / (ref * ref).sum(1)          # per head: got = c * ref?
+        scaled = np.abs(got - c[:, None] * ref) <= 1e-4 + 1e-3 * np.abs(c[:, None] * ref)
+    if scaled.all() and (np.abs(c - 1) > 1e-2).any():
+        return ("each head's o is a multiple of the right one: divide by the softmax sum, "
+                "o = sum_j p_j v_j / sum_j p_j (with p_j = exp(s_j - m) from the same m)")
+    if looks_like_low_precision(got, ref, bad):
+        return ("the errors fit half-precision arithmetic: convert q, k and v to float as they "
+                "are loaded, and keep the scores, sums and outputs in float")
+    if kind == "long" and plain_ok:
+        return (f"right for caches up to 4097 keys, wrong for L = {L}: a buffer sized for a "
+                "shorter cache (one score per key in shared memory does not fit here)? Stream "
+                "the keys with a running max, sum and output per warp (online softmax)")
+    return _ATTN_FORMULA
+
+
+def _race_ex07_4(kern) -> None:
+    """racecheck driver: decode_attn on short ragged caches, D = 64 and 128."""
+    import cupy
+
+    rng = np.random.default_rng(0)      # data made on the host: no other kernel to instrument
+    for BH, L, D in ((3, 37, 64), (2, 9, 128)):
+        q, kc, vc, lens, scale = _attn_inputs(rng, BH, L, D, "plain")
+        o = cupy.empty((BH, D), cupy.float32)
+        _attn_launch(kern, cupy.asarray(q), cupy.asarray(kc), cupy.asarray(vc),
+                     cupy.asarray(lens), o, L, D, scale)

@@ -215,16 +215,16 @@ __device__ __forceinline__ void bwd_preprocess(const T* __restrict__ O, const T*
 }
 
 // attention_bwd_v3's preprocess. launch: block 128, grid ceil(BH * Nq_pad / 4), Nq_pad = Nq
-// rounded up to the query tile: as bwd_preprocess, and the statistics into padded rows that the
+// rounded up to the query tile: Di as bwd_preprocess, both statistics into padded rows that the
 // copy engine can fetch a tile at a time (16-byte aligned, whole tiles): Di (0 past Nq) and
-// lse2 = lse * log2(e) (+inf past Nq, so P = 0 for those queries).
+// lse2 = lse * log2(e) (+inf past Nq, so P = 0 for those queries). (v3's dQ accumulator is
+// zeroed by a memset: it is laid out in tiles, below.)
 template <typename T>
 __device__ __forceinline__ void bwd_preprocess_padded(const T* __restrict__ O,
                                                       const T* __restrict__ dO,
                                                       const float* __restrict__ lse,
                                                       float* __restrict__ Di,
-                                                      float* __restrict__ lse2,
-                                                      float* __restrict__ dQacc, int BH, int Nq,
+                                                      float* __restrict__ lse2, int BH, int Nq,
                                                       int Nq_pad, int D) {
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= BH * Nq_pad) return;
@@ -237,7 +237,6 @@ __device__ __forceinline__ void bwd_preprocess_padded(const T* __restrict__ O,
     float acc = 0.f;
     for (int c = lane; c < D; c += 32) {
         acc += Mma<T>::to_float(O[row * D + c]) * Mma<T>::to_float(dO[row * D + c]);
-        dQacc[row * D + c] = 0.f;
     }
     acc = warp_sum(acc);
     if (lane == 0) { Di[r] = acc; lse2[r] = lse[row] * ATTN_LOG2E; }
@@ -476,11 +475,9 @@ __device__ __forceinline__ void flash_bwd_mma(const T* __restrict__ Q, const T* 
 // smaller tiles: attention_bwd_v2_f16_d128_64x64s1 is D = 128, BC = 64, BR = 64, one stage
 #define ATTN_BWD_V2_FIT(TN, T, D, BC, BR, STAGES)                                                \
     ATTN_BWD_V2_KERNEL(attention_bwd_v2_##TN##_d##D##_##BC##x##BR##s##STAGES, T, D, BC, BR, STAGES)
-#if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v2) || defined(CB_ONLY_attention_bwd_v3)
-ATTN_BWD_V2_TYPE(f16, __half)       // (v3 runs the same convert kernel)
-ATTN_BWD_V2_TYPE(bf16, __nv_bfloat16)
-#endif
 #if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v2)
+ATTN_BWD_V2_TYPE(f16, __half)
+ATTN_BWD_V2_TYPE(bf16, __nv_bfloat16)
 ATTN_BWD_V2(f16, __half, 64, 128, 128)
 ATTN_BWD_V2(bf16, __nv_bfloat16, 64, 128, 128)
 ATTN_BWD_V2(f16, __half, 128, 128, 64)
@@ -499,11 +496,36 @@ ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 128, 32, 64, 1)
 #endif
 
 // ======================================================================================= v3
+// v3's fp32 dQ accumulator is laid out in tiles, so that a consumer's whole 64 x 64 piece of a
+// query tile is 16 contiguous KiB that the copy engine adds with one reduction: for head bh and
+// query tile qt (BR rows), 2 pieces of 4096 floats at (bh n_qt + qt) BR D; piece p holds rows
+// 64 p .. of the tile at D = 64 (BR = 128), columns 64 p .. at D = 128 (BR = 64). Inside a piece,
+// row r's 16-byte chunk c sits at chunk c ^ dq_swz(r): the float4 stores that fill the piece in
+// shared memory (rows r, r + 8 of a quad pair, chunks 2 j, 2 j + 1) then hit 8 different bank
+// groups per 8 lanes. Rows past Nq hold zeros (P = 0 there).
+__device__ __forceinline__ int dq_piece_index(int r, int cc) {
+    const int swz = 2 * (2 * (r % 4) + (r / 8) % 2);
+    return r * 64 + ((((cc >> 2) ^ swz)) << 2) + (cc & 3);
+}
+// launch: block 256, grid ceil(BH Nq D / 256). dQ (BH, Nq, D) = scale * the tiled accumulator.
+template <typename T>
+__device__ __forceinline__ void bwd_convert_tiled(const float* __restrict__ dQacc,
+                                                  T* __restrict__ dQ, int BH, int Nq, int D,
+                                                  float scale) {
+    const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)BH * Nq * D) return;
+    const int d = e % D, i = (e / D) % Nq, bh = e / ((size_t)D * Nq);
+    const int BR = D == 64 ? 128 : 64, n_qt = ceil_div(Nq, BR), qt = i / BR, rt = i % BR;
+    const int p = D == 64 ? rt / 64 : d / 64, r = D == 64 ? rt % 64 : rt, cc = d % 64;
+    const size_t at = ((size_t)bh * n_qt + qt) * BR * D + p * 4096 + dq_piece_index(r, cc);
+    dQ[e] = Mma<T>::from_float(dQacc[at] * scale);
+}
+
 // Hopper (sm_90a). launch: block 384 = 3 warpgroups, grid (ceil(Nk / 128), BH / G) where G =
 // query heads per key/value head (1: ordinary attention; H: multi-query), dynamic shared memory
-// (2 BC D + 2 ST BR D + 2 BC BR) * 2 + 1024 bytes: K and V, ST stages of Q and dO, two buffers
-// of dS^T, 1024 for alignment (BC = 128, ST = 2: 161 KiB at D = 64 with BR = 128, 161 KiB at
-// D = 128 with BR = 64). Q, K, V and dO arrive by TMA (tensor maps of (rows, D), boxes of 64
+// (2 BC D + 2 ST BR D + 2 BC BR) * 2 + 2 * 64 * 64 * 4 + 1024 bytes: K and V, ST stages of Q and
+// dO, two buffers of dS^T, each consumer's dQ piece, 1024 for alignment (BC = 128, ST = 2:
+// 193 KiB at D = 64 with BR = 128 and at D = 128 with BR = 64). Q, K, V and dO arrive by TMA (tensor maps of (rows, D), boxes of 64
 // columns, the 128-byte swizzle), as in attention_v4; lse and Di go into shared memory by plain
 // loads of the producer's second warp.
 //
@@ -522,16 +544,18 @@ ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 128, 32, 64, 1)
 //   dQ_i += dS K                               wgmma, A = dS^T and B = K both MN-major in shared;
 //                                              D = 64 (BR = 128): consumer c takes query rows
 //                                              64 c .., D = 128 (BR = 64): columns 64 c ..
-//   dQ_i's 64 x 64 piece added to the fp32 dQacc with float4 atomics (other key blocks add
-//   theirs); attention_bwd_v2_convert scales and rounds it afterwards. (Staging the piece in
-//   shared memory and adding whole rows with the copy engine's cp.reduce.async.bulk measured
-//   slower: tools/dev/ch09_hopper.py's log in reports/.)
+//   dQ_i's 64 x 64 piece: stored to shared memory (16 KiB per consumer), then the producer's
+//   second warp adds it to the fp32 accumulator with one reduction of the copy engine
+//   (cp.reduce.async.bulk: atomic in L2 with respect to the other key blocks adding theirs) and
+//   hands the buffer back (mbarriers dq_full / dq_empty); attention_bwd_v3_convert scales,
+//   rounds and un-tiles it afterwards. The _atomic kernels add the piece with float4 atomics
+//   from the consumers instead.
 // Two dS^T buffers alternate, so one barrier per tile suffices: a consumer overwrites a buffer
 // two tiles later, after the other has passed the barrier that follows its own dQ wait.
 // Causal: the block's first query tile is the one holding query k0 (query i sees keys j <= i),
 // and only tiles that cross the diagonal, or the ragged ends, pay for the mask. Query rows past
 // Nq read lse = +inf (P = 0); key rows past Nk are masked; neither is stored.
-template <typename T, int D, int BR, int ST>
+template <typename T, int D, int BR, int ST, bool BULK>
 __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc& tk,
                                                 const TmaDesc& tv, const TmaDesc& tdo,
                                                 const float* __restrict__ lse2,
@@ -543,7 +567,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
     constexpr int BC = 128, SL = D / 64, NR = BR / 8, ND = D / 8, KR = BR / 16;
     static_assert((D == 64 && BR == 128) || (D == 128 && BR == 64), "tiles of the two head dims");
     constexpr unsigned KV_BYTES = 2 * BC * D * sizeof(T), QD_BYTES = 2 * BR * D * sizeof(T);
-    __shared__ __align__(8) unsigned long long kvbar, full[ST], empty[ST];
+    __shared__ __align__(8) unsigned long long kvbar, full[ST], empty[ST], dq_full[2], dq_empty[2];
     __shared__ __align__(16) float lse_s[ST][BR], di_s[ST][BR];
     extern __shared__ __align__(1024) unsigned char attn_smem[];
     // slab sl of a tile of R rows: R x 64 values at offset sl * R * 64 (the TMA boxes)
@@ -552,6 +576,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
     T* Qs = Vs + BC * D;                          // ST stages of BR x D
     T* dOs = Qs + ST * BR * D;                    // ST stages of BR x D
     T* dSs = dOs + ST * BR * D;                   // 2 buffers of dS^T: BC rows (keys) x BR
+    float* dQs = reinterpret_cast<float*>(dSs + 2 * BC * BR);   // each consumer's dQ piece
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int bhk = blockIdx.y, k0 = blockIdx.x * BC;
     const int n_qt = ceil_div(Nq, BR), Nq_pad = n_qt * BR;
@@ -562,6 +587,10 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
         for (int s = 0; s < ST; s++) {
             mbar_init(&full[s], 1);                // the producer's arrive (+ the bytes)
             mbar_init(&empty[s], 256);             // every consumer thread: each read lse, Di
+        }
+        for (int c = 0; c < 2; c++) {
+            mbar_init(&dq_full[c], 128);           // consumer c's threads stored the piece
+            mbar_init(&dq_empty[c], 1);            // the copy engine has read it
         }
         fence_barrier_init();
     }
@@ -589,6 +618,19 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
                 bulk_load(lse_s[s], lse2 + row, BR * 4, &full[s]);
                 bulk_load(di_s[s], Di + row, BR * 4, &full[s]);
             }
+        } else if (BULK && tid == 32) {           // warp 1: each dQ piece into dQacc
+            for (int it = 0; it < n_it; it++) {
+                const int bh = bhk * group + it / per_head, qt = qt0 + it % per_head;
+                for (int c = 0; c < 2; c++) {
+                    mbar_wait(&dq_full[c], it & 1);
+                    bulk_reduce_add_f32(dQacc + ((size_t)bh * n_qt + qt) * BR * D + c * 4096,
+                                        dQs + c * 4096, 4096 * 4);
+                    bulk_commit();
+                    bulk_wait_read<0>();
+                    mbar_arrive(&dq_empty[c]);
+                }
+            }
+            bulk_wait<0>();                       // the last reductions are done
         }
         return;
     }
@@ -694,22 +736,29 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
         wgmma_wait<0>();
         pin_all<32>(dq);
         mbar_arrive(&empty[s]);                   // Q_i, dO_i, lse_i, Di_i are free
-        // dQacc += this block's piece with float4 atomics: lanes t and t ^ 1 trade halves so
-        // that an even lane holds 4 neighbouring columns of row r0 and an odd lane those of
-        // row r0 + 8 (half as many atomic requests as float2). Columns c0 + 8 j + 4 (t / 2) ..
-        const int r0 = q0 + (D == 64 ? 64 * c : 0) + 16 * warp + g + 8 * (t & 1);
-        const int c0 = (D == 64 ? 0 : 64 * c) + 4 * (t / 2);
-        float* out = dQacc + ((size_t)bh * Nq + r0) * D + c0;
+        // this consumer's 64 x 64 piece of dQ_i, as float4: lanes t and t ^ 1 trade halves so
+        // that an even lane holds 4 neighbouring columns of its row rl and an odd lane those of
+        // row rl + 8 (columns 8 j + 4 (t / 2) .. of the piece)
+        const int rl = 16 * warp + g + 8 * (t & 1), cl = 4 * (t / 2);
+        float* piece = BULK ? dQs + c * 4096
+                            : dQacc + ((size_t)bh * n_qt + q0 / BR) * BR * D + c * 4096;
+        if (BULK && it > 0) mbar_wait(&dq_empty[c], (it - 1) & 1);   // the last one was read
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            // even t keeps its row-r0 pair and takes its neighbour's; odd t the row-r0+8 ones
+            // even t keeps its row-rl pair and takes its neighbour's; odd t the row-rl+8 ones
             const float s0 = (t & 1) ? dq[4 * j] : dq[4 * j + 2];
             const float s1 = (t & 1) ? dq[4 * j + 1] : dq[4 * j + 3];
             const float o0 = __shfl_xor_sync(0xffffffffu, s0, 1);
             const float o1 = __shfl_xor_sync(0xffffffffu, s1, 1);
             const float4 v = (t & 1) ? make_float4(o0, o1, dq[4 * j + 2], dq[4 * j + 3])
                                      : make_float4(dq[4 * j], dq[4 * j + 1], o0, o1);
-            if (r0 < Nq) atomicAdd(reinterpret_cast<float4*>(out + 8 * j), v);
+            float4* at = reinterpret_cast<float4*>(piece + dq_piece_index(rl, 8 * j + cl));
+            if constexpr (BULK) *at = v;
+            else atomicAdd(at, v);                // _atomic: straight into global memory
+        }
+        if constexpr (BULK) {
+            fence_proxy_async();                  // the stores, before the copy engine reads
+            mbar_arrive(&dq_full[c]);
         }
     }
     // dK = scale dS^T Q and dV, rows k0 + kr (+ 8), summed over the group's heads
@@ -730,20 +779,28 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
 #endif
 }
 
-#define ATTN_BWD_V3(TN, T, D, BR)                                                                \
-    extern "C" __global__ void __launch_bounds__(384, 1) attention_bwd_v3_##TN##_d##D(           \
+#define ATTN_BWD_V3_KERNEL(NAME, T, D, BR, BULK)                                                 \
+    extern "C" __global__ void __launch_bounds__(384, 1) NAME(                                   \
         const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk,                  \
         const __grid_constant__ TmaDesc tv, const __grid_constant__ TmaDesc tdo,                 \
         const float* lse2, const float* Di, float* dQacc, T* dK, T* dV, int Nq, int Nk,          \
         float scale, int causal, int group) {                                                    \
-        flash_bwd_wgmma<T, D, BR, 2>(tq, tk, tv, tdo, lse2, Di, dQacc, dK, dV, Nq, Nk, scale,    \
-                                     causal, group);                                             \
+        flash_bwd_wgmma<T, D, BR, 2, BULK>(tq, tk, tv, tdo, lse2, Di, dQacc, dK, dV, Nq, Nk,     \
+                                           scale, causal, group);                                \
     }
+#define ATTN_BWD_V3(TN, T, D, BR) ATTN_BWD_V3_KERNEL(attention_bwd_v3_##TN##_d##D, T, D, BR, true)
+// the same kernel adding dQ with float4 atomics from the consumers: the lesson's comparison
+#define ATTN_BWD_V3_ATOMIC(TN, T, D, BR)                                                         \
+    ATTN_BWD_V3_KERNEL(attention_bwd_v3_atomic_##TN##_d##D, T, D, BR, false)
 #define ATTN_BWD_V3_TYPE(TN, T)                                                                  \
     extern "C" __global__ void attention_bwd_v3_preprocess_##TN(                                 \
-        const T* O, const T* dO, const float* lse, float* Di, float* lse2, float* dQacc, int BH, \
-        int Nq, int Nq_pad, int D) {                                                             \
-        bwd_preprocess_padded<T>(O, dO, lse, Di, lse2, dQacc, BH, Nq, Nq_pad, D);                \
+        const T* O, const T* dO, const float* lse, float* Di, float* lse2, int BH, int Nq,       \
+        int Nq_pad, int D) {                                                                     \
+        bwd_preprocess_padded<T>(O, dO, lse, Di, lse2, BH, Nq, Nq_pad, D);                       \
+    }                                                                                            \
+    extern "C" __global__ void attention_bwd_v3_convert_##TN(const float* dQacc, T* dQ, int BH,  \
+                                                            int Nq, int D, float scale) {        \
+        bwd_convert_tiled<T>(dQacc, dQ, BH, Nq, D, scale);                                       \
     }
 #if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v3)
 ATTN_BWD_V3_TYPE(f16, __half)
@@ -752,4 +809,6 @@ ATTN_BWD_V3(f16, __half, 64, 128)
 ATTN_BWD_V3(bf16, __nv_bfloat16, 64, 128)
 ATTN_BWD_V3(f16, __half, 128, 64)
 ATTN_BWD_V3(bf16, __nv_bfloat16, 128, 64)
+ATTN_BWD_V3_ATOMIC(bf16, __nv_bfloat16, 64, 128)
+ATTN_BWD_V3_ATOMIC(bf16, __nv_bfloat16, 128, 64)
 #endif

@@ -152,7 +152,9 @@ def kernel_names(which: str) -> list[str]:
             + [f"attention_bwd_v2_{t}_d{d}" for d in HEAD_DIMS for t in dts]
             + [bwd_v2_name(t, d, *f) for d in HEAD_DIMS for f in BWD_V2_FIT[d] for t in dts]
             + [f"attention_bwd_v3_preprocess_{t}" for t in dts]
-            + [f"attention_bwd_v3_{t}_d{d}" for d in HEAD_DIMS for t in dts])
+            + [f"attention_bwd_v3_convert_{t}" for t in dts]
+            + [f"attention_bwd_v3_{t}_d{d}" for d in HEAD_DIMS for t in dts]
+            + [f"attention_bwd_v3_atomic_bf16_d{d}" for d in HEAD_DIMS])
 
 
 def bwd_v2_name(dt: str, D: int, bc: int, br: int, stages: int) -> str:
@@ -201,13 +203,14 @@ def fwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
 
 def bwd_v3_shared(D: int) -> int:
     """Dynamic shared memory (bytes) of attention_bwd_v3: K and V (128 x D), two stages of Q and
-    dO (BR x D), two dS^T buffers (128 x BR), 16 bits each, and 1024 bytes of alignment slack."""
+    dO (BR x D), two dS^T buffers (128 x BR), 16 bits each; each consumer's 64 x 64 fp32 piece
+    of dQ; 1024 bytes of alignment slack."""
     br = BWD_V3_BR[D]
-    return (2 * BWD_V3_BC * D + 2 * 2 * br * D + 2 * BWD_V3_BC * br) * 2 + 1024
+    return (2 * BWD_V3_BC * D + 2 * 2 * br * D + 2 * BWD_V3_BC * br) * 2 + 2 * 64 * 64 * 4 + 1024
 
 
 def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None = None,
-               optin: int | None = None, group: int = 1) -> dict:
+               optin: int | None = None, group: int = 1, dq_atomic: bool = False) -> dict:
     """Kernel names, grid, block and dynamic shared memory of a backward version.
 
     ``optin``: the shared memory one block may have (default: this GPU's, unlimited without
@@ -248,13 +251,18 @@ def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
                                   kernel=f"attention_bwd_v2_convert_{dt}")}
     if version == "v3":                     # group: query heads per key/value head
         br = BWD_V3_BR[D]
-        nq_pad = cd(Nq, br) * br            # statistics rows padded to whole query tiles
+        nq_pad = cd(Nq, br) * br            # statistics and dQ rows padded to whole query tiles
+        name = f"attention_bwd_v3_{dt}_d{D}"
+        if dq_atomic:
+            if dt != "bf16":
+                raise ValueError("attention_bwd_v3 with dQ atomics is compiled for bfloat16 only")
+            name = f"attention_bwd_v3_atomic_{dt}_d{D}"
         return {"preprocess": Launch((cd(BH * nq_pad, 4),), (128,), nq_pad=nq_pad,
                                      kernel=f"attention_bwd_v3_preprocess_{dt}"),
                 "main": Launch((cd(Nk, BWD_V3_BC), BH // group), (384,), shared=bwd_v3_shared(D),
-                               kernel=f"attention_bwd_v3_{dt}_d{D}", br=br, bc=BWD_V3_BC),
+                               kernel=name, br=br, bc=BWD_V3_BC),
                 "convert": Launch((cd(BH * Nq * D, 256),), (256,),
-                                  kernel=f"attention_bwd_v2_convert_{dt}")}
+                                  kernel=f"attention_bwd_v3_convert_{dt}")}
     raise ValueError(f"unknown backward version {version!r} (v1, v2, v3)")
 
 
@@ -384,13 +392,16 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
 
 
 def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
-             scale: float | None = None, out: tuple | None = None, optin: int | None = None):
+             scale: float | None = None, out: tuple | None = None, optin: int | None = None,
+             dq_atomic: bool = False):
     """(dq, dk, dv) of softmax(scale q k^T) v given the forward's o and lse and the gradient do
     of o: v1 float32, v2 and v3 (Hopper) float16/bfloat16. ``out = (dq, dk, dv)`` gives the
     outputs. v3 takes grouped-query heads (dk, dv shaped like k, v: summed over each group).
 
     ``optin``: plan v2's tiles for a GPU that lets a block have this many bytes of shared memory
-    (default: this GPU's limit; a smaller GPU's runs its tiles here, for the sanitizer)."""
+    (default: this GPU's limit; a smaller GPU's runs its tiles here, for the sanitizer).
+    ``dq_atomic`` (v3, bfloat16): dQ added with float4 atomics from the consumer warpgroups
+    instead of the copy engine's reductions (the lesson's comparison)."""
     version = _bwd_version(version)
     BH, Nq, Nk, D = check_qkv(q, k, v, BWD_DTYPES[version],
                               gqa=version in GQA_VERSIONS["backward"])
@@ -407,7 +418,7 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
     limit = _optin()
     if optin is not None:
         limit = optin if limit is None else min(optin, limit)
-    cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt], limit, group)
+    cfg = bwd_config(version, BH, Nq, Nk, D, SHORT[dt], limit, group, dq_atomic)
     if version == "v3":
         cb.need_shared(cfg["main"]["shared"], "attention_bwd_v3", limit)
     if version == "v2":
@@ -442,7 +453,7 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
                     ("main", (Q, K, V, dO, L, DI, A, dK, dV, n_q, n_k, sc, c)),
                     ("convert", (A, dQ, np.uint64(BH * Nq * D), sc)))
         else:                                  # v3: TMA descriptors, padded statistics rows
-            acc = cb.arrays.empty_like_lib(q, (BH, Nq, D), "float32")
+            acc = _zeros_like_lib(q, (BH, nq_pad, D))      # dQ in fp32, tiled (the .cu file)
             lse2 = cb.arrays.empty_like_lib(q, (BH, nq_pad), "float32")
             keep += [acc, lse2]
             A, L2 = (np.uint64(cb.describe(a).ptr) for a in (acc, lse2))
@@ -452,15 +463,26 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
             tdo = tmap(int(dO), BH * Nq, D, main["br"], 64, dt)
             tk = tmap(int(K), BH // group * Nk, D, main["bc"], 64, dt)
             tv = tmap(int(V), BH // group * Nk, D, main["bc"], 64, dt)
-            plan = (("preprocess", (O, dO, L, DI, L2, A, np.int32(BH), n_q, np.int32(nq_pad),
+            plan = (("preprocess", (O, dO, L, DI, L2, np.int32(BH), n_q, np.int32(nq_pad),
                                     np.int32(D))),
                     ("main", (tq, tk, tv, tdo, L2, DI, A, dK, dV, n_q, n_k, sc, c,
                               np.int32(group))),
-                    ("convert", (A, dQ, np.uint64(BH * Nq * D), sc)))
+                    ("convert", (A, dQ, np.int32(BH), n_q, np.int32(D), sc)))
         for step, args in plan:
             cb.launch.run(mod.get(cfg[step]["kernel"]), cfg[step], args)
         _keep_alive(q, keep)
     return dq, dk, dv
+
+
+def _zeros_like_lib(like, shape: tuple):
+    """A zeroed float32 array of the inputs' library, on their stream."""
+    if cb.arrays.lib_of(like) == "torch":
+        import torch
+
+        return torch.zeros(shape, dtype=torch.float32, device=like.device)
+    import cupy
+
+    return cupy.zeros(shape, dtype=cupy.float32)
 
 
 def _keep_alive(like, bufs: list) -> None:

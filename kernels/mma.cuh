@@ -272,6 +272,8 @@ __device__ __forceinline__ unsigned pack_bf162(float lo, float hi) {
 //   tma_load_2d(dst, &desc, bar, x, y)  copy the box at column x, row y of the tensor map into
 //                                       shared dst; bar's transaction count drops by its bytes
 //   bulk_load(dst, src, bytes, bar)     the same for `bytes` contiguous bytes (no tensor map)
+//   bulk_reduce_add_f32(dst, src, bytes), bulk_commit(), bulk_wait_read<N>(), bulk_wait<N>()
+//                                       global dst += shared src (floats) by the copy engine
 //   (sm_90a only, the "a" features: compile with -arch=sm_90a / compute_90a)
 //   wgmma_desc_sw128(p)                 descriptor of a K-major tile at p (1024-byte aligned):
 //                                       rows of 64 16-bit values (128 bytes), 128-byte swizzle
@@ -330,6 +332,27 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
                  " [%0], [%1], %2, [%3];\n"
                  :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+
+// The other direction, as a reduction: dst[i] += src[i] for `bytes` / 4 floats, shared src to
+// global dst (16-byte aligned, a multiple of 16 bytes), done by the copy engine in L2, atomic
+// with respect to other reductions. Tracked by bulk groups: bulk_commit() closes this thread's
+// group; bulk_wait_read<N>() waits until at most N groups still read their shared source (the
+// buffer may then be rewritten); bulk_wait<N>() until at most N are still writing global memory.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 :: "l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
 // Thread-block clusters (launched with __cluster_dims__): the blocks of a cluster run at the same

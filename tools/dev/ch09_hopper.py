@@ -6,6 +6,8 @@ PyTorch SDPA's cuDNN backend (forward and backward) in the same run.
     python tools/dev/ch09_hopper.py                # checks + timings (H100 / H200 only)
     python tools/dev/ch09_hopper.py --no-check     # timings only
     python tools/dev/ch09_hopper.py --quick        # small checks, one timing configuration
+    python tools/dev/ch09_hopper.py --diag         # timing only: attention_bwd_v3 with parts
+                                                   # removed (wrong numbers), to see their cost
 
 Checks: N = 1, 17, 1000, 4097 (and 16384 for one head), Nq != Nk, causal and not, groups of
 query heads per key/value head 1, 4 and 8, outputs NaN-prefilled; three heads of each case
@@ -186,6 +188,9 @@ def time_config(B, H, N, D, causal, with_v2=True) -> dict:
     o, lse = al.forward(q, k, v, causal, "v4")
     res["bwd v3"] = bench_one("attention_bwd_v3",
                               lambda: al.backward(q, k, v, o, lse, do, causal, "v3"), fb)
+    res["bwd v3 atomic"] = bench_one(
+        "attention_bwd_v3 atomic",
+        lambda: al.backward(q, k, v, o, lse, do, causal, "v3", dq_atomic=True), fb)
     if with_v2:
         res["bwd v2"] = bench_one("attention_bwd_v2",
                                   lambda: al.backward(q, k, v, o, lse, do, causal, "v2"), fb)
@@ -200,10 +205,62 @@ def time_config(B, H, N, D, causal, with_v2=True) -> dict:
     return res
 
 
+# ------------------------------------------------------------------------------ diagnosis
+#: text edits of attention_backward.cu that take a part of attention_bwd_v3 out (the results are
+#: wrong: these only time what is left)
+DIAG = {
+    "no dQ reduction": [("bulk_reduce_add_f32(dQacc", "if (Nq < 0) bulk_reduce_add_f32(dQacc")],
+    "no dS barrier": [("named_sync(1);                            // both", "// both")],
+    "no dQ product": [("            wg_tt<T>(dq,", "            if (Nq < 0) wg_tt<T>(dq,")],
+    "no dK/dV products": [("wg_rs<D, T>(dv,", "if (Nq < 0) wg_rs<D, T>(dv,"),
+                          ("wg_rs<D, T>(dk,", "if (Nq < 0) wg_rs<D, T>(dk,")],
+    "no dS store": [("d32[((col / 64) * BC * 64", "if (Nq < 0) d32[((col / 64) * BC * 64")],
+}
+
+
+def diagnose() -> None:
+    from cudabook.compile import arch_options, inline_source, kernel_path
+
+    base = inline_source(kernel_path("attention_backward"))
+    SUMMARY.append("attention_bwd_v3 with parts removed, bf16 B=8 H=16 N=4096 (TFLOP/s)")
+    mods = {}
+    for name, edits in DIAG.items():
+        src = base
+        for old, new in edits:
+            if src.count(old) != 1:
+                log(f"diag {name}: edit {old!r} matches {src.count(old)} times; skipped")
+                break
+            src = src.replace(old, new)
+        else:
+            mods[name] = cb.compile_source(src, arch_options(True) + ("-DCB_ONLY",
+                                           "-DCB_ONLY_attention_bwd_v3"), name=f"diag_{len(mods)}")
+    for D in (64, 128):
+        q, k, v, do = (torch.randn(8, 16, 4096, D, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(4))
+        o, lse = al.forward(q, k, v, False, "v4")
+        fb = al.flops(128, 4096, 4096, D, False, backward=True)
+        line = [f"D={D}"]
+        run = lambda: al.backward(q, k, v, o, lse, do, False, "v3")  # noqa: E731
+        line.append(f"full {bench_one('bwd v3', run, fb) or 0:.0f}")
+        for name, mod in mods.items():
+            orig = cb.module
+
+            def patched(fname, *a, mod=mod, orig=orig, **kw):
+                return mod if fname == "attention_backward" else orig(fname, *a, **kw)
+            cb.module = patched
+            try:
+                val = bench_one(name, run, fb)
+            finally:
+                cb.module = orig
+            line.append(f"{name} {val or 0:.0f}")
+        SUMMARY.append("  ".join(line))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--diag", action="store_true")
     a = ap.parse_args()
     if not cb.HAS_GPU or al.hopper_problem(cb.launch.device().cc):
         sys.exit("ch09_hopper: needs an H100 or H200 (compute capability 9.0)")
@@ -216,6 +273,10 @@ def main() -> int:
             if f"_{ver}_" in name:
                 r = al.resources(m, name)
                 log(f"{name:34s} {r['registers']:4d} registers {r['local_bytes']:4d} local bytes")
+    if a.diag:
+        diagnose()
+        log("\n".join(["", "==== summary", *SUMMARY]))
+        return 0
     if not a.no_check:
         checks(a.quick)
         log(f"[{time.time() - t0:.0f} s]")

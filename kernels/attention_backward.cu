@@ -500,7 +500,7 @@ ATTN_BWD_V2_FIT(bf16, __nv_bfloat16, 128, 32, 64, 1)
 // query tile is 16 contiguous KiB that the copy engine adds with one reduction: for head bh and
 // query tile qt (BR rows), 2 pieces of 4096 floats at (bh n_qt + qt) BR D; piece p holds rows
 // 64 p .. of the tile at D = 64 (BR = 128), columns 64 p .. at D = 128 (BR = 64). Inside a piece,
-// row r's 16-byte chunk c sits at chunk c ^ dq_swz(r): the float4 stores that fill the piece in
+// row r's 16-byte chunk c sits at chunk c ^ swz(r): the float4 stores that fill the piece in
 // shared memory (rows r, r + 8 of a quad pair, chunks 2 j, 2 j + 1) then hit 8 different bank
 // groups per 8 lanes. Rows past Nq hold zeros (P = 0 there).
 __device__ __forceinline__ int dq_piece_index(int r, int cc) {
@@ -740,8 +740,11 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
         // that an even lane holds 4 neighbouring columns of its row rl and an odd lane those of
         // row rl + 8 (columns 8 j + 4 (t / 2) .. of the piece)
         const int rl = 16 * warp + g + 8 * (t & 1), cl = 4 * (t / 2);
-        float* piece = BULK ? dQs + c * 4096
-                            : dQacc + ((size_t)bh * n_qt + q0 / BR) * BR * D + c * 4096;
+        // dq_piece_index(rl, 8 j + cl) = rl 64 + 8 (j ^ f) + cl with f = swz(rl) / 2
+        const int f = 2 * (rl % 4) + (rl / 8) % 2;
+        float* piece = (BULK ? dQs + c * 4096
+                             : dQacc + ((size_t)bh * n_qt + q0 / BR) * BR * D + c * 4096) +
+                       rl * 64 + cl;
         if (BULK && it > 0) mbar_wait(&dq_empty[c], (it - 1) & 1);   // the last one was read
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -752,7 +755,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
             const float o1 = __shfl_xor_sync(0xffffffffu, s1, 1);
             const float4 v = (t & 1) ? make_float4(o0, o1, dq[4 * j + 2], dq[4 * j + 3])
                                      : make_float4(dq[4 * j], dq[4 * j + 1], o0, o1);
-            float4* at = reinterpret_cast<float4*>(piece + dq_piece_index(rl, 8 * j + cl));
+            float4* at = reinterpret_cast<float4*>(piece + 8 * (j ^ f));
             if constexpr (BULK) *at = v;
             else atomicAdd(at, v);                // _atomic: straight into global memory
         }

@@ -215,6 +215,21 @@ DIAG = {
     "no dK/dV products": [("wg_rs<D, T>(dv,", "if (Nq < 0) wg_rs<D, T>(dv,"),
                           ("wg_rs<D, T>(dk,", "if (Nq < 0) wg_rs<D, T>(dk,")],
     "no dS store": [("d32[((col / 64) * BC * 64", "if (Nq < 0) d32[((col / 64) * BC * 64")],
+    # not a removal: dV, dK waited for after dQ (they overlap the barrier); same results
+    "dV/dK wait late": [
+        ("wgmma_wait<0>();" + " " * 26 + """// dV, dK done: P^T, dS^T registers are free
+        pin_all<D / 2>(dv);
+        pin_all<D / 2>(dk);
+        pin_all<4 * KR>(&pa[0][0]);
+        pin_all<4 * KR>(&da[0][0]);
+        named_sync(1);""", "// (late)\n        named_sync(1);"),
+        ("""        wgmma_wait<0>();
+        pin_all<32>(dq);""", """        wgmma_wait<0>();
+        pin_all<32>(dq);
+        pin_all<D / 2>(dv);
+        pin_all<D / 2>(dk);
+        pin_all<4 * KR>(&pa[0][0]);
+        pin_all<4 * KR>(&da[0][0]);""")],
 }
 
 

@@ -26,7 +26,7 @@
 //                       one tile overlaps the softmax of the next, and the two consumers take
 //                       turns issuing their products (ping-pong)
 //
-// Grouped-query attention (v3, v4): K and V may have fewer heads than Q; the kernels' last
+// Grouped-query attention (v4): K and V may have fewer heads than Q; the kernel's last
 // argument `group` = query heads per key/value head (1: ordinary attention), and query head bh
 // (of BH = B H) reads key/value head bh / group (of B H / group): the (B, H, N, D) layout makes
 // b H + h over group equal b (H / group) + h / group.
@@ -190,7 +190,7 @@ template <typename T, int D, int BR, int BC, int NW>
 __device__ __forceinline__ void flash_mma(const T* __restrict__ Q, const T* __restrict__ K,
                                           const T* __restrict__ V, T* __restrict__ O,
                                           float* __restrict__ lse, int Nq, int Nk,
-                                          float scale_log2, int causal, int group) {
+                                          float scale_log2, int causal) {
     constexpr int NT = NW * 32, MT = BR / (16 * NW), KD = D / 16, NB = BC / 8, ND = D / 8;
     static_assert(BR % (16 * NW) == 0 && BC % 16 == 0 && D % 64 == 0, "tile shape");
     extern __shared__ __align__(1024) unsigned char attn_smem[];
@@ -200,8 +200,8 @@ __device__ __forceinline__ void flash_mma(const T* __restrict__ Q, const T* __re
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int qb = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y;
     int q0 = qb * BR, wr = warp * MT * 16;        // first row of the block, of this warp
-    const T* Kh = K + (size_t)(bh / group) * Nk * D;   // group query heads share K, V (GQA)
-    const T* Vh = V + (size_t)(bh / group) * Nk * D;
+    const T* Kh = K + (size_t)bh * Nk * D;
+    const T* Vh = V + (size_t)bh * Nk * D;
 
     load_tile<T, BR, D, NT>(Qs, Q + (size_t)bh * Nq * D, q0, Nq);
     load_tile<T, BC, D, NT>(Ks, Kh, 0, Nk);
@@ -345,9 +345,8 @@ __device__ __forceinline__ void flash_mma(const T* __restrict__ Q, const T* __re
 #define ATTN_V3(NAME, T, D, BR, BC)                                                              \
     extern "C" __global__ void __launch_bounds__(128) NAME(const T* Q, const T* K, const T* V,   \
                                                          T* O, float* lse, int Nq, int Nk,       \
-                                                         float scale_log2, int causal,           \
-                                                         int group) {                            \
-        flash_mma<T, D, BR, BC, 4>(Q, K, V, O, lse, Nq, Nk, scale_log2, causal, group);          \
+                                                         float scale_log2, int causal) {         \
+        flash_mma<T, D, BR, BC, 4>(Q, K, V, O, lse, Nq, Nk, scale_log2, causal);                 \
     }
 #if !defined(CB_ONLY) || defined(CB_ONLY_attention_v3)
 ATTN_V3(attention_v3_f16_d64, __half, 64, 128, 64)

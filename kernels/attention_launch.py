@@ -5,7 +5,7 @@ PyTorch op built on them.
     o, lse = al.forward(q, k, v, causal=True, version="v3")      # q, k, v: torch CUDA tensors
     dq, dk, dv = al.backward(q, k, v, o, lse, do, causal=True)   # (or CuPy arrays, fp16/fp32)
     o = al.flash_attention(q, k, v, causal=True)                 # differentiable (autograd)
-    # grouped-query attention: k, v with fewer heads (H_kv dividing H), forward v3/v4, backward v3
+    # grouped-query attention: k, v with fewer heads (H_kv dividing H), forward v4, backward v3
 
   FWD_VERSIONS, BWD_VERSIONS   the ladders ("v3" or "attention_v3"; "v2" or "attention_bwd_v2")
   FWD_DTYPES, BWD_DTYPES       the dtypes of each step; MIN_CC the compute capability per dtype
@@ -68,7 +68,7 @@ FWD_DTYPES = {"v1": ("float32",), "v2": ("float32",), "v3": ("float16", "bfloat1
               "v4": ("float16", "bfloat16")}
 BWD_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16"), "v3": ("float16", "bfloat16")}
 #: the versions whose kernels take grouped-query heads (k, v with fewer heads than q)
-GQA_VERSIONS = {"forward": ("v3", "v4"), "backward": ("v3",)}
+GQA_VERSIONS = {"forward": ("v4",), "backward": ("v3",)}
 #: attention_bwd_v3 queries per tile (BR) per head dimension (keys per block: 128, two stages),
 #: as in the ATTN_BWD_V3 lines of attention_backward.cu
 BWD_V3_BR = {64: 128, 128: 64}
@@ -382,9 +382,6 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
             tv = tmap(int(V), BH // group * Nk, D, cfg["box_kv"], 64, dt)
             cb.launch.run(mod.get(cfg["kernel"]), cfg,
                           (tq, tk, tv, O, L, n_q, n_k, np.float32(s * LOG2E), c, np.int32(group)))
-        elif version == "v3":
-            cb.launch.run(mod.get(cfg["kernel"]), cfg,
-                          (Q, K, V, O, L, n_q, n_k, np.float32(s * LOG2E), c, np.int32(group)))
         else:
             cb.launch.run(mod.get(cfg["kernel"]), cfg,
                           (Q, K, V, O, L, n_q, n_k, np.float32(s * LOG2E), c))

@@ -152,8 +152,9 @@ def ex02_1(src: str) -> None:
                     racecheck(ex, src, "transpose_tiled", "cudabook.graders.ch02:_race_ex02_1",
                               hint=_TILE_SYNC_HINT)
                 except GradeError as race:
-                    why = str(race).split("racecheck found ", 1)[-1]
-                    raise GradeError(f"{msg}; compute-sanitizer racecheck found {why}") from None
+                    # "... compute-sanitizer racecheck found ..." (or synccheck, initcheck)
+                    why = str(race).split("compute-sanitizer ", 1)[-1]
+                    raise GradeError(f"{msg}; compute-sanitizer {why}") from None
             racy = uses_tile and not has_sync
             if ("elements wrong" in msg and rep > 0) or (racy and "past the end" not in msg):
                 msg += ("; the same shape passed before with other data" if rep > 0 else "")

@@ -417,12 +417,12 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // One wgmma wrapper per tile width N, written once and instantiated for f16 and bf16 (the
 // PTX differs only in the type names). d: N/2 floats per thread (the layout above);
 // da, db: descriptors (wgmma_desc_sw128).
-#define BOOK_WGMMA_M64N64K16(NAME, T)                                                  \
+#define BOOK_WGMMA_M64N64K16(NAME, T, TRANS)                                           \
 __device__ __forceinline__ void NAME(float* d, unsigned long long da,                 \
                                      unsigned long long db) {                        \
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {"          \
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;\n"  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, " TRANS ";\n"  \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
@@ -477,8 +477,14 @@ __device__ __forceinline__ void NAME(float* d, unsigned long long da,           
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])  \
                  : "l"(da), "l"(db) : "memory");                                  \
 }
-BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_f16, "f16")
-BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_bf16, "bf16")
+BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_f16, "f16", "0, 0")
+BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_bf16, "bf16", "0, 0")
+// d += A (64 x 16) @ B (16 x 64), both from shared memory and both MN-major (imm-trans-a =
+// imm-trans-b = 1): A stored (K, M) with M contiguous, B stored (K, N) with N contiguous, each
+// described by wgmma_desc_sw128_mn. The dQ = dS K product of attention's backward: dS^T and K
+// lie in shared memory with the keys (the reduction axis) as rows.
+BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_tt_f16, "f16", "1, 1")
+BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_tt_bf16, "bf16", "1, 1")
 BOOK_WGMMA_M64N128K16(wgmma_m64n128k16_f16, "f16")
 BOOK_WGMMA_M64N128K16(wgmma_m64n128k16_bf16, "bf16")
 BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_f16, "f16")
@@ -542,26 +548,6 @@ __device__ __forceinline__ void NAME(float* d, const unsigned* a,          \
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db) : "memory");  \
 }
-
-// d += A (64 x 16) @ B (16 x 64), both from shared memory and both MN-major (imm-trans-a =
-// imm-trans-b = 1): A stored (K, M) with M contiguous, B stored (K, N) with N contiguous, each
-// described by wgmma_desc_sw128_mn. The dQ = dS K product of attention's backward: dS^T and K
-// lie in shared memory with the keys (the reduction axis) as rows.
-#define BOOK_WGMMA_M64N64K16_TT(NAME, T)                                        \
-__device__ __forceinline__ void NAME(float* d, unsigned long long da,      \
-                                     unsigned long long db) {             \
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 1, 1;\n"  \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
-                 : "l"(da), "l"(db) : "memory");  \
-}
-BOOK_WGMMA_M64N64K16_TT(wgmma_m64n64k16_tt_f16, "f16")
-BOOK_WGMMA_M64N64K16_TT(wgmma_m64n64k16_tt_bf16, "bf16")
-#undef BOOK_WGMMA_M64N64K16_TT
 
 BOOK_WGMMA_M64N64K16_RS(wgmma_m64n64k16_rs_f16, "f16")
 BOOK_WGMMA_M64N64K16_RS(wgmma_m64n64k16_rs_bf16, "bf16")

@@ -447,3 +447,127 @@ def _overlap_hook_on_last_listed(model, buckets, comm):
 def test_ex11_3_refuses_a_hook_on_the_last_listed_parameter_only():
     with pytest.raises(GradeError, match="layers registered last first.*count the bucket's"):
         ex11_3(_overlap_hook_on_last_listed)
+
+
+
+# ============================================================================ ex11.4 (CUDA C++)
+# The one-shot's flags, every rank on one GPU. The rubric (out written, a release, flags read
+# with loads the compiler cannot hoist) is read from NVRTC's PTX, so it is graded on a CPU where
+# CuPy is installed; the runs need a GPU. Wrong answers move or change the reference's phases,
+# found by their comments.
+from cudabook.graders import ex11_4  # noqa: E402
+from cudabook.graders._static import cuda_ptx  # noqa: E402
+
+_ONE_SHOT = ("ex11.4", "one_shot_src")
+_RELEASE = ('asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(theirs), "r"(epoch) : '
+            '"memory");')
+_ACQUIRE = ('asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(mine) : '
+            '"memory");')
+gpu = pytest.mark.gpu
+needs_nvrtc = pytest.mark.skipif(cuda_ptx("test", 'extern "C" __global__ void k() {}') is None,
+                                 reason="NVRTC (CuPy) is not installed")
+
+
+def _at(src: str, mark: str) -> int:
+    """Where the line holding ``mark`` starts."""
+    return src.rfind("\n", 0, src.index(mark)) + 1
+
+
+def _phase(src: str, mark: str, until: str) -> str:
+    """The lines from the one holding ``mark`` to the one holding ``until`` (not included)."""
+    return src[_at(src, mark):_at(src, until)]
+
+
+def _line(src: str, mark: str) -> str:
+    return src[_at(src, mark):src.index("\n", src.index(mark)) + 1]
+
+
+def _swap(src: str, a: tuple, b: tuple) -> list:
+    """An edit that exchanges two adjacent phases, ``a`` then ``b``, each (mark, until)."""
+    pa, pb = _phase(src, *a), _phase(src, *b)
+    return [(pa + pb, pb + pa)]
+
+
+_PUBLISH = ("// 1. publish", "// 2. announce")
+_ANNOUNCE = ("// 2. announce", "// 3. wait")
+_WAIT = ("// 3. wait", "// every peer's part is in")
+
+
+def test_ex11_4_stub_fails():
+    with pytest.raises(GradeError, match="ex11.4: not implemented yet"):
+        ex11_4(SOL.stub(*_ONE_SHOT))
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("make, hint", [
+    # the flag raised with a plain store, nothing ordering the data before it
+    (lambda s: [(_line(s, "__threadfence();"), ""),
+                (_RELEASE, "*(volatile unsigned int*)theirs = epoch;")], "has no release"),
+    # the flag polled with a plain load: the compiler may read it once
+    (lambda s: [(_ACQUIRE, "v = *mine;")], "read with plain loads only"),
+])
+def test_ex11_4_rubric_refuses_on_any_machine(make, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex11_4(SOL.get(*_ONE_SHOT, edits=make(SOL.get(*_ONE_SHOT))))
+
+
+def test_ex11_4_hints_from_values_and_stamps():
+    """The diagnosis of a wrong sum, on made-up runs: who finished before the late rank began,
+    stale parts, the order of the additions, nothing written."""
+    g = np.random.default_rng(0)
+    data = [g.standard_normal(64).astype(np.float32) for _ in range(3)]
+    prev = [g.standard_normal(64).astype(np.float32) for _ in range(3)]
+    want = data[0] + data[1] + data[2]
+    late = 2                                      # stamps: starts of ranks 0..2, then ends
+    early = np.array([5, 5, 100, 10, 10, 200])    # ranks 0, 1 ended before rank 2 began
+    waited = np.array([5, 5, 100, 150, 160, 200])
+    stale = data[0] + data[1] + prev[2]
+    hint = ch11._flag_hint
+    assert "its wait did not wait" in hint(stale, want, data, prev, 0, late, early, 3, 0)
+    assert "a flag left raised by an earlier call" in hint(stale, want, data, prev, 0, late,
+                                                           early, 3, 1)
+    assert "not yet all published" in hint(stale, want, data, prev, 0, late, waited, 3, 1)
+    own_first = data[1] + (data[0] + data[2])
+    assert not np.array_equal(own_first, want)
+    assert "not in rank order" in hint(own_first, want, data, prev, 1, late, waited, 3, 0)
+    assert "never written" in hint(np.full(64, np.nan, np.float32), want, data, prev, 0, late,
+                                   waited, 3, 0)
+
+
+@gpu
+def test_ex11_4_reference_passes(capsys):
+    ex11_4(SOL.get(*_ONE_SHOT))
+    assert capsys.readouterr().out == "PASS ex11.4\n"
+
+
+@gpu
+@pytest.mark.parametrize("make, hint", [
+    # waiting on its own slot (raised by itself) instead of the peer's
+    (lambda s: [("flags[rank] + (size_t)threadIdx.x * G + b",
+                 "flags[rank] + (size_t)rank * G + b")],
+     "finished before rank \\d had even started: its wait did not wait"),
+    # a constant flag, never reset: the second call sees the first call's flags
+    (lambda s: [('"r"(epoch)', '"r"(1u)'), ("} while (v < epoch);", "} while (v < 1u);")],
+     "a flag left raised by an earlier call"),
+    # the flag raised before the part is published
+    (lambda s: _swap(s, _PUBLISH, _ANNOUNCE), "not yet all published"),
+    # the barrier after the wait left out: other threads read before the flags were seen
+    (lambda s: [(_line(s, "// every peer's part is in"), "")], "not yet all published"),
+    # wait, then announce: every rank waits for the others (stopped, with a hint)
+    (lambda s: _swap(s, _ANNOUNCE, _WAIT), "waited for each other forever"),
+    # its own part first: right to rounding, other bits on each rank
+    (lambda s: [("for (int p = 0; p < world; ++p) s += pub[p][i];",
+                 "for (int p = 0; p < world; ++p) s += pub[(rank + p) % world][i];")],
+     "not in rank order"),
+])
+def test_ex11_4_wrong_answers_fail(make, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex11_4(SOL.get(*_ONE_SHOT, edits=make(SOL.get(*_ONE_SHOT))))
+
+
+def test_ex11_4_states_its_stub_size_and_has_two_hints():
+    from solution_cells import exercise_page
+
+    said, stubs, levels = exercise_page("11")["ex11.4"]
+    assert said and said == stubs, f"the specification says {said} lines, the stub {stubs}"
+    assert levels == [2], f"one hints cell of two levels (a nudge, a closer one): {levels}"

@@ -1,7 +1,16 @@
 """Graders of Chapter 11 (multi-GPU): the ring all-reduce from send/recv, gradient bucketing,
-overlap of the all-reduce with the backward pass. All run on CPU processes over gloo
+overlap of the all-reduce with the backward pass. These run on CPU processes over gloo
 (``cudabook.dist.spawn``), so they grade on any machine; a deadlock ends in a timeout with a
 message, never in a hanging cell.
+
+ex11_4 is CUDA C++: the flag protocol of the one-shot all-reduce (publish, release, acquire,
+epochs), with every rank played on one GPU: one launch per rank on its own stream, all at once,
+one rank held back by a spin on its stream, the inputs in pinned host memory (publishing is then
+slow next to reading, so a part read before it is published shows as the previous call's values)
+and a time stamp at each rank's start and end (a rank that ended before the late one began never
+waited). It reads NVRTC's PTX first (a release; flags read with loads the compiler cannot hoist),
+and runs the kernels in a subprocess that it ends when a call hangs: a deadlocked answer gets a
+hint, and the notebook's CUDA context never sees the hang.
 """
 
 from __future__ import annotations
@@ -13,7 +22,8 @@ import numpy as np
 from ..dist import DistError, DistTimeout, spawn
 from ._core import GradeError, fresh_rng, passed
 
-__all__ = ["ex11_1", "ex11_2", "ex11_3", "reference_buckets", "TIMEOUT"]
+__all__ = ["ex11_1", "ex11_2", "ex11_3", "ex11_4", "reference_buckets", "TIMEOUT", "FLAG_CASES",
+           "FLAG_CALLS"]
 
 #: seconds a graded group may run; a correct answer needs well under one
 TIMEOUT = 8.0
@@ -472,3 +482,361 @@ def _check_events(ex, case, events, buckets) -> None:
                              "non-blocking all-reduces: finish() must wait for every handle "
                              "before it reads the flat tensor (an all-reduce that was only "
                              "started may not have finished, and its values are then partial)")
+
+
+# ============================================================================ ex11.4
+#: ex11_4: (world, blocks per rank, n): ranks that stand for GPUs, all on one GPU. One element;
+#: several blocks; a long odd buffer (each thread publishes and adds many elements); four ranks
+FLAG_CASES = ((2, 1, 1), (2, 2, 1000), (3, 3, 65537), (4, 2, 4099))
+#: ex11_4: calls per case (epochs 1, 2, ...): the flags of one call are still raised in the next
+FLAG_CALLS = 3
+#: ex11_4: how long the grader holds one rank back before it starts (its stream waits on a spin)
+FLAG_DELAY_NS = 5_000_000
+#: ex11_4: pinned host memory the grader reads during each call, and with how many blocks of 256
+#: threads (8 loads of 16 bytes in flight each): the link's queue slows the ranks' reads of their
+#: inputs, so that publishing a part takes far longer than reading one
+FLAG_HOG_BYTES = 64 << 20
+FLAG_HOG_BLOCKS = 8
+#: ex11_4: seconds one call may take before the grader calls it a hang and stops it
+FLAG_HANG_S = 3.0
+#: ex11_4: what the public buffers hold before the first call (a value no sum of inputs is)
+FLAG_FILL = -7777.0
+#: ex11_4: seconds the grading subprocess may run in all (a hang ends it sooner)
+FLAG_TIMEOUT = 120
+_FLAG_KERNEL = "one_shot"
+#: where the grader's own small kernels come from: a spin that holds a stream back, a time stamp
+_FLAG_HARNESS = r'''
+extern "C" __global__ void cb_delay(unsigned long long ns) {
+    unsigned long long t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1)); } while (t1 - t0 < ns);
+}
+extern "C" __global__ void cb_stamp(unsigned long long* t) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    *t = now;
+}
+extern "C" __global__ void cb_probe(const float* x, float* y) { *y = *x + 1.0f; }
+// keeps many reads of pinned host memory in flight for ns nanoseconds: the link's queue makes
+// every other read of host memory (the ranks' inputs) wait behind them
+extern "C" __global__ void cb_hog(const uint4* host, unsigned long long n16,
+                                  unsigned long long ns, unsigned int* sink) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned int acc = 0;
+    do {
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = __ldcv(host + (i + k * stride) % n16);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc ^= v[k].x ^ v[k].w;
+        i = (i + 8 * stride) % n16;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+    if (acc == 0x9e3779b9u) *sink = acc;            // keeps the loads
+}
+'''
+_FLAG_ORDER = ("write your part into pub[rank], __syncthreads() (the whole block has written), "
+               "then one thread per peer makes it visible and raises the flag: __threadfence() "
+               "and st.release.gpu of the epoch into flags[p][rank * G + b]")
+#: whether pinned host memory can be read by a kernel here (None: not tried yet)
+_ZERO_COPY: bool | None = None
+
+
+def _flag_rubric(ex: str, src: str) -> None:
+    """Before anything runs (on a CPU too, through NVRTC): the answer writes out, publishes with
+    release semantics, and reads the flags with loads the compiler cannot hoist."""
+    import re
+
+    from .. import env
+    from ._static import cuda_code, cuda_ptx, ptx_instructions
+
+    if not isinstance(src, str):
+        raise GradeError(f"{ex}: expected the CUDA C++ source as a str, got {type(src).__name__}")
+    if not re.search(r"\bout\s*(\[|\+(?!=))", cuda_code(src)):
+        raise GradeError(f"{ex}: not implemented yet: the kernel never writes out (is its body "
+                         "still the stub?)")
+    cc = env.cc() if env.HAS_GPU else (8, 0)
+    ptx = cuda_ptx(ex, src, f"compute_{cc[0]}{cc[1]}")
+    if ptx is None:                   # no NVRTC here: the GPU run compiles and checks
+        return
+    ops = [i.split()[0] for i in ptx_instructions(ex, ptx, _FLAG_KERNEL)]
+    if not any(op.startswith(("st.release", "red.release", "atom.release", "atom.acq_rel",
+                              "fence", "membar")) for op in ops):
+        raise GradeError(f"{ex}: the compiled kernel has no release (no fence, no st.release "
+                         "or atom.release in its PTX): a plain store of the flag may become "
+                         "visible to a peer before your data does, and then the peer adds stale "
+                         f"values (one GPU rarely shows it; several do): {_FLAG_ORDER}")
+    if not any(op.startswith(("ld.acquire", "ld.volatile", "ld.relaxed", "ld.global.cv",
+                              "ld.cv", "atom.")) for op in ops):
+        raise GradeError(f"{ex}: the flags are read with plain loads only (no ld.acquire, "
+                         "ld.volatile or atomic in the PTX): the compiler may read a flag once "
+                         "and spin on that value forever, and nothing orders your reads of the "
+                         "peers' data after it. Poll with an acquire load: asm volatile("
+                         "\"ld.acquire.gpu.global.u32 %0, [%1];\" : \"=r\"(v) : \"l\"(p) : "
+                         "\"memory\")")
+
+
+def ex11_4(src: str) -> None:
+    """``src`` defines ``one_shot(in, pub, flags, out, rank, world, n, epoch)``, one rank's part
+    of a one-shot all-reduce by flags. The grader stands ``world`` ranks up on ONE GPU (each its
+    own buffers and its own stream, all launched at once, one rank held back), calls each case
+    FLAG_CALLS times (epochs 1, 2, ...), and checks out = in_0 + ... + in_{world-1} in rank order
+    on every rank. The static rubric first (on a CPU too); then the runs, in a subprocess that
+    the grader stops when a call hangs (the notebook's CUDA context never sees the hang)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from ._core import need_gpu
+    from ._race import _child_env, _last_json
+
+    global _ZERO_COPY
+    ex = "ex11.4"
+    _flag_rubric(ex, src)
+    need_gpu(ex, "ranks on one GPU, through CuPy")
+    _, seed = fresh_rng()
+    with tempfile.NamedTemporaryFile("w", suffix=".cu", delete=False) as f:
+        f.write(src)
+        path = f.name
+    try:
+        for _ in range(2):            # a second run only where pinned memory was refused
+            zc = "0" if _ZERO_COPY is False else "1"
+            cmd = [sys.executable, "-c", "import sys; from cudabook.graders.ch11 import "
+                   "_ex11_4_child; _ex11_4_child(*sys.argv[1:])", path, str(seed), zc]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAG_TIMEOUT,
+                                   env=_child_env())
+            except subprocess.TimeoutExpired:
+                raise GradeError(f"{ex}: the grading run did not end within {FLAG_TIMEOUT} s "
+                                 "and was stopped: a call hung in a way the grader could not "
+                                 "interrupt. " + _hang_hint(False)) from None
+            res = _last_json(r.stdout)
+            if res is not None and res.get("zero_copy") is False:
+                _ZERO_COPY = False
+                continue
+            break
+    finally:
+        os.unlink(path)
+    if res is None:
+        tail = ((r.stdout + r.stderr).strip().splitlines() or ["no output"])[-1]
+        raise GradeError(f"{ex}: the kernel crashed the grading run ({tail[:300]}): an index "
+                         "past n, or a flag slot past world * gridDim.x?")
+    if _ZERO_COPY is None and res.get("zero_copy") is True:
+        _ZERO_COPY = True
+    if "hang" in res:
+        raise GradeError(f"{ex}: {res['hang']} (seed {seed}): the call did not finish within "
+                         f"{FLAG_HANG_S:g} s; the grader stopped it. "
+                         + _hang_hint(bool(res.get("later"))))
+    if res.get("error"):
+        raise GradeError(res["error"])
+    passed(ex)
+
+
+def _hang_hint(later: bool) -> str:
+    if later:
+        return ("The first call passed, a later one waited forever: the flag must carry this "
+                "call's epoch (the value passed in), and the wait must end once the peer's "
+                "flag holds it (v < epoch), whatever an earlier call left there")
+    return ("The ranks waited for each other forever: every rank must announce itself (raise "
+            "its flag in every peer's array, flags[p][rank * G + b]) before it waits, and wait "
+            "on the slot its peer writes (flags[rank][p * G + b]) for this call's epoch")
+
+
+def _ex11_4_child(path: str, seed: str, zero_copy: str) -> None:
+    """Subprocess entry: grade the kernel in ``path``; print one JSON line (ok, error, hang, or
+    zero_copy false) and end; a hang ends the process with its kernels still spinning."""
+    import json
+    import os
+    from pathlib import Path
+
+    def out(d: dict) -> None:
+        print(json.dumps(d), flush=True)
+        os._exit(0)
+
+    from ._core import compile_kernel
+
+    try:
+        res = _flag_grade(compile_kernel, Path(path).read_text(), int(seed), zero_copy == "1")
+    except GradeError as e:
+        out({"error": str(e)})
+    out(res)
+
+
+def _flag_grade(compile_kernel, src: str, seed: int, zero_copy: bool) -> dict:
+    """The runs of ex11_4 (in the subprocess). Each rank's input lies in pinned host memory
+    (``zero_copy``: the kernel reads it over PCIe, so publishing is slow next to reading the
+    peers' parts from GPU memory, and a peer that reads a part before it is published gets the
+    previous call's values; a kernel of the grader keeps the link busy meanwhile); one rank per
+    call starts FLAG_DELAY_NS late, and time stamps of each rank's start and end show who
+    finished before the late one had begun."""
+    import time
+
+    import cupy
+
+    from ..compile import compile_source
+    from ._core import CANARY
+
+    ex = "ex11.4"
+    kern = compile_kernel(ex, src, _FLAG_KERNEL)
+    h = compile_source(_FLAG_HARNESS, name="ex11.4 harness")
+    delay, stamp, hog = h.get("cb_delay"), h.get("cb_stamp"), h.get("cb_hog")
+    if zero_copy:                     # can a kernel read pinned host memory here?
+        try:
+            mem = cupy.cuda.alloc_pinned_memory(4)
+            x = np.frombuffer(mem, np.float32, 1)
+            x[0] = 41.0
+            y = cupy.zeros(1, cupy.float32)
+            h.get("cb_probe")((1,), (1,), (np.uint64(mem.ptr), y))
+            cupy.cuda.Device().synchronize()
+            if float(y[0]) != 42.0:
+                raise RuntimeError("wrong value")
+        except Exception:  # noqa: BLE001 - refused here: run again with inputs on the GPU
+            return {"zero_copy": False}
+        hog_mem = cupy.cuda.alloc_pinned_memory(FLAG_HOG_BYTES)
+        np.frombuffer(hog_mem, np.uint8, FLAG_HOG_BYTES)[:] = 1
+        hog_stream, sink = cupy.cuda.Stream(non_blocking=True), cupy.zeros(1, cupy.uint32)
+    rng = np.random.default_rng(seed)
+    for world, G, n in FLAG_CASES:
+        pub = [cupy.full(n, FLAG_FILL, cupy.float32) for _ in range(world)]
+        flags = [cupy.zeros(world * G, cupy.uint32) for _ in range(world)]
+        pub_ptrs = cupy.asarray(np.array([b.data.ptr for b in pub], np.uint64))
+        flag_ptrs = cupy.asarray(np.array([f.data.ptr for f in flags], np.uint64))
+        if zero_copy:
+            mems = [cupy.cuda.alloc_pinned_memory(4 * n) for _ in range(world)]
+            ins = [np.frombuffer(m, np.float32, n) for m in mems]
+        else:
+            dev_ins = [cupy.empty(n, cupy.float32) for _ in range(world)]
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(world)]
+        prev = [np.full(n, FLAG_FILL, np.float32) for _ in range(world)]
+        passed_calls = 0
+        for call in range(1, FLAG_CALLS + 1):
+            late = (world - 1, 0, 1)[(call - 1) % 3] % world
+            case = (f"world={world} ranks, {G} block{'s' if G > 1 else ''} each, n={n}, call "
+                    f"{call} (epoch {call}), rank {late} started late")
+            data = [rng.standard_normal(n).astype(np.float32) for _ in range(world)]
+            if zero_copy:
+                for r in range(world):
+                    ins[r][:] = data[r]
+                in_args = [np.uint64(m.ptr) for m in mems]
+            else:
+                for r in range(world):
+                    dev_ins[r].set(data[r])
+                in_args = dev_ins
+            outs = [cupy.full(n + CANARY, np.nan, cupy.float32) for _ in range(world)]
+            stamps = cupy.zeros(2 * world, cupy.uint64)
+            cupy.cuda.Device().synchronize()
+            events = []
+            if zero_copy:                 # the link busy while the ranks publish
+                with hog_stream:
+                    hog((FLAG_HOG_BLOCKS,), (256,), (np.uint64(hog_mem.ptr),
+                                                     np.uint64(FLAG_HOG_BYTES // 16),
+                                                     np.uint64(FLAG_DELAY_NS + 3_000_000), sink))
+            for r in [late] + [r for r in range(world) if r != late]:
+                with streams[r]:
+                    if r == late:
+                        delay((1,), (1,), (np.uint64(FLAG_DELAY_NS),))
+                    stamp((1,), (1,), (stamps[r:],))
+                    kern((G,), (256,), (in_args[r], pub_ptrs, flag_ptrs, outs[r], np.int32(r),
+                                        np.int32(world), np.int64(n), np.uint32(call)))
+                    stamp((1,), (1,), (stamps[world + r:],))
+                    events.append(streams[r].record())
+            t0 = time.monotonic()
+            while not all(e.done for e in events):
+                if time.monotonic() - t0 > FLAG_HANG_S:
+                    _flag_rescue({"hang": f"{ex}: {case}", "later": passed_calls > 0}, flags,
+                                 call)
+                time.sleep(0.001)
+            cupy.cuda.Device().synchronize()
+            t = stamps.get()
+            want = data[0].copy()
+            for r in range(1, world):
+                want = want + data[r]                       # rank order, in float32
+            for r in range(world):
+                full = outs[r].get()
+                got = full[:n]
+                if not np.isnan(full[n:]).all():
+                    raise GradeError(f"{ex}: {case}: rank {r} wrote past the end of out (n="
+                                     f"{n}): loop while i < n")
+                if np.array_equal(got, want):
+                    continue
+                raise GradeError(f"{ex}: {case}: rank {r}'s out is wrong ("
+                                 f"{_flag_summary(got, want)}): "
+                                 + _flag_hint(got, want, data, prev, r, late, t, world,
+                                              passed_calls))
+            prev = data
+            passed_calls += 1
+    return {"ok": True, "zero_copy": zero_copy}
+
+
+def _flag_rescue(res: dict, flags, epoch: int) -> None:
+    """A call hung: report it, then end this process. First (at most 2 s) write the epoch into
+    every flag from the host, through the copy engine, which most waits accept: the kernels then
+    end and the process exits cleanly; where they still spin, the exit ends them."""
+    import json
+    import os
+    import threading
+
+    import cupy
+
+    print(json.dumps(res), flush=True)
+    threading.Timer(2.0, os._exit, (0,)).start()
+    s = cupy.cuda.Stream(non_blocking=True)
+    for f in flags:
+        f.set(np.full(f.size, epoch, np.uint32), stream=s)
+    s.synchronize()
+    os._exit(0)
+
+
+def _flag_summary(got, want) -> str:
+    bad = ~((got == want) | (np.isnan(got) & np.isnan(want)))
+    i = int(np.argmax(bad))
+    return f"{int(bad.sum())} of {got.size} elements differ, first at {i}: got {got[i]:.7g}, " \
+           f"expected {want[i]:.7g}"
+
+
+def _flag_hint(got, want, data, prev, r: int, late: int, t, world: int,
+               passed_calls: int) -> str:
+    """The likely mistake behind rank r's wrong sum (stamps t: starts, then ends)."""
+    start_late, end_r = int(t[late]), int(t[world + r])
+    if np.isnan(got).all():
+        return ("out is never written (NaN everywhere): is the kernel body still the stub? "
+                "Each thread adds its elements i = first, first + step, ... < n")
+    if r != late and end_r < start_late:
+        if passed_calls:
+            return (f"rank {r} finished before rank {late} had even started, so it never waited "
+                    "for it, though the first call was right: a flag left raised by an earlier "
+                    "call satisfied the wait, and the peer's part it added was the previous "
+                    "call's. Raise the flag to this call's epoch and wait until the peer's flag "
+                    "holds it (v < epoch: spin), so that no earlier call's flag counts")
+        return (f"rank {r} finished before rank {late} had even started: its wait did not wait "
+                "for the peers. Wait on the slots the peers write, flags[rank][p * G + b] for "
+                "every rank p (is it polling its own flag, or a slot it raised itself?), until "
+                "each holds this call's epoch")
+    stale = np.zeros(got.shape, bool)
+    for mask in range(1, 2 ** world):                # some peers' parts from the last call
+        if (mask >> r) & 1:
+            continue                                 # (its own part a rank reads right)
+        total = (prev[0] if mask & 1 else data[0]).copy()
+        for p in range(1, world):
+            total = total + (prev[p] if (mask >> p) & 1 else data[p])
+        stale |= total == got
+    wrong = got != want
+    if stale[wrong].mean() > 0.5:
+        return (f"rank {r} waited, but added peers' parts that were not yet all published (values "
+                "of the previous call, or what the buffer held before the first). Either a flag "
+                "was raised before its block's whole part was written and visible (" + _FLAG_ORDER
+                + "), or threads read before their block had seen every flag (a "
+                "__syncthreads() after the wait)")
+    if np.isnan(got).any():
+        return ("some elements of out are never written: every block adds its own elements, "
+                "i = first, first + step, ... < n")
+    if np.allclose(got, want, rtol=1e-5, atol=1e-6):
+        return ("the sum is right to rounding but not in rank order: add pub[0][i], pub[1][i], "
+                "... pub[world - 1][i] in that order (not your own part first), so that every "
+                "rank gets the same bits")
+    return ("out[i] must be pub[0][i] + ... + pub[world - 1][i], read after every peer's flag "
+            "for this block holds the epoch")

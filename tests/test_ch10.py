@@ -618,3 +618,98 @@ def test_ex10_5_stub_fails():
 def test_ex10_5_wrong_answers(edits, hint):
     with pytest.raises(GradeError, match=hint):
         ex10_5(dequant(*edits))
+
+
+# ============================================================================ ex10.6 (CUDA C++)
+# A W8A8 GEMM on the int8 tensor cores. The rubric (C written, an int8 mma.sync, no dp4a, no
+# int8 value widened alone) is read from NVRTC's PTX, so those wrong answers are graded on a CPU
+# where CuPy is installed; the values need a GPU of compute capability 8.0 or more.
+from cudabook.graders import ex10_6  # noqa: E402
+from cudabook.graders._static import cuda_ptx  # noqa: E402
+
+_W8A8 = ("ex10.6", "w8a8_src")
+_STORE = "C[(size_t)row * N + col] = (float)c[i] * sa[row] * sb[col];"
+_MMA_LOOP = "    for (int k0 = 0; k0 < K; k0 += 32) {"
+_SCALAR = ("    for (int i = 0; i < 4; ++i) {\n"
+           "        int row = m0 + g + 8 * (i / 2), col = n0 + 2 * t + (i % 2);\n"
+           "        for (int k = 0; k < K; ++k)\n"
+           "            c[i] += A[(size_t)row * K + k] * B[(size_t)col * K + k];\n"
+           "    }\n")
+needs_nvrtc = pytest.mark.skipif(cuda_ptx("test", 'extern "C" __global__ void k() {}') is None,
+                                 reason="NVRTC (CuPy) is not installed")
+
+
+def test_ex10_6_stub_fails():
+    with pytest.raises(GradeError, match="ex10.6: not implemented yet"):
+        ex10_6(SOL.stub(*_W8A8))
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("edits, hint", [
+    # a scalar int loop instead of the tensor cores
+    ([("        mma_s8(c, af, bf);\n", ""), (_MMA_LOOP, _SCALAR + "    if (false)\n" + _MMA_LOOP)],
+     "no int8 tensor-core instruction"),
+    # the same loop beside a mma that does nothing useful (the compiler makes dp4a of it)
+    ([(_MMA_LOOP, _SCALAR + _MMA_LOOP)], "holds dp4a.*a scalar loop"),
+    # a scalar loop of float products beside the mma
+    ([(_MMA_LOOP, _SCALAR.replace("c[i] += A", "sa_f += (float)A").replace(" * B", " * (float)B")
+       .replace("    for (int i", "    float sa_f = 0.f;\n    for (int i") + _MMA_LOOP),
+      (_STORE, "C[(size_t)row * N + col] = (float)c[i] * sa[row] * sb[col] + 0.f * sa_f;")],
+     "widens int8 values one at a time"),
+    # the CUDA cores' int8 dot product
+    ([("        mma_s8(c, af, bf);\n",
+       "        mma_s8(c, af, bf);\n        c[0] = __dp4a((int)af[0], (int)bf[0], c[0]);\n")],
+     "holds dp4a"),
+])
+def test_ex10_6_rubric_refuses_on_any_machine(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex10_6(SOL.get(*_W8A8, edits=edits))
+
+
+@gpu
+def test_ex10_6_reference_passes(capsys):
+    ex10_6(SOL.get(*_W8A8))
+    assert capsys.readouterr().out == "PASS ex10.6\n"
+
+
+@gpu
+@pytest.mark.parametrize("edits, hint", [
+    ([(_STORE, "C[(size_t)row * N + col] = (float)c[i];")], "quantised units: dequantise"),
+    ([(_STORE, "C[(size_t)row * N + col] = (float)c[i] * sa[row];")],
+     "only one of the two scales"),
+    # A's registers 1 and 2 exchanged
+    ([("af[1] = *", "af[9] = *"), ("af[2] = *", "af[1] = *"), ("af[9] = *", "af[2] = *")],
+     "A's registers 1 and 2 are exchanged"),
+    # k + 8 for the second half, fp16's offset in elements
+    ([("a + k0 + 16)", "a + k0 + 8)"), ("8 * (size_t)K + 16)", "8 * (size_t)K + 8)"),
+      ("b + k0 + 16)", "b + k0 + 8)")], "the second half of k starts at 16, not 8"),
+    ([("b + k0 + 16)", "b + k0 + 8)")], "B's register 1 starts at k = 8 \\+ 4t"),
+    ([("row = m0 + g + 8 * (i / 2), col = n0 + 2 * t + (i % 2)",
+       "row = m0 + g + 8 * (i % 2), col = n0 + 2 * t + (i / 2)")],
+     "the accumulators are stored in the wrong places"),
+])
+def test_ex10_6_wrong_answers_fail(edits, hint):
+    with pytest.raises(GradeError, match=hint):
+        ex10_6(SOL.get(*_W8A8, edits=edits))
+
+
+def test_ex10_6_states_its_stub_size_and_has_two_hints():
+    from solution_cells import exercise_page
+
+    said, stubs, levels = exercise_page("10")["ex10.6"]
+    assert said and said == stubs, f"the specification says {said} lines, the stub {stubs}"
+    assert levels == [2], f"one hints cell of two levels (a nudge, a closer one): {levels}"
+
+
+def test_ex10_6_fragment_model():
+    """The grader's model of a warp's m16n8k32 (true layout: the product itself) and of the
+    fragment mistakes its hints name (each a different product)."""
+    from cudabook.graders.ch10 import _FRAG_MISTAKES, _mma_with
+
+    g = np.random.default_rng(1)
+    A = g.integers(-128, 128, (32, 64), dtype=np.int8)
+    B = g.integers(-128, 128, (16, 64), dtype=np.int8)
+    ref = A.astype(np.int64) @ B.astype(np.int64).T
+    assert (_mma_with(A, B) == ref).all()
+    for a_map, b_map, c_map, hint in _FRAG_MISTAKES:
+        assert not (_mma_with(A, B, a_map, b_map, c_map) == ref).all(), hint

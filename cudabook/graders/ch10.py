@@ -6,6 +6,9 @@ ex10_3  Numba: W4A16 GEMV with per-group scales (one thread per output)         
 ex10_4  choose a group size for an accuracy budget from a measured table              CPU
 ex10_5  NumPy: int4 -> fp16 with the magic number 0x6400 (bit operations, one fp16
         subtraction, qgemv_w4_v7's nibble order), checked statically and on values   CPU
+ex10_6  CUDA C++: a W8A8 GEMM, one warp per 16x8 tile, int8 mma.sync m16n8k32 with the  GPU sm_80+
+        fragments loaded by hand, per-row and per-column scales dequantised to fp32
+        (its rubric is read from NVRTC's PTX on a CPU too: the int8 mma, no scalar loop)
 
 The conventions are cudabook.quant's (kernels/quant.cu): scale = max|w| / 127 per row (1 for an
 all-zero row), q = clamp(round(w / scale), -127, 127) rounded to nearest (ties to even: Python's
@@ -48,8 +51,9 @@ from ._core import (
 from ._static import python_tree, refuse_stub
 from ._static import refuse_library as _refuse_library
 
-__all__ = ["ex10_1", "ex10_2", "ex10_3", "ex10_4", "ex10_5", "group_table", "GROUP_BUDGET",
-           "GROUP_SIZES", "W4O_SLOT", "w4o_pack_reference", "w4o_unpack_reference"]
+__all__ = ["ex10_1", "ex10_2", "ex10_3", "ex10_4", "ex10_5", "ex10_6", "group_table",
+           "GROUP_BUDGET", "GROUP_SIZES", "W4O_SLOT", "w4o_pack_reference", "w4o_unpack_reference",
+           "W8A8_CASES"]
 
 TPB = 64          #: threads per block the graders launch with
 NOT_WRITTEN = -128  #: int8 fill: no correct q is -128 (the symmetric range is -127..127)
@@ -737,3 +741,190 @@ def ex10_5(dequant_magic) -> None:
                              "they are")
         _diagnose_10_5(ex, case, words, box[0], ref)
     passed(ex)
+
+
+# ============================================================================ ex10.6
+#: ex10_6: (M, N, K, what): one tile; odd numbers of tiles in every direction; a long K; the
+#: largest magnitudes (every product +-127 * 127 or -128 * -128, sums past float32's 2^24)
+W8A8_CASES = ((16, 8, 32, "one tile"), (48, 24, 96, "3 x 3 tiles, 3 k-steps"),
+              (112, 104, 160, "7 x 13 tiles"), (16, 40, 2048, "K = 2048"),
+              (32, 16, 4096, "values of largest magnitude, K = 4096"))
+_W8A8 = "w8a8_gemm"
+
+
+def _frag_a(g: int, t: int, i: int) -> tuple[int, int]:
+    """(row, first k) of A register i (4 int8, k .. k + 3) of lane 4 g + t: m16n8k32, .row."""
+    return g + 8 * (i % 2), 4 * t + 16 * (i // 2)
+
+
+def _frag_b(g: int, t: int, i: int) -> tuple[int, int]:
+    """(first k, column n) of B register i (4 int8)."""
+    return 4 * t + 16 * i, g
+
+
+def _frag_c(g: int, t: int, i: int) -> tuple[int, int]:
+    """(row, column) of accumulator i."""
+    return g + 8 * (i // 2), 2 * t + i % 2
+
+
+def _mma_with(A, B, a_map=_frag_a, b_map=_frag_b, c_map=_frag_c):
+    """A (M, K) @ B (N, K)^T in int64, tile by tile, as a warp does it when its fragments are
+    loaded by ``a_map``/``b_map`` and its accumulators stored by ``c_map`` while the tensor cores
+    read them by the true layout: what a kernel with that mapping computes."""
+    M, K = A.shape
+    N = B.shape[0]
+    C = np.zeros((M, N), np.int64)
+    for m0 in range(0, M, 16):
+        for n0 in range(0, N, 8):
+            acc = np.zeros((16, 8), np.int64)
+            for k0 in range(0, K, 32):
+                a = np.zeros((16, 32), np.int64)
+                b = np.zeros((32, 8), np.int64)
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    for i in range(4):
+                        (tr, tk), (sr, sk) = _frag_a(g, t, i), a_map(g, t, i)
+                        a[tr, tk:tk + 4] = A[m0 + sr, k0 + sk:k0 + sk + 4]
+                    for i in range(2):
+                        (tk, tn), (sk, sn) = _frag_b(g, t, i), b_map(g, t, i)
+                        b[tk:tk + 4, tn] = B[n0 + sn, k0 + sk:k0 + sk + 4]
+                acc += a @ b
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                for i in range(4):
+                    (tr, tc), (sr, sc) = _frag_c(g, t, i), c_map(g, t, i)
+                    C[m0 + sr, n0 + sc] = acc[tr, tc]
+    return C
+
+
+#: ex10_6: fragment mappings a reader gets wrong, each as (a_map, b_map, c_map, hint)
+_FRAG_MISTAKES = (
+    (lambda g, t, i: (g + 8 * (i // 2), 4 * t + 16 * (i % 2)), _frag_b, _frag_c,
+     "A's registers 1 and 2 are exchanged: register 1 holds row g + 8 (k = 4t .. 4t + 3), "
+     "register 2 row g with k = 16 + 4t .. 16 + 4t + 3"),
+    (lambda g, t, i: (g + 8 * (i % 2), 4 * t + 8 * (i // 2)),
+     lambda g, t, i: (4 * t + 8 * i, g), _frag_c,
+     "the second half of k starts at 16, not 8: in m16n8k32 registers 2 and 3 of A and "
+     "register 1 of B hold k = 16 + 4t .. 16 + 4t + 3 (fp16's m16n8k16 has +8 elements: the "
+     "same 16 bytes)"),
+    (lambda g, t, i: (g + 8 * (i % 2), 4 * t + 8 * (i // 2)), _frag_b, _frag_c,
+     "A's registers 2 and 3 start at k = 8 + 4t: they hold k = 16 + 4t .. 16 + 4t + 3 (the "
+     "second half of the 32 k of the step)"),
+    (_frag_a, lambda g, t, i: (4 * t + 8 * i, g), _frag_c,
+     "B's register 1 starts at k = 8 + 4t: it holds k = 16 + 4t .. 16 + 4t + 3"),
+    (lambda g, t, i: (g + 8 * (i % 2), 2 * t + 16 * (i // 2)),
+     lambda g, t, i: (2 * t + 16 * i, g), _frag_c,
+     "a register holds 4 int8 values, so lane t's k start at 4t (fp16's layout has 2 per "
+     "register, 2t): k = 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3"),
+    (_frag_a, _frag_b, lambda g, t, i: (g + 8 * (i % 2), 2 * t + i // 2),
+     "the accumulators are stored in the wrong places: c[i] is row g + 8 (i / 2), column "
+     "2t + (i % 2) (c[0], c[1] a pair of columns of row g; c[2], c[3] of row g + 8)"),
+)
+
+
+def _w8a8_rubric(ex: str, src: str) -> None:
+    """Before anything runs (on a CPU too): C written; NVRTC's PTX (sm_80) holds the int8
+    mma.sync and no int8 arithmetic on the CUDA cores (dp4a, int8 values widened one by one)."""
+    import re
+
+    from ._static import cuda_code, cuda_ptx, ptx_instructions
+
+    if not isinstance(src, str):
+        raise GradeError(f"{ex}: expected the CUDA C++ source as a str, got {type(src).__name__}")
+    if not re.search(r"\bC\s*(\[|\+(?!=))", cuda_code(src)):
+        raise GradeError(f"{ex}: not implemented yet: the kernel never writes C (is its body "
+                         "still the stub?)")
+    ptx = cuda_ptx(ex, src, "compute_80")
+    if ptx is None:
+        return
+    ins = ptx_instructions(ex, ptx, _W8A8)
+    ops = [i.split()[0] for i in ins]
+    if not any(op.startswith("mma.sync") and ".s8" in op for op in ops):
+        raise GradeError(f"{ex}: the compiled kernel has no int8 tensor-core instruction (no "
+                         "mma.sync ... .s8.s8 in its PTX): call mma_s8 (the asm of the cell) "
+                         "once per 32-deep step of k")
+    if any(op.startswith("dp4a") for op in ops):
+        raise GradeError(f"{ex}: the kernel's PTX holds dp4a, the CUDA cores' 4-way int8 dot "
+                         "product (igemm_v1 of the chapter; the compiler also makes it of a "
+                         "scalar loop over k of int8 products): the products belong on the tensor "
+                         "cores, mma_s8 once per 32-deep step of k, and nothing else")
+    scalar = [op for op in ops if re.match(r"(ld(\.\w+)*\.s8|cvt(\.\w+)*\.s8)$", op)]
+    if scalar:
+        raise GradeError(f"{ex}: the kernel widens int8 values one at a time ({scalar[0]} in its "
+                         "PTX): a scalar loop over k on the CUDA cores. The tensor cores take "
+                         "the int8 values packed, 4 to a 32-bit register: load each fragment "
+                         "register as one 32-bit word, 4 consecutive k of one row")
+
+
+def ex10_6(src: str) -> None:
+    """``src`` defines ``w8a8_gemm(A, B, sa, sb, C, M, N, K)``: C (M, N) float32 = (A @ B^T) *
+    sa[row] * sb[col], A (M, K) and B (N, K) int8 row-major, sa (M,), sb (N,) float32 (per-row
+    and per-output-channel scales: W8A8), the int32 products by mma.sync m16n8k32. One warp per
+    16x8 tile: grid (N / 8, M / 16), block 32; M % 16 == N % 8 == K % 32 == 0. The rubric from
+    the PTX first (on a CPU too); then, on a GPU of compute capability 8.0 or more, odd numbers
+    of tiles, K up to 4096 and the largest magnitudes, NaN-filled C with a canary, two calls."""
+    import cupy
+
+    from .. import env
+    from ._core import canary_ok, compile_kernel, guarded, need_gpu
+
+    ex = "ex10.6"
+    _w8a8_rubric(ex, src)
+    need_gpu(ex)
+    if env.cc() < (8, 0):
+        raise GradeError(f"{ex}: needs a GPU of compute capability 8.0 or more (int8 mma.sync "
+                         f"m16n8k32); this one is {env.cc()[0]}.{env.cc()[1]}")
+    kern = compile_kernel(ex, src, _W8A8)
+    rng, seed = fresh_rng()
+    for M, N, K, what in W8A8_CASES:
+        for rep in range(2):
+            if "largest" in what:
+                A = rng.choice(np.array([-128, -127, 127], np.int8), (M, K))
+                B = rng.choice(np.array([-128, -127, 127], np.int8), (N, K))
+            else:
+                A = rng.integers(-127, 128, (M, K), dtype=np.int8)
+                B = rng.integers(-127, 128, (N, K), dtype=np.int8)
+            sa = rng.uniform(0.001, 0.02, M).astype(np.float32)
+            sb = rng.uniform(0.001, 0.02, N).astype(np.float32)
+            acc = A.astype(np.int64) @ B.astype(np.int64).T
+            ref = acc * sa.astype(np.float64)[:, None] * sb.astype(np.float64)[None, :]
+            C, buf = guarded((M, N))
+            case = f"M={M}, N={N}, K={K}, {what} (seed {seed}, call {rep + 1})"
+            call(ex, case, lambda: kern((N // 8, M // 16), (32,), (
+                cupy.asarray(A), cupy.asarray(B), cupy.asarray(sa), cupy.asarray(sb), C,
+                np.int32(M), np.int32(N), np.int32(K))))
+            if not canary_ok(buf, M * N):
+                raise GradeError(f"{ex}: {case}: wrote past the end of C: row m0 + g + 8 (i / 2) "
+                                 "< M and column n0 + 2t + (i % 2) < N for every accumulator")
+            got = to_numpy(C).astype(np.float64)
+            # (float)acc rounds once (past 2^24), then two float32 products: a few ulps
+            bad = ~(np.abs(got - ref) <= 1e-30 + 4e-7 * np.abs(ref))
+            if not bad.any():
+                continue
+            raise GradeError(f"{ex}: {case}: C is wrong ({error_summary(got, ref, bad)}): "
+                             + _w8a8_hint(got, ref, acc, A, B, sa, sb))
+    passed(ex)
+
+
+def _w8a8_hint(got, ref, acc, A, B, sa, sb) -> str:
+    def near(x) -> bool:
+        return bool(np.allclose(got, x, rtol=1e-5, atol=1e-30))
+
+    if np.isnan(got).all():
+        return "C is never written (NaN everywhere): is the kernel body still the stub?"
+    if np.isnan(got).any():
+        return ("some elements of C are never written: each lane stores its 4 accumulators, "
+                "c[i] at row m0 + g + 8 (i / 2), column n0 + 2t + (i % 2)")
+    s64a, s64b = sa.astype(np.float64)[:, None], sb.astype(np.float64)[None, :]
+    if near(acc.astype(np.float64)):
+        return ("C holds the int32 sums in quantised units: dequantise, C = acc * sa[row] * "
+                "sb[col] (the scale of the activation's row and of the weight's output channel)")
+    if near(acc * s64a) or near(acc * s64b):
+        return ("only one of the two scales: C = acc * sa[row] * sb[col], one per row of A and "
+                "one per row of B (column of C)")
+    for a_map, b_map, c_map, hint in _FRAG_MISTAKES:
+        if near(_mma_with(A, B, a_map, b_map, c_map) * s64a * s64b):
+            return hint
+    return ("lane 4 g + t holds A's rows g, g + 8 at k = 4t .. 4t + 3 (registers 0, 1) and "
+            "16 + 4t .. 16 + 4t + 3 (registers 2, 3), B's row (column of B^T) g at the same two "
+            "k ranges, and C's rows g, g + 8 at columns 2t, 2t + 1; C = acc * sa[row] * sb[col]")

@@ -747,7 +747,7 @@ def _flag_grade(compile_kernel, src: str, seed: int, zero_copy: bool) -> dict:
             t0 = time.monotonic()
             while not all(e.done for e in events):
                 if time.monotonic() - t0 > FLAG_HANG_S:
-                    _flag_rescue({"hang": f"{ex}: {case}", "later": passed_calls > 0}, flags,
+                    _flag_rescue({"hang": case, "later": passed_calls > 0}, flags,
                                  call)
                 time.sleep(0.001)
             cupy.cuda.Device().synchronize()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -32,42 +31,23 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
+from ch09_common import OUT, Log, rel, scores  # noqa: E402
+
 al = cb.load_launch("attention")
-OUT = Path(os.environ.get("OUT", "/tmp/ch09_out"))
-OUT.mkdir(parents=True, exist_ok=True)
-LOG = open(OUT / "ch09_bench.log", "w")
+log = Log("ch09_bench.log")
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 TOL = {"f32": 1e-4, "f16": 5e-3, "bf16": 2e-2}      # relative Frobenius error
 SUMMARY: list[str] = []
 
 
-def log(*a) -> None:
-    s = " ".join(str(x) for x in a)
-    print(s, flush=True)
-    LOG.write(s + "\n")
-    LOG.flush()
-
-
 def reference(q, k, v, do, causal, heads):
     """O, lse, dQ, dK, dV of the given heads in float64 (torch autograd on the GPU)."""
     Q, K, V = (x[heads].double().requires_grad_() for x in (q, k, v))
-    S = Q @ K.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool, device=S.device).triu(1),
-                          -math.inf)
+    S = scores(Q, K, causal)
     lse = torch.logsumexp(S, -1)
     O = torch.softmax(S, -1) @ V
     dQ, dK, dV = torch.autograd.grad(O, (Q, K, V), do[heads].double())
     return O.detach(), lse.detach(), dQ, dK, dV
-
-
-def rel(a, b) -> float:
-    """||a - b|| / ||b||, with ||b|| floored at 1e-3 sqrt(n): a gradient that is exactly zero
-    (one visible key: softmax of one element) leaves only rounding noise, not a relative error."""
-    a = a.double()
-    if not torch.isfinite(a).all():
-        return math.inf
-    return float((a - b).norm() / b.norm().clamp_min(1e-3 * math.sqrt(b.numel())))
 
 
 def nan_like(x, shape=None, dtype=None):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -35,20 +34,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
+from ch09_common import OUT, Log, rel, scores  # noqa: E402
+
 al = cb.load_launch("attention")
-OUT = Path(os.environ.get("OUT", "/tmp/ch09_out"))
-OUT.mkdir(parents=True, exist_ok=True)
-LOG = open(OUT / "ch09_hopper.log", "w")
+log = Log("ch09_hopper.log")
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 TOL = {"f16": 5e-3, "bf16": 2e-2}      # relative Frobenius error (bwd: twice)
 SUMMARY: list[str] = []
-
-
-def log(*a) -> None:
-    s = " ".join(str(x) for x in a)
-    print(s, flush=True)
-    LOG.write(s + "\n")
-    LOG.flush()
 
 
 def reference(q, k, v, do, causal, heads, group):
@@ -57,23 +49,13 @@ def reference(q, k, v, do, causal, heads, group):
     Q = q[heads].double().requires_grad_()
     K, V = (x[kvh].double().requires_grad_() for x in (k, v))
     idx = torch.tensor([kvh.index(h // group) for h in heads], device=q.device)
-    S = Q @ K[idx].transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool, device=S.device).triu(1),
-                          -math.inf)
+    S = scores(Q, K[idx], causal)
     lse = torch.logsumexp(S, -1)
     O = torch.softmax(S, -1) @ V[idx]
     # only the selected query heads contribute: dK, dV of a shared head are partial unless
     # every head of its group is selected (the checks select whole groups)
     dQ, dK, dV = torch.autograd.grad(O, (Q, K, V), do[heads].double())
     return O.detach(), lse.detach(), dQ, dK, dV, kvh
-
-
-def rel(a, b) -> float:
-    a = a.double()
-    if not torch.isfinite(a).all():
-        return math.inf
-    return float((a - b).norm() / b.norm().clamp_min(1e-3 * math.sqrt(b.numel())))
 
 
 def nan_like(x):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -29,34 +28,17 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
+from ch09_common import OUT, Log, rel, scores  # noqa: E402
+
 al = cb.load_launch("attention")
-OUT = Path(os.environ.get("OUT", "/tmp/ch09_out"))
-OUT.mkdir(parents=True, exist_ok=True)
-LOG = open(OUT / "ch09_v4_probe.log", "a")
+log = Log("ch09_v4_probe.log", "a")
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 TOL = {"f16": 5e-3, "bf16": 2e-2}
 
 
-def log(*a) -> None:
-    s = " ".join(str(x) for x in a)
-    print(s, flush=True)
-    LOG.write(s + "\n")
-    LOG.flush()
-
-
-def rel(a, b) -> float:
-    a = a.double()
-    if not torch.isfinite(a).all():
-        return math.inf
-    return float((a - b).norm() / b.norm().clamp_min(1e-3 * math.sqrt(b.numel())))
-
-
 def ref(q, k, v, causal, heads):
     Q, K, V = (x[heads].double() for x in (q, k, v))
-    S = Q @ K.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool, device=S.device).triu(1),
-                          -math.inf)
+    S = scores(Q, K, causal)
     return torch.softmax(S, -1) @ V, torch.logsumexp(S, -1)
 
 

@@ -783,20 +783,26 @@ _DKDQ_OWN = ("thread j writes only dk[j], and the threads own the queries i = ti
              "for dq: no element is written by two threads, no atomics and no barrier needed")
 
 
-def _dkdq_reference(q, K, V, do, j0: int, n: int):
-    """(lse, delta, dS[:, tile], dK[tile]) of full attention by torch autograd in float64:
-    delta = rowsum(dO * O); dS is the gradient of the scaled scores."""
+def _autograd(q, K, V, do, scale: float):
+    """Full attention softmax(scale q K^T) V by torch autograd in float64: (lse, delta, dS,
+    dK, dV) with delta = rowsum(dO * O) and dS the gradient of the scaled scores."""
     import torch
 
     Q, Kt, Vt = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, K, V))
-    S = Q @ Kt.T / math.sqrt(q.shape[1])
+    S = scale * (Q @ Kt.T)
     S.retain_grad()
     O = torch.softmax(S, -1) @ Vt
     dO = torch.tensor(do, dtype=torch.float64)
     O.backward(dO)
     delta = (dO * O.detach()).sum(1).numpy()
     lse = torch.logsumexp(S, -1).detach().numpy()
-    return lse, delta, S.grad.numpy()[:, j0:j0 + n], Kt.grad.numpy()[j0:j0 + n]
+    return lse, delta, S.grad.numpy(), Kt.grad.numpy(), Vt.grad.numpy()
+
+
+def _dkdq_reference(q, K, V, do, j0: int, n: int):
+    """(lse, delta, dS[:, tile], dK[tile]) of full attention (scale 1 / sqrt(D)), float64."""
+    lse, delta, dS, dK, _ = _autograd(q, K, V, do, 1 / math.sqrt(q.shape[1]))
+    return lse, delta, dS[:, j0:j0 + n], dK[j0:j0 + n]
 
 
 def _dkdq_hint(which: str, got, ref, dq0, q, k, v, do, lse, delta, scale) -> str:
@@ -930,19 +936,9 @@ def _tile_reference(q, K, V, do, j0: int, n: int, scale: float):
     """(lse, delta, dQ, dK, dV) of one tile, keys j0..j0+n-1, by torch autograd in float64:
     lse and delta = rowsum(dO * O) over ALL keys; dK, dV the tile's rows of autograd's
     gradients; dQ the tile's share, scale dS[:, tile] K[tile] (autograd's dQ sums them)."""
-    import torch
-
-    Q, Kt, Vt = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, K, V))
-    S = scale * (Q @ Kt.T)
-    S.retain_grad()
-    O = torch.softmax(S, -1) @ Vt
-    dO = torch.tensor(do, dtype=torch.float64)
-    O.backward(dO)
-    delta = (dO * O.detach()).sum(1).numpy()
-    lse = torch.logsumexp(S, -1).detach().numpy()
-    dS = S.grad.numpy()[:, j0:j0 + n]
-    dq = scale * dS @ K[j0:j0 + n].astype(np.float64)
-    return lse, delta, dq, Kt.grad.numpy()[j0:j0 + n], Vt.grad.numpy()[j0:j0 + n]
+    lse, delta, dS, dK, dV = _autograd(q, K, V, do, scale)
+    dq = scale * dS[:, j0:j0 + n] @ K[j0:j0 + n].astype(np.float64)
+    return lse, delta, dq, dK[j0:j0 + n], dV[j0:j0 + n]
 
 
 def _tile_rubric(ex: str, src: str) -> None:

@@ -19,7 +19,7 @@
 // traffic: every kernel reads 4 n and writes 4 n bytes (b is tiny and stays in cache), so all
 // are memory-bound. The unfused pair bias_add_v1 + gelu_v1 moves 16 n bytes (the intermediate
 // x + b goes to memory and comes back); the fused kernel moves 8 n: at best 2x faster.
-// common.cuh: gelu_tanh
+// common.cuh: gelu_tanh, gelu_tanh_grad
 #include "common.cuh"
 
 // launch: grid = ceil_div(n, 256), block = 256, no shared memory
@@ -86,14 +86,6 @@ extern "C" __global__ void bias_gelu_v2(const float* x, const float* b, float* y
 }
 
 // ------------------------------------------------------------------ Chapter 6: the backward
-// d/dz gelu_tanh(z) with u = k (z + c z^3), t = tanh(u):
-//     0.5 (1 + t) + 0.5 z (1 - t^2) k (1 + 3 c z^2)
-template <typename T>
-__device__ __forceinline__ T gelu_tanh_grad(T z) {
-    T k = (T)0.7978845608028654, c = (T)0.044715;
-    T t = tanh(k * (z + c * z * z * z));
-    return (T)0.5 * ((T)1 + t) + (T)0.5 * z * ((T)1 - t * t) * k * ((T)1 + (T)3 * c * z * z);
-}
 
 // launch: grid = ceil_div(M * N, 256), block = 256. h, dy, dh: (M, N); b: (N,)
 extern "C" __global__ void gelu_backward_v1(const float* h, const float* b, const float* dy,

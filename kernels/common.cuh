@@ -5,6 +5,9 @@
 //   aligned16(p)            p is a multiple of 16 bytes (a float4 access is allowed)
 //   gelu_tanh(v)            GELU, tanh approximation, float or double (activation.cu,
 //                           gelu_half.cu)
+//   gelu_tanh_grad(z)       its derivative (activation.cu, mlp_step.cu)
+//   adamw_coef(t, ...)      AdamW's two bias corrections at step t (optim.cu, mlp_step.cu)
+//   adamw_param(...)        one parameter's AdamW update (optim.cu, mlp_step.cu)
 //   warp_reduce<R>(v)       v combined by the operator R over the 32 lanes of a warp; every lane
 //                           gets the result
 //   warp_sum(v), warp_max(v)      the same for + and max, float or double
@@ -52,6 +55,39 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 template <typename T>
 __device__ __forceinline__ T gelu_tanh(T v) {
     return (T)0.5 * v * ((T)1 + tanh((T)0.7978845608028654 * (v + (T)0.044715 * v * v * v)));
+}
+
+// gelu_tanh'(z), its derivative (the backward of activation.cu, mlp_step.cu):
+// d/dz gelu_tanh(z) with u = k (z + c z^3), t = tanh(u):
+//     0.5 (1 + t) + 0.5 z (1 - t^2) k (1 + 3 c z^2)
+template <typename T>
+__device__ __forceinline__ T gelu_tanh_grad(T z) {
+    T k = (T)0.7978845608028654, c = (T)0.044715;
+    T t = tanh(k * (z + c * z * z * z));
+    return (T)0.5 * ((T)1 + t) + (T)0.5 * z * ((T)1 - t * t) * k * ((T)1 + (T)3 * c * z * z);
+}
+
+// AdamW (Loshchilov & Hutter) at step t = 1, 2, ..., in the order of torch.optim.AdamW.
+// adamw_coef: the two bias corrections, {lr / (1 - b1^t), sqrt(1 - b2^t)}, in double once per step
+__device__ __forceinline__ void adamw_coef(int t, float lr, float beta1, float beta2,
+                                           float* coef) {
+    coef[0] = (float)((double)lr / (1.0 - pow((double)beta1, (double)t)));
+    coef[1] = (float)sqrt(1.0 - pow((double)beta2, (double)t));
+}
+
+// adamw_param: one parameter p with gradient g and moments m, v (updated in place), given the
+// step's coef = {step_size, bc2_sqrt} from adamw_coef:
+//     p = p (1 - lr wd);  m += (1 - b1)(g - m);  v = b2 v + (1 - b2) g^2
+//     p -= step_size m / (sqrt(v) / bc2_sqrt + eps)
+__device__ __forceinline__ void adamw_param(float& p, float g, float& m, float& v, float lr,
+                                            float beta1, float beta2, float eps, float wd,
+                                            float step_size, float bc2_sqrt) {
+    float pi = p * (1.0f - lr * wd);
+    float mi = m + (1.0f - beta1) * (g - m);
+    float vi = beta2 * v + (1.0f - beta2) * g * g;
+    m = mi;
+    v = vi;
+    p = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
 }
 
 // ----- reductions, templated over the operator -------------------------------------------------

@@ -18,6 +18,7 @@
 //   adamw_v1            one thread per parameter, coef from adamw_count_step
 //
 // traffic: sgd 12 n bytes; adamw reads p, g, m, v and writes p, m, v: 28 n bytes.
+// common.cuh: adamw_coef, adamw_param (shared with mlp_step.cu)
 #include "common.cuh"
 
 // launch: grid = ceil_div(n, 256), block = 256
@@ -32,8 +33,7 @@ extern "C" __global__ void adamw_count_step(int* step, float* coef, float lr, fl
                                             float beta2) {
     int t = step[0] + 1;
     step[0] = t;
-    coef[0] = (float)((double)lr / (1.0 - pow((double)beta1, (double)t)));
-    coef[1] = (float)sqrt(1.0 - pow((double)beta2, (double)t));
+    adamw_coef(t, lr, beta1, beta2, coef);     // common.cuh
 }
 
 // launch: grid = ceil_div(n, 256), block = 256
@@ -43,12 +43,9 @@ extern "C" __global__ void adamw_v1(float* __restrict__ p, const float* __restri
                                     const float* __restrict__ coef) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float step_size = coef[0], bc2_sqrt = coef[1];
-    float gi = g[i];
-    float pi = p[i] * (1.0f - lr * wd);
-    float mi = m[i] + (1.0f - beta1) * (gi - m[i]);
-    float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_param(pi, g[i], mi, vi, lr, beta1, beta2, eps, wd, coef[0], coef[1]);   // common.cuh
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+    p[i] = pi;
 }

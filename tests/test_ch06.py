@@ -872,3 +872,92 @@ def test_ex06_5_states_its_stub_sizes_and_has_two_hints():
     said, stubs, levels = exercise_page("06")["ex06.5"]
     assert said and said == stubs, f"ex06.5: the specification says {said} lines, the stubs {stubs}"
     assert levels == [2], f"ex06.5: one hints cell of two levels: {levels}"
+
+
+# ----------------------------------------------------------------------------- the fused step
+def _mlp_params(sizes, seed):
+    rng = np.random.default_rng(seed)
+    K, H, C = sizes
+    return [(rng.standard_normal((K, H)) * 0.3, rng.standard_normal(H) * 0.1),
+            (rng.standard_normal((H, C)) * 0.3, rng.standard_normal(C) * 0.1)]
+
+
+def _float64_loss_and_grads(ps, x, y):
+    """The loss and gradients of the MLP at parameters ``ps`` [W1, b1, W2, b2], float64 autograd."""
+    ps = [torch.tensor(p, dtype=torch.float64, requires_grad=True) for p in ps]
+    h = F.gelu(torch.tensor(x, dtype=torch.float64) @ ps[0] + ps[1], approximate="tanh")
+    loss = F.cross_entropy(h @ ps[2] + ps[3], torch.tensor(y).long())
+    loss.backward()
+    return loss.item(), [p.grad.numpy() for p in ps]
+
+
+@gpu
+@pytest.mark.parametrize("M, sizes", [(37, (29, 44, 13)), (3, (5, 300, 2)), (512, (64, 256, 10)),
+                                      (17, (8, 16, 32))])
+def test_fused_mlp_step_matches_float64_autograd_and_adamw(M, sizes):
+    """Each of 3 steps in isolation: the loss and gradients against float64 autograd at the
+    kernel's own parameters, and the update against float64 AdamW fed the kernel's gradient."""
+    ms = cb.load_launch("mlp_step")
+    rng = np.random.default_rng(M + 1)
+    x, y = rng.standard_normal((M, sizes[0])).astype(np.float32), rng.integers(0, sizes[2], M)
+    lr, (b1, b2), eps, wd = 1e-2, (0.9, 0.999), 1e-8, 0.1
+    st = ms.MLPStep(_mlp_params(sizes, seed=M), batch=M, lr=lr, betas=(b1, b2), eps=eps,
+                    weight_decay=wd)
+    st.set_batch(x, y)
+    m = [np.zeros(p.shape) for p in (st.W[0], st.b[0], st.W[1], st.b[1])]
+    v = [np.zeros(p.shape) for p in m]
+    for t in range(1, 4):
+        before = [p.get().astype(np.float64) for p in (st.W[0], st.b[0], st.W[1], st.b[1])]
+        loss, grads = _float64_loss_and_grads(before, x, y)
+        st.step()
+        assert int(st.opt.t[0]) == t
+        cb.check(st.loss, np.array([loss]), atol=1e-5, rtol=1e-5)
+        for k, (g, ref) in enumerate(zip((st.dW[0], st.db[0], st.dW[1], st.db[1]), grads)):
+            cb.check(g, ref, atol=1e-4 * np.abs(ref).max() + 1e-7, rtol=1e-3)
+            gk = g.get().astype(np.float64)
+            m[k] = b1 * m[k] + (1 - b1) * gk
+            v[k] = b2 * v[k] + (1 - b2) * gk * gk
+            want = before[k] * (1 - lr * wd) - lr / (1 - b1**t) * m[k] / (
+                np.sqrt(v[k]) / np.sqrt(1 - b2**t) + eps)
+            cb.check((st.W[0], st.b[0], st.W[1], st.b[1])[k], want, atol=2e-6, rtol=1e-5)
+    gaps = np.ones(st.n, bool)                   # the flat buffer's gaps stay zero
+    for o, size in zip(st.offsets, (p.size for p in m)):
+        gaps[o:o + size] = False
+    assert not st.P.get()[gaps].any() and not st.G.get()[gaps].any()
+
+
+@gpu
+def test_fused_mlp_step_is_deterministic_and_nan_on_a_bad_label():
+    import cupy as cp
+
+    ms = cb.load_launch("mlp_step")
+    params = _mlp_params((29, 44, 13), seed=1)
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((100, 29)).astype(np.float32), rng.integers(0, 13, 100)
+    a, b = ms.MLPStep(params, 100), ms.MLPStep(params, 100)
+    for st in (a, b):
+        st.set_batch(x, y)
+        for _ in range(4):
+            st.step()
+    assert cp.array_equal(a.P, b.P) and cp.array_equal(a.G, b.G)      # bit for bit: no atomics
+    a.y[5] = 13                                  # past the set_batch check, as a kernel sees it
+    a.step()
+    assert np.isnan(float(a.loss[0]))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 13\)"):
+        a.set_batch(x, np.full(100, 13))
+
+
+def test_fused_mlp_step_refuses_what_it_cannot_do():
+    ms = cb.load_launch("mlp_step")
+    p = _mlp_params((8, 16, 10), seed=0)
+    with pytest.raises(cb.LaunchError, match="one hidden layer"):
+        ms.MLPStep(p + p[1:], 4)
+    with pytest.raises(cb.LaunchError, match="33 classes"):
+        ms.MLPStep(_mlp_params((8, 16, 33), seed=0), 4)
+    with pytest.raises(cb.LaunchError, match="b1 has shape"):
+        ms.MLPStep([(p[0][0], p[0][1][:3]), p[1]], 4)
+    with pytest.raises(cb.LaunchError, match="batch must be a positive int"):
+        ms.MLPStep(p, 0)
+    assert ms.layout((8, 16, 10)) == ((0, 128, 192, 384), 448)
+    cfg = ms.config("mlp_step_v1_rows", 37, (29, 44, 13), 0)
+    assert cfg.grid == (5,) and cfg.shared == 4 * (8 * (32 + 88 + 13) + 8 + 44 * 13)

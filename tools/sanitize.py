@@ -4,6 +4,8 @@
     python tools/sanitize.py 03 04        racecheck and memcheck on the kernels of these chapters
     python tools/sanitize.py              every target
     python tools/sanitize.py --list       which targets exist, and their chapters
+    python tools/sanitize.py --tools initcheck,synccheck mlp_step_launch
+                                          other tools; a kernels/*_launch stem picks one module
 
 The registry is collected in one place, here, from the kernels themselves: every
 ``kernels/<name>.py`` that defines ``sanitize_targets()`` contributes its (name, launch) pairs
@@ -49,10 +51,15 @@ def registry() -> dict[str, list[str]]:
 
 
 def modules_for(chapters: list[str]) -> list[str]:
+    """The modules of these chapters ("06") and the modules named (``mlp_step_launch``)."""
     reg = registry()
     if not chapters:
         return sorted(reg)
-    return sorted(m for m, chs in reg.items() if set(chs) & set(chapters))
+    unknown = [c for c in chapters if not re.fullmatch(r"\d\d", c) and c not in reg]
+    if unknown:
+        raise SystemExit(f"sanitize: {unknown} are neither chapters nor modules with "
+                         f"sanitize_targets(); see --list")
+    return sorted(m for m, chs in reg.items() if set(chs) & set(chapters) or m in chapters)
 
 
 def inner(modules: list[str]) -> None:
@@ -75,12 +82,19 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "--list":
         print(json.dumps(registry(), indent=1))
         return 0
+    tools = ("racecheck", "memcheck")
+    if argv and argv[0] == "--tools":
+        tools = tuple(argv[1].split(","))
+        bad_tools = set(tools) - {"racecheck", "memcheck", "initcheck", "synccheck"}
+        if bad_tools:
+            raise SystemExit(f"sanitize: unknown tools {sorted(bad_tools)}")
+        argv = argv[2:]
     modules = modules_for(argv)
     if not modules:
         print(f"sanitize: no targets for chapters {' '.join(argv)}")
         return 0
     bad = 0
-    for tool in ("racecheck", "memcheck"):
+    for tool in tools:
         r = subprocess.run(["compute-sanitizer", "--tool", tool, "--error-exitcode", "7",
                             sys.executable, __file__, "--inner", *modules],
                            capture_output=True, text=True, cwd=ROOT)

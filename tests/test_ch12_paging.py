@@ -1,0 +1,195 @@
+"""The paged KV cache (capstone): the host bookkeeping (cudabook.paging) on the CPU, the Numba
+twins of paged decode attention on the simulator (or a GPU), and the CUDA C++ kernels (GPU),
+each against a float64 dense reference; lengths at and past block boundaries, shuffled blocks,
+grouped-query heads, several splits, and the refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cudabook as cb
+from cudabook.paging import BlockAllocator, PagedTable, PoolExhausted
+
+gpu = pytest.mark.gpu
+pa = cb.load_launch("paged_attention")
+
+
+# ----------------------------------------------------------------------------- bookkeeping
+def test_allocator_hands_out_each_block_once_and_refuses_double_free():
+    a = BlockAllocator(8, 16)
+    x, y = a.allocate(3), a.allocate(5)
+    assert sorted(x + y) == list(range(8)) and a.free == 0
+    with pytest.raises(PoolExhausted, match="1 blocks asked, 0 of 8 free"):
+        a.allocate(1)
+    a.release(x)
+    assert a.free == 3 and sorted(a.allocate(3)) == sorted(x)
+    a.release(y)
+    with pytest.raises(ValueError, match="double free"):
+        a.release(y[:1])
+    assert a.blocks_for(16) == 1 and a.blocks_for(17) == 2
+
+
+def test_table_grows_a_block_at_each_boundary_and_reuses_retired_blocks():
+    t = PagedTable(BlockAllocator(6, 4), max_requests=2, max_blocks=3)
+    s0 = t.admit(4)                               # one full block
+    assert t.seq_lens[s0] == 4 and (t.block_table[s0] >= 0).sum() == 1
+    assert t.grow(s0) == 4 and (t.block_table[s0] >= 0).sum() == 2     # position 4: a new block
+    for _ in range(3):
+        t.grow(s0)
+    assert t.seq_lens[s0] == 8 and (t.block_table[s0] >= 0).sum() == 2
+    s1 = t.admit(9)                               # 3 blocks
+    assert s1 != s0 and t.alloc.free == 1
+    assert not t.fits(1)                          # both slots in use
+    pos = t.positions(s1)
+    assert pos.shape == (9, 2) and (pos[:, 1] == np.arange(9) % 4).all()
+    used = set(t.block_table[s0][t.block_table[s0] >= 0]) | set(t.block_table[s1][:3])
+    assert len(used) == 5                         # nobody shares a block
+    t.retire(s0)
+    assert t.alloc.free == 3 and not t.in_use[s0]
+    s2 = t.admit(12)
+    assert s2 == s0 and t.alloc.free == 0
+    with pytest.raises(ValueError, match="full"):
+        for _ in range(1):
+            t.grow(s2)                            # 12 = 3 blocks of 4: the table's row is full
+
+
+def test_table_refuses_what_cannot_be_served():
+    t = PagedTable(BlockAllocator(4, 16), max_requests=3, max_blocks=2)
+    with pytest.raises(ValueError, match="empty prompt"):
+        t.admit(0)
+    with pytest.raises(ValueError, match="longer than the cache holds per request"):
+        t.admit(33)
+    t.admit(32)
+    t.admit(17)
+    assert not t.fits(1)
+    with pytest.raises(PoolExhausted, match="1 blocks asked, 0 of 4 free"):
+        t.admit(1)
+    assert not t.in_use[2] and (t.block_table[2] == -1).all()     # nothing changed
+    with pytest.raises(ValueError, match="holds no request"):
+        t.retire(2)
+
+
+# ----------------------------------------------------------------------------- attention
+def _paged_case(lens, H, Hkv, D, BS, MB, NB, seed=0, dtype=np.float16):
+    """A pool filled with noise, each request's blocks drawn at random from it (not in order)."""
+    rng = np.random.default_rng(seed)
+    B = len(lens)
+    table = np.full((B, MB), -1, np.int32)
+    ids = rng.permutation(NB)
+    for b, n in enumerate(lens):
+        k = -(-n // BS)
+        table[b, :k], ids = ids[:k], ids[k:]
+    q = rng.standard_normal((B, H, D)).astype(dtype)
+    kp = rng.standard_normal((NB, Hkv, BS, D)).astype(dtype)
+    vp = rng.standard_normal((NB, Hkv, BS, D)).astype(dtype)
+    return q, kp, vp, table, np.array(lens, np.int32)
+
+
+def test_reference_through_the_table_is_dense_attention():
+    q, kp, vp, table, lens = _paged_case([5, 16, 17], H=4, Hkv=2, D=8, BS=4, MB=5, NB=20,
+                                         dtype=np.float64)
+    out = pa.reference(q, kp, vp, table, lens)
+    b, h, n = 2, 3, 17                            # request 2, query head 3 -> KV head 1
+    K = np.concatenate([kp[table[b, i], 1] for i in range(5)])[:n]
+    V = np.concatenate([vp[table[b, i], 1] for i in range(5)])[:n]
+    s = K @ q[b, h] / np.sqrt(8)
+    p = np.exp(s - s.max())
+    assert np.allclose(out[b, h], p @ V / p.sum(), atol=1e-12)
+
+
+@pytest.mark.parametrize("lens, H, Hkv, splits", [([1, 4, 5, 12], 4, 2, 2), ([9, 3], 2, 2, 3),
+                                                  ([16], 8, 1, 1)])
+def test_numba_twins_match_the_reference(lens, H, Hkv, splits):
+    q, kp, vp, table, sl = _paged_case(lens, H=H, Hkv=Hkv, D=8, BS=4, MB=4, NB=16, seed=len(lens),
+                                       dtype=np.float32)
+    out, m, l_, o = pa.decode_numba(q, kp, vp, table, sl, splits=splits)
+    cb.check(out, pa.reference(q, kp, vp, table, sl), atol=1e-5, rtol=1e-5)
+    S, bps = pa.plan(len(lens), Hkv, 4, 4, splits)
+    assert m.shape[2] == S
+    for b, n in enumerate(sl):                    # a split past a request's end is empty
+        for s in range(S):
+            empty = s * bps * 4 >= n
+            assert (m[b, :, s] == -np.inf).all() == empty and (l_[b, :, s] == 0).all() == empty
+    assert np.isfinite(out).all()
+
+
+def test_numba_twin_gives_nan_for_a_bad_block_id_or_length():
+    q, kp, vp, table, sl = _paged_case([5, 6], H=2, Hkv=1, D=8, BS=4, MB=2, NB=8,
+                                       dtype=np.float32)
+    table[1, 1] = 99                              # outside the pool
+    out = pa.decode_numba(q, kp, vp, table, sl, splits=2)[0]
+    assert np.isfinite(out[0]).all() and np.isnan(out[1]).all()
+    sl[0] = 9                                     # longer than its 2 blocks of 4
+    out = pa.decode_numba(q, kp, vp, table, sl, splits=1)[0]
+    assert np.isnan(out[0]).all()
+
+
+def test_plan_and_checks_refuse_bad_input():
+    assert pa.plan(1, 2, 8, 16, splits=4) == (4, 2)
+    assert pa.plan(1, 2, 64, 16, splits=1) == (2, 32)      # 1024 keys: two splits of 512
+    with pytest.raises(ValueError, match="positive int"):
+        pa.plan(1, 2, 8, 16, splits=0)
+    q, kp, vp, table, sl = _paged_case([5, 6], H=6, Hkv=4, D=8, BS=4, MB=2, NB=8)
+    with pytest.raises(cb.LaunchError, match="multiple of Hkv"):
+        pa.decode_numba(q, kp, vp, table, sl)
+    q, kp, vp, table, sl = _paged_case([5, 6], H=4, Hkv=2, D=8, BS=4, MB=2, NB=8)
+    for bad_sl, msg in (([0, 6], "request 0: 0 tokens"), ([5, 9], "request 1: 9 tokens")):
+        with pytest.raises(ValueError, match=msg):
+            pa.check_table(table, np.array(bad_sl, np.int32), 8, 4)
+    t2 = table.copy()
+    t2[1, 0] = t2[0, 0]
+    with pytest.raises(ValueError, match="used by two positions"):
+        pa.check_table(t2, sl, 8, 4)
+    t2[1, 0] = 8
+    with pytest.raises(ValueError, match="outside the pool"):
+        pa.check_table(t2, sl, 8, 4)
+
+
+@gpu
+@pytest.mark.parametrize("lens, H, Hkv, D, splits", [([1, 16, 17, 100], 8, 2, 64, 3),
+                                                     ([255, 256, 257], 4, 4, 128, None),
+                                                     ([33], 8, 1, 128, 1),
+                                                     ([7, 64], 32, 8, 64, 2)])
+def test_cuda_paged_decode_matches_the_reference(lens, H, Hkv, D, splits):
+    import cupy as cp
+
+    q, kp, vp, table, sl = _paged_case(lens, H, Hkv, D, BS=16, MB=17, NB=80, seed=D + H)
+    args = [cp.asarray(a) for a in (q, kp, vp, table, sl)]
+    out = pa.decode(*args, splits=splits, check=True)
+    cb.check(out, pa.reference(q, kp, vp, table, sl), atol=2e-3, rtol=2e-3)
+
+
+@gpu
+def test_cuda_append_then_decode_sees_the_new_token_and_bad_ids_give_nan():
+    import cupy as cp
+
+    q, kp, vp, table, sl = _paged_case([16, 5], H=4, Hkv=2, D=64, BS=16, MB=3, NB=8, seed=3)
+    spare = min(set(range(8)) - {int(table[0, 0]), int(table[1, 0])})
+    table[0, 1] = spare                           # request 0 grows into a second block
+    sl = sl + 1
+    rng = np.random.default_rng(4)
+    k1, v1 = (rng.standard_normal((2, 2, 64)).astype(np.float16) for _ in range(2))
+    g = [cp.asarray(a) for a in (q, kp, vp, table, sl)]
+    pa.append(cp.asarray(k1), cp.asarray(v1), g[1], g[2], g[3], g[4])
+    kp[spare, :, 0], kp[table[1, 0], :, 5] = k1[0], k1[1]      # position 16 and position 5
+    vp[spare, :, 0], vp[table[1, 0], :, 5] = v1[0], v1[1]
+    cb.check(g[1], kp, atol=0, rtol=0)
+    cb.check(pa.decode(*g), pa.reference(q, kp, vp, table, sl), atol=2e-3, rtol=2e-3)
+    g[3][1, 0] = 99                               # a bad block id: NaN for that request only
+    out = pa.decode(*g).get()
+    assert np.isfinite(out[0]).all() and np.isnan(out[1]).all()
+
+
+@gpu
+def test_cuda_paged_decode_refuses_bad_input():
+    import cupy as cp
+
+    q, kp, vp, table, sl = (cp.asarray(a) for a in _paged_case([5], 4, 2, 48, 16, 2, 4))
+    with pytest.raises(cb.LaunchError, match="head dimension 48"):
+        pa.decode(q, kp, vp, table, sl)
+    q, kp, vp, table, sl = (cp.asarray(a) for a in _paged_case([5], 4, 2, 64, 16, 2, 4))
+    with pytest.raises(TypeError, match="float16"):
+        pa.decode(q.astype(cp.float32), kp, vp, table, sl)
+    with pytest.raises(ValueError, match="work: made for"):
+        pa.decode(q, kp, vp, table, sl, work=pa.Workspace(1, 8, 64, 1))

@@ -193,3 +193,78 @@ def test_cuda_paged_decode_refuses_bad_input():
         pa.decode(q.astype(cp.float32), kp, vp, table, sl)
     with pytest.raises(ValueError, match="work: made for"):
         pa.decode(q, kp, vp, table, sl, work=pa.Workspace(1, 8, 64, 1))
+
+
+# ----------------------------------------------------------------------------- batching
+def _next_token(tokens, vocab=50):
+    """A stand-in model: the next token is a function of the whole sequence read back."""
+    t = np.asarray(tokens, np.int64)
+    return int((t * np.arange(1, t.size + 1)).sum() * 31 + t.size) % vocab
+
+
+def _solo(req):
+    seq, out = list(req.prompt), []
+    while len(out) < req.max_new_tokens:
+        out.append(_next_token(seq))
+        seq.append(out[-1])
+    return out
+
+
+def _serve(requests, table):
+    """Continuous batching with the stand-in model reading every sequence back through the
+    block table from a pool of token ids (a mix-up of blocks changes the tokens)."""
+    from cudabook.batching import ContinuousBatcher
+
+    bs = table.alloc.block_size
+    pool = np.full((table.alloc.num_blocks, bs), -1, np.int64)
+    cbat = ContinuousBatcher(table)
+    for r in requests:
+        cbat.submit(r)
+    rows, width = 0, 0
+    while not cbat.idle:
+        for slot, req in cbat.admit():
+            blk, off = table.positions(slot).T
+            pool[blk, off] = req.prompt
+            cbat.commit(slot, _next_token(pool[blk, off]))
+        slots = cbat.decoding()
+        rows, width = rows + len(slots), max(width, len(slots))
+        for s in slots:
+            req = cbat.running[s]
+            blk, off = table.positions(s).T
+            pool[blk[-1], off[-1]] = req.out[-1]              # the input token's K/V
+            cbat.commit(s, _next_token(pool[blk, off]))
+    return cbat, rows, width
+
+
+def test_continuous_batching_gives_every_request_its_solo_tokens_and_frees_everything():
+    from cudabook.batching import Request, static_batches
+
+    rng = np.random.default_rng(7)
+    reqs = [Request(i, rng.integers(0, 50, rng.integers(1, 40)), int(rng.integers(1, 61)))
+            for i in range(24)]
+    table = PagedTable(BlockAllocator(40, 8), max_requests=6, max_blocks=13)
+    cbat, rows, width = _serve(reqs, table)
+    assert cbat.results == {r.id: _solo(Request(r.id, r.prompt, r.max_new_tokens))
+                            for r in reqs}
+    assert table.alloc.free == 40 and not table.in_use.any() and width <= 6
+    assert rows == sum(r.max_new_tokens - 1 for r in reqs)      # no padded rows
+    static = static_batches(reqs, 6)
+    assert sum(b["rows"] for b in static) > rows                 # padding: finished rows ride on
+    assert cbat.steps < sum(b["steps"] for b in static) + len(static)
+
+
+def test_admission_waits_for_memory_and_never_overtakes():
+    from cudabook.batching import ContinuousBatcher, Request
+
+    table = PagedTable(BlockAllocator(4, 4), max_requests=4, max_blocks=4)
+    cbat = ContinuousBatcher(table)
+    cbat.submit(Request("big", [1] * 9, 8))                      # 16 positions: all 4 blocks
+    cbat.submit(Request("small", [1], 1))
+    assert [r.id for _, r in cbat.admit()] == ["big"]
+    assert cbat.admit() == []                                    # promised blocks count as used
+    with pytest.raises(ValueError, match="submitted twice"):
+        cbat.submit(Request("small", [2], 1))
+    with pytest.raises(ValueError, match="more than a request can hold"):
+        cbat.submit(Request("huge", [1] * 10, 8))
+    with pytest.raises(ValueError, match="empty prompt"):
+        Request("e", [], 3)

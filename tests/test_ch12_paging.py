@@ -268,3 +268,74 @@ def test_admission_waits_for_memory_and_never_overtakes():
         cbat.submit(Request("huge", [1] * 10, 8))
     with pytest.raises(ValueError, match="empty prompt"):
         Request("e", [], 3)
+
+
+# ----------------------------------------------------------------------------- ex12.1 grader
+# The right merge and the mistakes a first merge makes, written as a reader would write them.
+# (The chapter's solutions notebook does not exist yet; these stand in for its reference.)
+_MERGE = '''
+import math
+from numba import cuda
+
+
+@cuda.jit
+def merge(m, l, o, out):
+    h, b = cuda.blockIdx.x, cuda.blockIdx.y
+    S, D = m.shape[2], out.shape[2]
+    M = {start}
+    for s in range(S):
+        M = max(M, m[b, h, s])
+    den = 0.0
+    for s in range(S):
+        den += {weight} * l[b, h, s]
+    for d in range({d_range}):
+        num = 0.0
+        for s in range(S):
+            num += {weight} * o[b, h, s, d]
+        out[b, h, d] = num / den
+'''
+_RIGHT = dict(start="-math.inf", weight="math.exp(m[b, h, s] - M)",
+              d_range="cuda.threadIdx.x, D, cuda.blockDim.x")
+
+
+def _merge_kernel(**edit):
+    """The answer with ``edit`` applied, its text registered with linecache (as a notebook
+    cell's is) so that the grader can read its source."""
+    import linecache
+
+    text = _MERGE.format(**{**_RIGHT, **edit})
+    fname = f"<ex12.1 answer {abs(hash(text))}>"
+    linecache.cache[fname] = (len(text), None, text.splitlines(keepends=True), fname)
+    ns = {}
+    exec(compile(text, fname, "exec"), ns)
+    return ns["merge"]
+
+
+def test_ex12_1_passes_the_right_merge(capsys):
+    from cudabook.graders import ex12_1
+
+    ex12_1(_merge_kernel())
+    assert capsys.readouterr().out.strip() == "PASS ex12.1"
+
+
+@pytest.mark.parametrize("edit, expect", [
+    (dict(weight="1.0"), "rescale both by exp"),                              # not rescaled
+    (dict(start="0.0"), "start the running maximum at -inf"),                 # M from 0
+    (dict(d_range="cuda.threadIdx.x, min(D, 32)"), "loop d over range"),      # 32 columns only
+    (dict(weight="(1.0 if l[b, h, s] > 0 else 0.0) / max(l[b, h, s], 1e-30)"),
+     "averaging each split's normalised output"),         # each split normalised, then averaged
+])
+def test_ex12_1_rejects_the_mistakes_of_a_first_merge(edit, expect):
+    from cudabook.graders import GradeError, ex12_1
+
+    with pytest.raises(GradeError, match=expect):
+        ex12_1(_merge_kernel(**edit))
+
+
+def test_ex12_1_refuses_the_book_kernel_and_a_plain_function():
+    from cudabook.graders import GradeError, ex12_1
+
+    with pytest.raises(GradeError, match="book's own kernel"):
+        ex12_1(cb.load_numba("paged_attention").paged_merge)
+    with pytest.raises(GradeError, match="expected a @cuda.jit kernel"):
+        ex12_1(lambda m, l, o, out: None)

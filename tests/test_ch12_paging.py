@@ -339,3 +339,61 @@ def test_ex12_1_refuses_the_book_kernel_and_a_plain_function():
         ex12_1(cb.load_numba("paged_attention").paged_merge)
     with pytest.raises(GradeError, match="expected a @cuda.jit kernel"):
         ex12_1(lambda m, l, o, out: None)
+
+
+# ----------------------------------------------------------------------------- ex12.2 grader
+_SCORES = '''
+import math
+from numba import cuda
+
+
+@cuda.jit
+def scores_k(q, k_pool, block_table, seq_lens, scores):
+    t = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    b = cuda.blockIdx.y
+    BS, D = k_pool.shape[1], q.shape[1]
+    if {guard}:
+        return
+    if t >= seq_lens[b]:
+        {mask}
+        return
+    blk = block_table[{row}, {blk}]
+    acc = 0.0
+    for e in range(D):
+        acc += q[b, e] * k_pool[blk, t % BS, e]
+    scores[b, t] = acc{scale}
+'''
+_SCORES_RIGHT = dict(guard="t >= scores.shape[1]", mask="scores[b, t] = -math.inf", row="b",
+                     blk="t // BS", scale=" / math.sqrt(D)")
+
+
+def _scores_kernel(**edit):
+    import linecache
+
+    text = _SCORES.format(**{**_SCORES_RIGHT, **edit})
+    fname = f"<ex12.2 answer {abs(hash(text))}>"
+    linecache.cache[fname] = (len(text), None, text.splitlines(keepends=True), fname)
+    ns = {}
+    exec(compile(text, fname, "exec"), ns)
+    return ns["scores_k"]
+
+
+def test_ex12_2_passes_the_right_kernel(capsys):
+    from cudabook.graders import ex12_2
+
+    ex12_2(_scores_kernel())
+    assert capsys.readouterr().out.strip() == "PASS ex12.2"
+
+
+@pytest.mark.parametrize("edit, expect", [
+    (dict(blk="(t + 1) // BS"), "off by one reads the wrong block exactly at a block boundary"),
+    (dict(row="0"), "row b of the block table"),
+    (dict(mask="pass"), "a position past the end is -inf"),
+    (dict(guard="False"), "bounds guard|index out of range|past the end"),
+    (dict(scale=""), "the scale 1 / sqrt"),
+])
+def test_ex12_2_rejects_the_mistakes_of_a_first_paged_read(edit, expect):
+    from cudabook.graders import GradeError, ex12_2
+
+    with pytest.raises(GradeError, match=expect):
+        ex12_2(_scores_kernel(**edit))

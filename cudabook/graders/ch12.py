@@ -1,6 +1,7 @@
 """Graders of the serving capstone (Chapter 12).
 
 ex12_1  Numba: merge the split partials of flash-decoding into the attention output   simulator
+ex12_2  Numba: attention scores of one query per request, keys read through a block table  simulator
 
 The partials handed to the answer are computed from random scores and values, split by split,
 as paged_decode_split writes them (kernels/paged_attention.py); the reference is their exact
@@ -21,7 +22,8 @@ from ._core import GradeError, call, canary_ok, fresh_rng, guarded, passed, to_d
 from ._static import refuse_stub
 from .ch06 import _need_kernel
 
-__all__ = ["ex12_1", "merge_partials_case", "MERGE_CASES"]
+__all__ = ["ex12_1", "ex12_2", "merge_partials_case", "paged_scores_case", "MERGE_CASES",
+           "PAGED_CASES"]
 
 #: (atol, rtol) of a float32 merge against the float64 reference
 MERGE_TOL = (1e-5, 1e-4)
@@ -156,3 +158,112 @@ def _judge(ex: str, case: str, got: np.ndarray, ref: np.ndarray, hint: str | Non
                        "sum_s l_s exp(m_s - M)")
         raise GradeError(f"{ex}: {case}: wrong at {i}: got {got[i]:.6g}, expected "
                          f"{ref[i]:.6g} ({int(bad.sum())} of {bad.size} wrong); {why}")
+
+
+# ----------------------------------------------------------------------------- ex12.2
+#: case name -> (requests' lengths, block size, blocks per row of the table, head dim)
+PAGED_CASES = {
+    "3 requests, lengths 1, 8 and 9 (block size 8: both sides of a boundary)": ((1, 8, 9), 8, 3,
+                                                                                  16),
+    "one request filling its whole row (4 blocks of 4)": ((16,), 4, 4, 8),
+    "5 requests, ragged lengths, blocks of 16, D = 40": ((33, 1, 16, 17, 47), 16, 3, 40),
+}
+
+
+def paged_scores_case(rng, lens, BS, MB, D):
+    """(q, k_pool, block_table, seq_lens, ref): a pool twice as large as needed, filled with
+    noise, each request's blocks drawn from it in random order; ref (B, MB BS) float64 holds
+    q[b] . K[b, t] / sqrt(D) for t < seq_lens[b] and -inf after."""
+    B = len(lens)
+    NB = 2 * sum(-(-n // BS) for n in lens) + 1
+    table = np.full((B, MB), -1, np.int32)
+    ids = rng.permutation(NB)
+    for b, n in enumerate(lens):
+        k = -(-n // BS)
+        table[b, :k], ids = ids[:k], ids[k:]
+    q = rng.standard_normal((B, D)).astype(np.float32)
+    kp = rng.standard_normal((NB, BS, D)).astype(np.float32)
+    ref = np.full((B, MB * BS), -np.inf)
+    for b, n in enumerate(lens):
+        t = np.arange(n)
+        ref[b, :n] = kp[table[b, t // BS], t % BS].astype(np.float64) @ q[b] / np.sqrt(D)
+    return q, kp, table, np.array(lens, np.int32), ref
+
+
+def _paged_mistakes(q, kp, table, lens) -> dict[str, np.ndarray]:
+    """The scores a wrong first answer computes, by mistake (an entry of -1 read as a block id
+    wraps to the last block, as a Numba array indexed with -1 does)."""
+    B, D = q.shape
+    BS, MB = kp.shape[1], table.shape[1]
+    out = {}
+    for name, row, blk_of in (
+            ("boundary", lambda b: b, lambda t: (t + 1) // BS),
+            ("boundary-", lambda b: b, lambda t: np.maximum(t - 1, 0) // BS),
+            ("row", lambda b: 0, lambda t: t // BS)):
+        r = np.full((B, MB * BS), -np.inf)
+        for b, n in enumerate(lens):
+            t = np.arange(n)
+            blk = table[row(b), np.minimum(blk_of(t), MB - 1)]     # -1 wraps, as Numba's does
+            r[b, :n] = kp[blk, t % BS].astype(np.float64) @ q[b] / np.sqrt(D)
+        out[name] = r
+    return out
+
+
+_PAGED_HINTS = {
+    "boundary": "position t lives in logical block t // BS at slot t % BS: an index off by one "
+                "reads the wrong block exactly at a block boundary",
+    "boundary-": "position t lives in logical block t // BS at slot t % BS: an index off by one "
+                 "reads the wrong block exactly at a block boundary",
+    "row": "request b's blocks are in row b of the block table; reading another row gives "
+           "request b another request's keys",
+}
+
+
+def ex12_2(kernel) -> None:
+    """``kernel(q, k_pool, block_table, seq_lens, scores)``: a @cuda.jit kernel launched
+    [(ceil(T / 32), B), 32] with T = MB * BS, a thread per (position, request). q (B, D)
+    float32; k_pool (NB, BS, D): the pool of key blocks; block_table (B, MB) int32; seq_lens
+    (B,) int32. It writes scores (B, T): q[b] . K[b, t] / sqrt(D) for t < seq_lens[b], where
+    K[b, t] = k_pool[block_table[b, t // BS], t % BS], and -inf for t >= seq_lens[b] (a masked
+    position a softmax ignores). Entries of the table past a request's blocks are -1."""
+    ex = "ex12.2"
+    _need_kernel(ex, kernel)
+    refuse_stub(ex, kernel)
+    rng, seed = fresh_rng()
+    for rep in range(2):
+        for what, (lens, BS, MB, D) in PAGED_CASES.items():
+            case = f"{what} (seed {seed}, call {rep + 1})"
+            q, kp, table, sl, ref = paged_scores_case(rng, lens, BS, MB, D)
+            B, T = len(lens), MB * BS
+            args = [to_device(a) for a in (q, kp, table, sl)]
+            out, buf = guarded((B, T))
+            call(ex, case, lambda: kernel[(-(-T // 32), B), 32](*args, out))
+            if not canary_ok(buf, B * T):
+                raise GradeError(f"{ex}: {case}: wrote past the end of scores: a guard on t < "
+                                 "T (the grid rounds T up to whole blocks of 32)?")
+            got = to_numpy(out).astype(np.float64)
+            _judge_scores(ex, case, got, ref, _paged_mistakes(q, kp, table, sl), sl)
+    passed(ex)
+
+
+def _judge_scores(ex, case, got, ref, mistakes, lens) -> None:
+    live = np.isfinite(ref)
+    if np.isnan(got).all():
+        raise GradeError(f"{ex}: {case}: scores never written (all NaN): is the body still the "
+                         "stub?")
+    dead = ~live & ~(got == -np.inf)
+    if dead.any():
+        b, t = (int(i) for i in np.argwhere(dead)[0])
+        raise GradeError(f"{ex}: {case}: scores[{b}, {t}] is {got[b, t]:.6g}, but request {b} "
+                         f"holds {int(lens[b])} tokens: a position past the end is -inf "
+                         "(masked), never a score of stale or foreign keys")
+    bad = live & ~close(got, ref, *MERGE_TOL)
+    if bad.any():
+        b, t = (int(i) for i in np.argwhere(bad)[0])
+        why = next((_PAGED_HINTS[k] for k, m in mistakes.items()
+                    if np.allclose(got[live], m[live], atol=1e-4, rtol=1e-4, equal_nan=True)),
+                   "check the block (block_table[b, t // BS]), the slot (t % BS) and the "
+                   "scale 1 / sqrt(D)")
+        raise GradeError(f"{ex}: {case}: wrong at scores[{b}, {t}]: got {got[b, t]:.6g}, "
+                         f"expected {ref[b, t]:.6g} ({int(bad.sum())} of {int(live.sum())} "
+                         f"wrong); {why}")

@@ -72,19 +72,34 @@ def _dense(shape: tuple, strides, itemsize: int) -> bool:
     return all(int(st) == w for st, w, n in zip(strides, reversed(want), shape) if int(n) > 1)
 
 
+_DT_STR: dict = {}
+
+
+def _dt_str(dt: Any) -> str:
+    """str(dt) without a "torch." prefix, looked up once per dtype (str of a numpy dtype takes
+    microseconds, and every launch describes several arrays)."""
+    try:
+        return _DT_STR[dt]
+    except KeyError:
+        s = _DT_STR[dt] = str(dt).replace("torch.", "")
+        return s
+    except TypeError:
+        return str(dt).replace("torch.", "")
+
+
 def describe(a: Any, name: str = "array") -> ArrayInfo:
     """An ``ArrayInfo`` of ``a``; TypeError naming ``name`` if ``a`` is not an array."""
     lib = lib_of(a)
     if lib == "torch":
-        dt = str(a.dtype).replace("torch.", "")
+        dt = _dt_str(a.dtype)
         return ArrayInfo(name, lib, int(a.data_ptr()), tuple(int(s) for s in a.shape), dt,
                          bool(a.is_contiguous()), bool(a.is_cuda),
                          a.device.index if a.is_cuda else None, a)
     if lib == "cupy":
-        return ArrayInfo(name, lib, int(a.data.ptr), tuple(a.shape), str(a.dtype),
-                         bool(a.flags.c_contiguous), True, int(a.device.id), a)
+        return ArrayInfo(name, lib, int(a.data.ptr), tuple(a.shape), _dt_str(a.dtype),
+                         bool(a.flags.c_contiguous), True, int(a.data.device_id), a)
     if lib == "numpy":
-        return ArrayInfo(name, lib, int(a.ctypes.data), tuple(a.shape), str(a.dtype),
+        return ArrayInfo(name, lib, int(a.ctypes.data), tuple(a.shape), _dt_str(a.dtype),
                          bool(a.flags.c_contiguous), False, None, a)
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is None:

@@ -27,9 +27,12 @@ def dtype_name(dt: Any) -> str:
     """``dt`` (a numpy dtype, a numpy scalar type, a torch dtype or a name) as a numpy-style
     name ("float32", "bfloat16", ...); looked up once per distinct value (launchers check
     several arrays on every launch)."""
-    if isinstance(dt, np.dtype):
-        return dt.name
-    r = _DTYPES.get(dt)
+    try:
+        r = _DTYPES.get(dt)              # numpy's dtype.name takes microseconds: ask it once
+    except TypeError:                    # unhashable: named below, not kept
+        r = None
+    if r is None and isinstance(dt, np.dtype):
+        r = _DTYPES[dt] = dt.name
     if r is None:
         s = str(dt).replace("torch.", "")
         try:

@@ -298,17 +298,21 @@ _RIGHT = dict(start="-math.inf", weight="math.exp(m[b, h, s] - M)",
               d_range="cuda.threadIdx.x, D, cuda.blockDim.x")
 
 
-def _merge_kernel(**edit):
-    """The answer with ``edit`` applied, its text registered with linecache (as a notebook
-    cell's is) so that the grader can read its source."""
+def _answer(template: str, right: dict, name: str, **edit):
+    """The kernel ``name`` of ``template`` filled with ``right`` and ``edit``, its text
+    registered with linecache (as a notebook cell's is) so that the grader can read its source."""
     import linecache
 
-    text = _MERGE.format(**{**_RIGHT, **edit})
-    fname = f"<ex12.1 answer {abs(hash(text))}>"
+    text = template.format(**{**right, **edit})
+    fname = f"<answer {abs(hash(text))}>"
     linecache.cache[fname] = (len(text), None, text.splitlines(keepends=True), fname)
     ns = {}
     exec(compile(text, fname, "exec"), ns)
-    return ns["merge"]
+    return ns[name]
+
+
+def _merge_kernel(**edit):
+    return _answer(_MERGE, _RIGHT, "merge", **edit)
 
 
 def test_ex12_1_passes_the_right_merge(capsys):
@@ -368,14 +372,7 @@ _SCORES_RIGHT = dict(guard="t >= scores.shape[1]", mask="scores[b, t] = -math.in
 
 
 def _scores_kernel(**edit):
-    import linecache
-
-    text = _SCORES.format(**{**_SCORES_RIGHT, **edit})
-    fname = f"<ex12.2 answer {abs(hash(text))}>"
-    linecache.cache[fname] = (len(text), None, text.splitlines(keepends=True), fname)
-    ns = {}
-    exec(compile(text, fname, "exec"), ns)
-    return ns["scores_k"]
+    return _answer(_SCORES, _SCORES_RIGHT, "scores_k", **edit)
 
 
 def test_ex12_2_passes_the_right_kernel(capsys):

@@ -24,7 +24,7 @@
 //   safe_max(m)             a row maximum usable in exp(x - m): 0 for a row of only -inf
 //   ld_stream16(p)          16 bytes read once (streamed weights): bypass L1 allocation
 //   ld_keep16(p)            16 bytes that every row reads again (gamma, beta): kept in L1 longest
-//   INFINITY                for NVRTC, which has no math.h
+//   INFINITY, NAN           for NVRTC, which has no math.h
 //
 // The operators of warp_reduce / block_reduce, one struct each (value type: what it reduces):
 //   Sum<T>, Max<T>          float or double (block_sum, block_max, warp_sum, warp_max)
@@ -40,6 +40,9 @@
 
 #ifndef INFINITY  // NVRTC (CuPy) has no math.h: build +inf from its bit pattern
 #define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN       // and a quiet NaN likewise
+#define NAN __int_as_float(0x7fc00000)
 #endif
 
 // blocks needed to cover n items with b per block

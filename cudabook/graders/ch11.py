@@ -258,6 +258,12 @@ def ex11_2(make_buckets: Callable) -> None:
                              "the backward computes the last layer's gradients first, so walk "
                              "the parameters in reverse (bucket 0 = the last parameters)")
         by_el = _buckets_by(ps, cap, lambda p: p.numel())
+        strict = _buckets_by(ps, cap, lambda p: p.numel() * p.element_size(), strict=True)
+        if got == by_el and got == strict:        # this parameter set cannot tell them apart
+            raise GradeError(f"{ex}: {desc}: got {got}, expected {want}: either the buckets are "
+                             "sized in elements, not bytes (count p.numel() * p.element_size()), "
+                             "or a bucket that holds exactly bucket_bytes is not closed: close "
+                             "it when its size is at least bucket_bytes (>=, not >)")
         if got == by_el:
             raise GradeError(f"{ex}: {desc}: the buckets are sized in elements, not bytes: "
                              "count p.numel() * p.element_size() (a bfloat16 element is 2 "
@@ -265,7 +271,7 @@ def ex11_2(make_buckets: Callable) -> None:
         if got == _buckets_by(ps, cap, lambda p: 4 * p.numel()):
             raise GradeError(f"{ex}: {desc}: every element counted as 4 bytes: a bucket's bytes "
                              "are p.numel() * p.element_size() (2 for bfloat16 and float16)")
-        if got == _buckets_by(ps, cap, lambda p: p.numel() * p.element_size(), strict=True):
+        if got == strict:
             raise GradeError(f"{ex}: {desc}: got {got}, expected {want}: a bucket that holds "
                              "exactly bucket_bytes is full; close it when its size is at least "
                              "bucket_bytes (>=, not >)")

@@ -199,3 +199,11 @@ def exercise_page(chapter: str) -> dict[str, tuple[list[int], list[int], list[in
                   if hint_cell_ex(c) == ex]
         out[ex] = (said, stubs, levels)
     return out
+
+
+def check_exercise_page(chapter: str, ex: str, page: dict | None = None) -> None:
+    """The exercise page's promises for ``ex``: the line counts its specification states match
+    the generated stubs, and it has one hints cell of two levels (a nudge, a closer one)."""
+    said, stubs, levels = (page or exercise_page(chapter))[ex]
+    assert said and said == stubs, f"{ex}: the specification says {said} lines, the stubs {stubs}"
+    assert levels == [2], f"{ex}: one hints cell of two levels (a nudge, a closer one): {levels}"

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from numba import cuda
-from solution_cells import Solution, exercise_page
+from solution_cells import Solution, check_exercise_page
 
 import cudabook as cb
 from cudabook import digits, torchops
@@ -754,9 +754,7 @@ def test_ex06_4_stub_fails():
 @needs_solutions
 @pytest.mark.parametrize("ex", ["ex06.1", "ex06.2", "ex06.3", "ex06.4"])
 def test_exercise_states_its_stub_sizes_and_has_two_hints(ex):
-    said, stubs, levels = exercise_page("06")[ex]
-    assert said and said == stubs, f"{ex}: the specification says {said} lines, the stubs {stubs}"
-    assert levels == [2], f"{ex}: one hints cell of two levels (a nudge, a closer one): {levels}"
+    check_exercise_page("06", ex)
 
 
 
@@ -869,9 +867,7 @@ def test_ex06_5_wrong_answers_fail(edits, hint):
 
 @needs_solutions
 def test_ex06_5_states_its_stub_sizes_and_has_two_hints():
-    said, stubs, levels = exercise_page("06")["ex06.5"]
-    assert said and said == stubs, f"ex06.5: the specification says {said} lines, the stubs {stubs}"
-    assert levels == [2], f"ex06.5: one hints cell of two levels: {levels}"
+    check_exercise_page("06", "ex06.5")
 
 
 # ----------------------------------------------------------------------------- the fused step

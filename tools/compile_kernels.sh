@@ -2,7 +2,9 @@
 # Compile every kernels/*.cu with nvcc for each target architecture (no GPU needed).
 #   bash tools/compile_kernels.sh            sm_75 sm_80 sm_90, one job per core
 #   ARCHS="90" JOBS=1 bash tools/compile_kernels.sh
-# Each (file, architecture) pair is one nvcc job; a failing job prints its own compiler output.
+# Each file is one nvcc job that compiles it for every architecture (one -gencode per
+# architecture: the host side is preprocessed and compiled once, not once per architecture), the
+# largest files first; a failing job prints its own compiler output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvcc >/dev/null; then
@@ -15,25 +17,29 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export tmp
 
-compile_one() {  # compile_one FILE ARCH: quiet on success, the compiler's output on failure
-  local f=$1 a=$2 o
-  o="$tmp/$(basename "$f" .cu).sm_$a"
-  if nvcc -std=c++17 -arch="sm_$a" -Ikernels -Werror all-warnings -c "$f" -o "$o.o" >"$o.log" 2>&1
+gencode=()
+for a in $archs; do gencode+=(-gencode "arch=compute_$a,code=sm_$a"); done
+export GENCODE="${gencode[*]}"
+
+compile_one() {  # compile_one FILE: quiet on success, the compiler's output on failure
+  local f=$1 o
+  o="$tmp/$(basename "$f" .cu)"
+  # shellcheck disable=SC2086  # GENCODE is a list of words
+  if nvcc -std=c++17 $GENCODE -Ikernels -Werror all-warnings -c "$f" -o "$o.o" >"$o.log" 2>&1
   then echo ok >"$o.ok"
-  else echo "FAILED: $f for sm_$a"; cat "$o.log"; return 1
+  else echo "FAILED: $f for sm_${archs// /, sm_}"; cat "$o.log"; return 1
   fi
 }
 export -f compile_one
+export archs
 
 status=0
-for f in kernels/*.cu; do for a in $archs; do printf '%s\n%s\n' "$f" "$a"; done; done |
-  xargs -n 2 -P "$jobs" bash -c 'compile_one "$0" "$1"' || status=$?
-n=$(find "$tmp" -name '*.ok' | wc -l)
+ls -S kernels/*.cu | xargs -n 1 -P "$jobs" bash -c 'compile_one "$0"' || status=$?
+nfiles=$(find "$tmp" -name '*.ok' | wc -l)
+n=$(( nfiles * $(echo $archs | wc -w) ))
 total=$(( $(ls kernels/*.cu | wc -l) * $(echo $archs | wc -w) ))
 for f in kernels/*.cu; do
-  ok=1
-  for a in $archs; do [ -f "$tmp/$(basename "$f" .cu).sm_$a.ok" ] || ok=0; done
-  [ $ok -eq 1 ] && echo "compiled $f for sm_${archs// /, sm_}"
+  [ -f "$tmp/$(basename "$f" .cu).ok" ] && echo "compiled $f for sm_${archs// /, sm_}"
 done
 if [ $status -ne 0 ] || [ "$n" -ne "$total" ]; then
   echo "nvcc: $n of $total compilations ok ($jobs at a time)" >&2

@@ -53,7 +53,7 @@ _HERE = Path(__file__).resolve().parent
 KERNELS_DIR: Path = (_HERE.parent / "kernels") if (_HERE.parent / "kernels").is_dir() \
     else (_HERE / "kernels")
 
-_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*(//.*)?$')
 _KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?'
                         r'(\w+)')
 

@@ -8,6 +8,8 @@
 //   gelu_tanh_grad(z)       its derivative (activation.cu, mlp_step.cu)
 //   adamw_coef(t, ...)      AdamW's two bias corrections at step t (optim.cu, mlp_step.cu)
 //   adamw_param(...)        one parameter's AdamW update (optim.cu, mlp_step.cu)
+//   rope_angle(p, i, ...)   cos and sin of RoPE's angle for pair i at position p (rope.cu,
+//                           paged_attention.cu)
 //   warp_reduce<R>(v)       v combined by the operator R over the 32 lanes of a warp; every lane
 //                           gets the result
 //   warp_sum(v), warp_max(v)      the same for + and max, float or double
@@ -47,6 +49,14 @@
 
 // blocks needed to cover n items with b per block
 __host__ __device__ inline int ceil_div(int n, int b) { return (n + b - 1) / b; }
+
+// RoPE's rotation for pair i (of D/2) at position p: the angle p * base^(-2i/D), in fp32 with the
+// accurate sincosf (positions reach 10^4 radians, where __sincosf is off)
+__device__ __forceinline__ void rope_angle(int p, int i, int D, float log2_base, float* c,
+                                           float* s) {
+    float inv = exp2f(-2.0f * (float)i / (float)D * log2_base);   // base^(-2i/D)
+    sincosf((float)p * inv, s, c);
+}
 
 // p is 16-byte aligned: float4 loads and stores from it are allowed
 __device__ __forceinline__ bool aligned16(const void* p) {

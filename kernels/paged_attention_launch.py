@@ -3,6 +3,8 @@ cache, split over the keys, with grouped-query heads.
 
     pa = cb.load_launch("paged_attention")
     pa.append(k, v, k_pool, v_pool, block_table, seq_lens)       # the new token's K, V
+    pa.rope_append(qkv, q, k_pool, v_pool, block_table, seq_lens)  # RoPE + append, fused
+    pa.write_prompt(k, v, k_pool, v_pool, row, n)                # a prefill's K, V into blocks
     out = pa.decode(q, k_pool, v_pool, block_table, seq_lens)    # split + merge, two launches
     work = pa.Workspace(B, H, D, splits)                         # partials, for a CUDA graph
     pa.decode(q, ..., out=out, work=work)                        # allocates nothing
@@ -31,13 +33,14 @@ import math
 import numpy as np
 
 import cudabook as cb
-from cudabook.launch import Launch, LaunchError, ceil_div
+from cudabook.launch import Launch, LaunchError, ceil_div, version_name
+from cudabook.validate import expect_aligned
 
 __all__ = ["VERSIONS", "HEAD_DIMS", "GMAX", "THREADS", "MAX_SPLIT_KEYS", "Workspace", "plan",
-           "config", "check_table", "append", "decode", "decode_numba", "reference",
-           "sanitize_targets"]
+           "config", "check_table", "append", "rope_append", "write_prompt", "decode", "decode_numba",
+           "reference", "rope_reference", "sanitize_targets"]
 
-VERSIONS = ("paged_decode_v1",)
+VERSIONS = ("paged_decode_v1", "paged_decode_v2")
 HEAD_DIMS = (16, 32, 64, 128)
 GMAX = 8                    # PAGED_GMAX in the .cu
 THREADS = 128               # PAGED_THREADS
@@ -104,23 +107,29 @@ def plan(B: int, Hkv: int, MB: int, BS: int, splits: int | None = None) -> tuple
     return ceil_div(MB, bps), bps
 
 
-def _shared(G: int, D: int, bps: int, BS: int) -> int:
-    return 4 * (G * D + G * bps * BS + (THREADS // D) * G * D) + 4 * bps + 16
+def _shared(G: int, D: int, bps: int, BS: int, kernel: str = "paged_decode_v1") -> int:
+    parts = THREADS // D if kernel == "paged_decode_v1" else THREADS // 32   # P V partials
+    return 4 * (G * D + G * bps * BS + parts * G * D) + 4 * bps + 16
 
 
 def config(kernel: str, B: int = 1, H: int = 1, Hkv: int = 1, D: int = 64, S: int = 1,
            bps: int = 1, BS: int = 16) -> Launch:
-    """paged_decode_v1: grid (Hkv, B, S), THREADS threads, the split's scores in shared memory;
-    paged_merge_v1: grid (H, B), 128 threads; paged_append_v1: a thread per element."""
-    if kernel == "paged_decode_v1":
-        return Launch((Hkv, B, S), (THREADS,), shared=_shared(H // Hkv, D, bps, BS),
+    """paged_decode_v1, _v2: grid (Hkv, B, S), THREADS threads, the split's scores in shared memory;
+    paged_merge_v1: grid (H, B), 128 threads; paged_append_v1: a thread per element;
+    paged_rope_append_v1: a thread per rotated pair of the query and key heads."""
+    if kernel in VERSIONS:
+        return Launch((Hkv, B, S), (THREADS,), shared=_shared(H // Hkv, D, bps, BS, kernel),
                       kernel=kernel)
     if kernel == "paged_merge_v1":
         return Launch((H, B), (128,), kernel=kernel)
     if kernel == "paged_append_v1":
         return Launch((ceil_div(B * Hkv * D, 256),), (256,), kernel=kernel)
-    raise ValueError(f"unknown kernel {kernel!r}; paged_attention.cu has paged_decode_v1, "
-                     "paged_merge_v1, paged_append_v1")
+    if kernel == "paged_write_v1":
+        return Launch((ceil_div(Hkv * S * (D // 8), 256),), (256,), kernel=kernel)   # S: T
+    if kernel == "paged_rope_append_v1":
+        return Launch((ceil_div(B * (H + Hkv) * (D // 2), 256),), (256,), kernel=kernel)
+    raise ValueError(f"unknown kernel {kernel!r}; paged_attention.cu has {', '.join(VERSIONS)}, "
+                     "paged_merge_v1, paged_append_v1, paged_rope_append_v1")
 
 
 def check_table(block_table, seq_lens, num_blocks: int, block_size: int) -> None:
@@ -164,10 +173,86 @@ def append(k, v, k_pool, v_pool, block_table, seq_lens) -> None:
                    i(D), i(NB), i(BS), i(MB)), stream=cb.stream_for(k, k_pool))
 
 
+def rope_append(qkv, q_out, k_pool, v_pool, block_table, seq_lens, base: float = 10000.0
+                ) -> None:
+    """The QKV projection of each request's new token, qkv (B, (H + 2 Hkv) D) fp16 (query
+    heads, key heads, value heads): q and k rotated (RoPE, half-split pairs) at each request's
+    own position seq_lens[b] - 1, q into q_out (B, H, D), k and v into the pool there. Grow the
+    table and seq_lens first. One launch of paged_rope_append_v1."""
+    cb.expect(q_out, "q_out", dtype=np.float16, ndim=3)
+    B, H, D = (int(s) for s in q_out.shape)
+    cb.expect(k_pool, "k_pool", dtype=np.float16, ndim=4)
+    NB, Hkv, BS, Dk = (int(s) for s in k_pool.shape)
+    if Dk != D or D % 2:
+        raise ValueError(f"k_pool: head dimension {Dk}; q_out has {D} (an even number is needed)")
+    if Hkv < 1 or H % Hkv:
+        raise LaunchError(f"{H} query heads cannot share {Hkv} KV heads evenly")
+    cb.expect(qkv, "qkv", dtype=np.float16, shape=(B, (H + 2 * Hkv) * D))
+    cb.expect(v_pool, "v_pool", dtype=np.float16, shape=(NB, Hkv, BS, D))
+    cb.expect(block_table, "block_table", dtype=np.int32, ndim=2)
+    if int(block_table.shape[0]) != B:
+        raise ValueError(f"block_table: {block_table.shape[0]} rows for {B} requests")
+    cb.expect(seq_lens, "seq_lens", dtype=np.int32, shape=(B,))
+    if not base > 1:
+        raise ValueError(f"RoPE base must be > 1, got {base}")
+    MB = int(block_table.shape[1])
+    cfg = config("paged_rope_append_v1", B=B, H=H, Hkv=Hkv, D=D)
+    arr, i = cb.as_cupy, np.int32
+    with cb.arrays.launch_stream(qkv, k_pool, q_out):
+        cb.launch.run(_module().get(cfg.kernel), cfg,
+                      (arr(qkv, "qkv"), arr(q_out, "q_out"), arr(k_pool, "k_pool"),
+                       arr(v_pool, "v_pool"), arr(block_table, "block_table"),
+                       arr(seq_lens, "seq_lens"), i(B), i(H), i(Hkv), i(D), i(NB), i(BS), i(MB),
+                       np.float32(math.log2(base))))
+
+
+def write_prompt(k, v, k_pool, v_pool, row, n) -> None:
+    """A prompt's keys and values from prefill, k, v (Hkv, T, D) fp16 (dense, T >= its length),
+    into the blocks of ``row`` (MB,) int32 at positions 0..n-1; ``n`` is (1,) int32 on the GPU
+    (a padded prefill's length, read there: capturable). One launch of paged_write_v1."""
+    cb.expect(k_pool, "k_pool", dtype=np.float16, ndim=4)
+    NB, Hkv, BS, D = (int(s) for s in k_pool.shape)
+    cb.expect(v_pool, "v_pool", dtype=np.float16, shape=(NB, Hkv, BS, D))
+    cb.expect(k, "k", dtype=np.float16, ndim=3)
+    T = int(k.shape[1])
+    cb.expect(k, "k", dtype=np.float16, shape=(Hkv, T, D), contiguous=True)
+    cb.expect(v, "v", dtype=np.float16, shape=(Hkv, T, D), contiguous=True)
+    if D % 8 or T < 1:
+        raise LaunchError(f"write_prompt: head dimension {D} must be a multiple of 8 and T >= 1 "
+                          f"(got T = {T})")
+    if not all(expect_aligned(a, nm) for a, nm in ((k, "k"), (v, "v"), (k_pool, "k_pool"),
+                                                    (v_pool, "v_pool"))):
+        raise LaunchError("write_prompt copies 16 bytes at a time: k, v and the pools must start "
+                          "at 16-byte aligned addresses")
+    cb.expect(row, "row", dtype=np.int32, ndim=1)
+    cb.expect(n, "n", dtype=np.int32, shape=(1,))
+    cfg = config("paged_write_v1", Hkv=Hkv, D=D, S=T)
+    arr, i = cb.as_cupy, np.int32
+    with cb.arrays.launch_stream(k, k_pool):
+        cb.launch.run(_module().get(cfg.kernel), cfg,
+                      (arr(k, "k"), arr(v, "v"), arr(k_pool, "k_pool"), arr(v_pool, "v_pool"),
+                       arr(row, "row"), arr(n, "n"), i(T), i(Hkv), i(D), i(NB), i(BS),
+                       i(int(row.shape[0]))))
+
+
+def rope_reference(qkv, seq_lens, H: int, Hkv: int, D: int, base: float = 10000.0):
+    """Float64 NumPy: (q (B, H, D), k (B, Hkv, D)) rotated at positions seq_lens - 1."""
+    x = cb.to_numpy(qkv).astype(np.float64).reshape(len(seq_lens), H + 2 * Hkv, D)
+    p = cb.to_numpy(seq_lens).astype(np.float64) - 1
+    i = np.arange(D // 2)
+    ang = p[:, None, None] * base ** (-2.0 * i / D)[None, None, :]
+    c, s = np.cos(ang), np.sin(ang)
+    a, b = x[..., :D // 2], x[..., D // 2:]
+    y = np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+    return y[:, :H], y[:, H:H + Hkv]
+
+
 def decode(q, k_pool, v_pool, block_table, seq_lens, out=None, splits: int | None = None,
-           work: Workspace | None = None, check: bool = False):
+           work: Workspace | None = None, check: bool = False, version: str = "v2"):
     """out (B, H, D) fp16 = softmax(q K^T / sqrt(D)) V over each request's cached keys:
-    paged_decode_v1 over (Hkv, B, S) blocks, then paged_merge_v1. Returns out."""
+    paged_decode_vN (``version``, default the fastest) over (Hkv, B, S) blocks, then
+    paged_merge_v1. Returns out."""
+    kernel = version_name(VERSIONS, version, "paged_decode")
     B, H, D, NB, Hkv, BS, MB = _dims(q, k_pool, v_pool, block_table, seq_lens)
     if work is not None and work.shape[:3] != (B, H, D):
         raise ValueError(f"work: made for (B, H, D) = {work.shape[:3]}, not {(B, H, D)}")
@@ -176,13 +261,13 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, out=None, splits: int | Non
         raise ValueError(f"work holds {work.shape[3]} splits; at this table {S} are needed")
     if check:
         check_table(block_table, seq_lens, NB, BS)
-    cb.launch.need_shared(_shared(H // Hkv, D, bps, BS), "paged_decode_v1")
+    cb.launch.need_shared(_shared(H // Hkv, D, bps, BS, kernel), kernel)
     work = work or Workspace(B, H, D, S)
     if out is None:
         out = cb.arrays.empty_like_lib(q, (B, H, D), "float16")
     cb.expect(out, "out", dtype=np.float16, shape=(B, H, D))
     mod, arr, i = _module(), cb.as_cupy, np.int32
-    cfg = config("paged_decode_v1", B=B, H=H, Hkv=Hkv, D=D, S=S, bps=bps, BS=BS)
+    cfg = config(kernel, B=B, H=H, Hkv=Hkv, D=D, S=S, bps=bps, BS=BS)
     with cb.arrays.launch_stream(q, k_pool, out):
         cb.launch.run(mod.get(cfg.kernel), cfg,
                       (arr(q, "q"), arr(k_pool, "k_pool"), arr(v_pool, "v_pool"),
@@ -256,7 +341,15 @@ def sanitize_targets():
     kp = cp.asarray(rng.standard_normal((NB, Hkv, BS, D)), dtype=cp.float16)
     vp = cp.asarray(rng.standard_normal((NB, Hkv, BS, D)), dtype=cp.float16)
     bt, sl = cp.asarray(table), cp.asarray(lens)
-    yield "paged_decode_v1 + paged_merge_v1 (3 requests, GQA 4, 3 splits)", (
-        lambda: decode(q, kp, vp, bt, sl, splits=3))
+    for v in VERSIONS:
+        yield f"{v} + paged_merge_v1 (3 requests, GQA 4, 3 splits)", (
+            lambda v=v: decode(q, kp, vp, bt, sl, splits=3, version=v))
     k1 = cp.asarray(rng.standard_normal((B, Hkv, D)), dtype=cp.float16)
     yield "paged_append_v1 (3 requests)", (lambda: append(k1, k1, kp, vp, bt, sl))
+    kd = cp.asarray(rng.standard_normal((Hkv, 40, D)), dtype=cp.float16)
+    yield "paged_write_v1 (a prompt of 33 in a padded 40)", (
+        lambda: write_prompt(kd, kd, kp, vp, bt[2], cp.asarray([33], cp.int32)))
+    qkv = cp.asarray(rng.standard_normal((B, (H + 2 * Hkv) * D)), dtype=cp.float16)
+    qo = cp.empty((B, H, D), cp.float16)
+    yield "paged_rope_append_v1 (3 requests, GQA 4)", (
+        lambda: rope_append(qkv, qo, kp, vp, bt, sl))

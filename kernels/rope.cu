@@ -19,11 +19,8 @@
 // Launches (kernels/rope_launch.py): one thread per pair, grid ceil(pairs / 256) x 256.
 // The angle is computed in fp32 (sincosf, not the fast __sincosf: positions up to 10^4 radians).
 #include <cuda_fp16.h>
-
-__device__ __forceinline__ void rope_angle(int p, int i, int D, float log2_base, float* c, float* s) {
-    float inv = exp2f(-2.0f * (float)i / (float)D * log2_base);   // base^(-2i/D)
-    sincosf((float)p * inv, s, c);
-}
+// common.cuh: rope_angle
+#include "common.cuh"
 
 // x: (R, H, D) fp16, row r at x + r * row_stride; R * H * D/2 threads
 extern "C" __global__ void rope_v1(__half* x, int R, int T, int H, int D, long long row_stride,

@@ -151,12 +151,13 @@ def test_plan_and_checks_refuse_bad_input():
                                                      ([255, 256, 257], 4, 4, 128, None),
                                                      ([33], 8, 1, 128, 1),
                                                      ([7, 64], 32, 8, 64, 2)])
-def test_cuda_paged_decode_matches_the_reference(lens, H, Hkv, D, splits):
+@pytest.mark.parametrize("version", pa.VERSIONS)
+def test_cuda_paged_decode_matches_the_reference(lens, H, Hkv, D, splits, version):
     import cupy as cp
 
     q, kp, vp, table, sl = _paged_case(lens, H, Hkv, D, BS=16, MB=17, NB=80, seed=D + H)
     args = [cp.asarray(a) for a in (q, kp, vp, table, sl)]
-    out = pa.decode(*args, splits=splits, check=True)
+    out = pa.decode(*args, splits=splits, check=True, version=version)
     cb.check(out, pa.reference(q, kp, vp, table, sl), atol=2e-3, rtol=2e-3)
 
 
@@ -177,8 +178,9 @@ def test_cuda_append_then_decode_sees_the_new_token_and_bad_ids_give_nan():
     cb.check(g[1], kp, atol=0, rtol=0)
     cb.check(pa.decode(*g), pa.reference(q, kp, vp, table, sl), atol=2e-3, rtol=2e-3)
     g[3][1, 0] = 99                               # a bad block id: NaN for that request only
-    out = pa.decode(*g).get()
-    assert np.isfinite(out[0]).all() and np.isnan(out[1]).all()
+    for v in pa.VERSIONS:
+        out = pa.decode(*g, version=v).get()
+        assert np.isfinite(out[0]).all() and np.isnan(out[1]).all(), v
 
 
 @gpu

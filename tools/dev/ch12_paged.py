@@ -60,12 +60,14 @@ def run(name, lens, H, Hkv, D, BS, splits_list):
     nbytes = 2 * sum(lens) * Hkv * D * 2 + len(lens) * H * D * 4           # K and V, q and out
     fns = {}
     for S in splits_list:
-        out = pa.decode(*dev, splits=S, check=True)
-        cb.check(out, ref, atol=2e-3, rtol=2e-3)
-        work = pa.Workspace(len(lens), H, D, pa.plan(len(lens), Hkv, dev[3].shape[1], BS, S)[0])
-        key = f"paged_decode_v1, splits {S or 'auto'}"
-        fns[key] = (lambda S=S, out=out, work=work: pa.decode(*dev, out=out, splits=S,
-                                                               work=work))
+        for v in pa.VERSIONS:
+            out = pa.decode(*dev, splits=S, check=True, version=v)
+            cb.check(out, ref, atol=2e-3, rtol=2e-3)
+            work = pa.Workspace(len(lens), H, D,
+                                pa.plan(len(lens), Hkv, dev[3].shape[1], BS, S)[0])
+            key = f"{v}, splits {S or 'auto'}"
+            fns[key] = (lambda S=S, out=out, work=work, v=v: pa.decode(
+                *dev, out=out, splits=S, work=work, version=v))
 
     def sdpa():
         return F.scaled_dot_product_attention(qd, kd, vd, attn_mask=tmask, enable_gqa=gqa)

@@ -1,0 +1,167 @@
+"""Serving on a paged KV cache (capstone): the fused RoPE + paged append against float64, the
+paged decode step against chapter 7's dense decoder, every request's tokens under continuous and
+static batching equal to running it alone (batch invariance), the accounting of both policies,
+and the refusals. The engine needs a GPU; the workload generator does not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cudabook as cb
+from cudabook import serving
+
+gpu = pytest.mark.gpu
+
+
+def test_workload_is_reproducible_and_within_its_ranges():
+    a = serving.workload(20, vocab=100, prompt=(3, 9), new=(1, 5), seed=7)
+    b = serving.workload(20, vocab=100, prompt=(3, 9), new=(1, 5), seed=7)
+    assert [r.prompt for r in a] == [r.prompt for r in b]
+    assert all(3 <= len(r.prompt) <= 9 and 1 <= r.max_new_tokens <= 5 for r in a)
+    assert all(0 <= t < 100 for r in a for t in r.prompt)
+    assert len({r.max_new_tokens for r in a}) > 1
+
+
+@gpu
+@pytest.mark.parametrize("H, Hkv, D", [(4, 4, 64), (8, 2, 128), (6, 3, 16)])
+def test_rope_append_matches_float64_at_each_rows_own_position(H, Hkv, D):
+    import cupy as cp
+
+    pa = cb.load_launch("paged_attention")
+    rng = np.random.default_rng(H + D)
+    B, BS, MB, NB = 5, 16, 4, 24
+    lens = np.array([1, 16, 17, 33, 64], np.int32)           # block starts, ends, the last slot
+    table = np.full((B, MB), -1, np.int32)
+    ids = rng.permutation(NB)
+    for b, n in enumerate(lens):
+        k = -(-int(n) // BS)
+        table[b, :k], ids = ids[:k], ids[k:]
+    qkv = rng.standard_normal((B, (H + 2 * Hkv) * D)).astype(np.float16)
+    kp = cp.full((NB, Hkv, BS, D), cp.nan, cp.float16)
+    vp = cp.full((NB, Hkv, BS, D), cp.nan, cp.float16)
+    q = cp.full((B, H, D), cp.nan, cp.float16)
+    pa.rope_append(cp.asarray(qkv), q, kp, vp, cp.asarray(table), cp.asarray(lens))
+    qr, kr = pa.rope_reference(qkv, lens, H, Hkv, D)
+    cb.check(q, qr, atol=2e-3, rtol=2e-3)
+    v = qkv.reshape(B, H + 2 * Hkv, D)[:, H + Hkv:]
+    t = lens - 1
+    blk, off = table[np.arange(B), t // BS], t % BS
+    cb.check(kp[cp.asarray(blk), :, cp.asarray(off)], kr, atol=2e-3, rtol=2e-3)
+    cb.check(vp[cp.asarray(blk), :, cp.asarray(off)], v, atol=0, rtol=0)
+    written = np.zeros((NB, BS), bool)
+    written[blk, off] = True                                  # nothing else was touched
+    assert bool(cp.isnan(kp.transpose(0, 2, 1, 3)[cp.asarray(~written)]).all())
+
+
+@gpu
+def test_write_prompt_fills_the_prompts_positions_and_nothing_past_its_length():
+    import cupy as cp
+
+    pa = cb.load_launch("paged_attention")
+    rng = np.random.default_rng(5)
+    Hkv, T, D, BS, NB, n = 3, 64, 32, 16, 9, 37             # 37 of 64 rows, 3 blocks of 16
+    row = np.array([7, 2, 5, -1, -1], np.int32)
+    k, v = (rng.standard_normal((Hkv, T, D)).astype(np.float16) for _ in range(2))
+    kp = cp.full((NB, Hkv, BS, D), cp.nan, cp.float16)
+    vp = cp.full((NB, Hkv, BS, D), cp.nan, cp.float16)
+    pa.write_prompt(cp.asarray(k), cp.asarray(v), kp, vp, cp.asarray(row),
+                    cp.asarray([n], cp.int32))
+    t = np.arange(n)
+    blk, off = row[t // BS], t % BS
+    got_k = kp.transpose(0, 2, 1, 3)[cp.asarray(blk), cp.asarray(off)]      # (n, Hkv, D)
+    got_v = vp.transpose(0, 2, 1, 3)[cp.asarray(blk), cp.asarray(off)]
+    cb.check(got_k, k[:, :n].transpose(1, 0, 2), atol=0, rtol=0)
+    cb.check(got_v, v[:, :n].transpose(1, 0, 2), atol=0, rtol=0)
+    written = np.zeros((NB, BS), bool)
+    written[blk, off] = True
+    assert bool(cp.isnan(kp.transpose(0, 2, 1, 3)[cp.asarray(~written)]).all())
+    with pytest.raises(ValueError, match="k"):
+        pa.write_prompt(cp.asarray(k[:2]), cp.asarray(v), kp, vp, cp.asarray(row),
+                        cp.asarray([n], cp.int32))
+
+
+@gpu
+def test_rope_append_refuses_bad_shapes():
+    import cupy as cp
+
+    pa = cb.load_launch("paged_attention")
+    kp = cp.zeros((4, 2, 16, 64), cp.float16)
+    t, sl = cp.zeros((2, 3), cp.int32), cp.ones(2, cp.int32)
+    with pytest.raises(ValueError, match="qkv"):
+        pa.rope_append(cp.zeros((2, 4 * 64), cp.float16), cp.zeros((2, 4, 64), cp.float16),
+                       kp, kp, t, sl)
+    with pytest.raises(cb.LaunchError, match="share"):
+        pa.rope_append(cp.zeros((2, 7 * 64), cp.float16), cp.zeros((2, 3, 64), cp.float16),
+                       kp, kp, t, sl)
+
+
+def _tiny(seed=0):
+    from cudabook import gpt
+
+    return gpt.build(gpt.TINY, seed, "cuda")
+
+
+@gpu
+def test_paged_step_gives_chapter7s_logits():
+    """Prefill then one decode step, paged, against KernelGPT's dense cache."""
+    import cupy as cp
+
+    from cudabook.decoder import KernelGPT
+
+    model = _tiny(1)
+    eng = serving.PagedGPT(model, slots=2, max_len=128)
+    prompt = np.random.default_rng(0).integers(0, 256, 37).tolist()
+    slot = eng.table.admit(len(prompt))
+    tok = eng.prefill(slot, prompt)
+    eng.table.grow(slot)
+    eng.decode([slot], [tok])
+    got = eng.bucket(1).logits[0].astype(cp.float32)
+    ref = KernelGPT(model, batch=1, length=128)
+    ref.prefill(np.asarray(prompt)[None])
+    assert int(ref.tok[0]) == tok
+    ref.step()
+    cb.check(got, ref.logits[0].astype(cp.float32), atol=2e-2, rtol=2e-2)
+    eng.table.retire(slot)
+
+
+@gpu
+def test_every_request_gets_its_solo_tokens_under_both_policies():
+    model = _tiny(2)
+    eng = serving.PagedGPT(model, slots=4, max_len=96, block_size=8)
+    reqs = serving.workload(11, vocab=256, prompt=(1, 40), new=(1, 30), seed=3)
+    cont = eng.serve(reqs)
+    stat = eng.serve(reqs, policy="static")
+    alone = {r.id: eng.serve([r]).tokens[r.id] for r in reqs}
+    for r in reqs:
+        assert len(cont.tokens[r.id]) == r.max_new_tokens
+        assert cont.tokens[r.id] == alone[r.id], f"request {r.id}: batched tokens differ"
+        assert stat.tokens[r.id] == alone[r.id], f"request {r.id}: static tokens differ"
+    assert eng.table.alloc.free == eng.table.alloc.num_blocks and not eng.table.in_use.any()
+    # accounting: continuous computes fewer rows than static padding, all useful but buckets'
+    useful = sum(r.max_new_tokens - 1 for r in reqs)
+    assert cont.useful_rows == stat.useful_rows == useful
+    assert cont.rows < stat.rows and cont.steps < stat.steps
+    assert set(cont.done) == set(stat.done) == {r.id for r in reqs}
+
+
+@gpu
+def test_engine_refuses_what_it_cannot_serve():
+    from cudabook.batching import Request
+
+    model = _tiny(0)
+    with pytest.raises(ValueError, match="slots"):
+        serving.PagedGPT(model, slots=33)
+    with pytest.raises(ValueError, match="max_len"):
+        serving.PagedGPT(model, slots=2, max_len=10_000)
+    eng = serving.PagedGPT(model, slots=2, max_len=32)
+    with pytest.raises(ValueError, match="need 40 positions"):
+        eng.serve([Request("a", [1] * 20, 21)])
+    with pytest.raises(ValueError, match="outside"):
+        eng.serve([Request("a", [1, 300], 2)])
+    with pytest.raises(ValueError, match="share an id"):
+        eng.serve([Request("a", [1], 2), Request("a", [2], 2)])
+    with pytest.raises(ValueError, match="policy"):
+        eng.serve([Request("a", [1], 2)], policy="greedy")
+    with pytest.raises(ValueError, match="continuous batching fills"):
+        eng.serve([Request("a", [1], 2)], batch=1)

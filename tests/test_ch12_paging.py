@@ -396,3 +396,60 @@ def test_ex12_2_rejects_the_mistakes_of_a_first_paged_read(edit, expect):
 
     with pytest.raises(GradeError, match=expect):
         ex12_2(_scores_kernel(**edit))
+
+
+# ----------------------------------------------------------------------------- the solutions
+# The answers of solutions/12_serving.ipynb, read from the notebook (tests/solution_cells.py),
+# never pasted: they pass their graders, their stubs (what exercises/12_serving.ipynb holds)
+# fail, edits of them that make a first answer's mistakes get that mistake's hint, and the page
+# states the stubs' sizes and has two levels of hints per exercise.
+_SOLVED = [("ex12.1", "merge_splits"), ("ex12.2", "paged_scores")]
+
+
+def _solution():
+    from solution_cells import Solution
+
+    return Solution("12")
+
+
+def _grader(ex: str):
+    from cudabook import graders
+
+    return getattr(graders, ex.replace(".", "_"))
+
+
+@pytest.mark.parametrize("ex, name", _SOLVED)
+def test_solutions_notebook_answer_passes(ex, name, capsys):
+    _grader(ex)(_solution().get(ex, name))
+    assert capsys.readouterr().out == f"PASS {ex}\n"
+
+
+@pytest.mark.parametrize("ex, name", _SOLVED)
+def test_solutions_notebook_stub_fails(ex, name):
+    from cudabook.graders import GradeError
+
+    with pytest.raises(GradeError, match=f"{ex}: not implemented yet"):
+        _grader(ex)(_solution().stub(ex, name))
+
+
+@pytest.mark.parametrize("ex, name, edits, expect", [
+    # the splits added without rescaling to the common maximum
+    ("ex12.1", "merge_splits", [("math.exp(m[b, h, s] - M) * ", "", 2)], "rescale both by exp"),
+    ("ex12.1", "merge_splits", [("M = -math.inf", "M = 0.0")], "start the running maximum at -inf"),
+    ("ex12.2", "paged_scores", [("block_table[b, t // BS]", "block_table[b, (t + 1) // BS]")],
+     "off by one reads the wrong block exactly at a block boundary"),
+    ("ex12.2", "paged_scores", [("        scores[b, t] = -math.inf\n", "")],
+     "a position past the end is -inf"),
+], ids=["not-rescaled", "max-from-zero", "block-off-by-one", "no-mask"])
+def test_solutions_notebook_edited_answers_get_their_hint(ex, name, edits, expect):
+    from cudabook.graders import GradeError
+
+    with pytest.raises(GradeError, match=expect):
+        _grader(ex)(_solution().get(ex, name, edits=edits))
+
+
+@pytest.mark.parametrize("ex", [ex for ex, _ in _SOLVED])
+def test_exercise_page_states_its_stub_sizes_and_has_two_hints(ex):
+    from solution_cells import check_exercise_page
+
+    check_exercise_page("12", ex)

@@ -29,6 +29,10 @@ reduction across rows, the same GEMV at every batch size, a fixed split of the k
 request's tokens do not depend on who it shared its steps with, which ``serve`` lets a test
 check bit for bit.
 
+``matmul="cublas"`` swaps the GEMV for CuPy's cuBLAS matmul in the decode step: faster at large
+batch sizes, but cuBLAS picks its kernel by the shape, so a row's sums need not be taken in the
+same order at batch 1 and batch 32 (the lesson counts the requests whose tokens change).
+
 ``policy="static"`` is the baseline: requests in arrival order, ``slots`` at a time; a batch runs
 until its longest request is done, finished rows computed as padding, and the next batch waits.
 """
@@ -80,6 +84,7 @@ class ServeResult:
     peak_blocks: int                      # most cache blocks held at once
     prefill_s: float                      # time spent in prompts (prefill and the copy to blocks)
     bucket_rows: dict = field(default_factory=dict)    # bucket size -> steps run at that size
+    timeline: list = field(default_factory=list)       # (time, rows wanted) of each decode step
 
     @property
     def generated(self) -> int:
@@ -179,7 +184,7 @@ class PagedGPT:
 
     def __init__(self, model: Any, slots: int = 32, max_len: int | None = None,
                  block_size: int = 16, num_blocks: int | None = None,
-                 splits: int | None = None):
+                 splits: int | None = None, matmul: str = "gemv"):
         if not env.HAS_GPU:
             raise RuntimeError("PagedGPT runs CUDA C++ kernels: it needs a CUDA GPU")
         import cupy as cp
@@ -202,7 +207,14 @@ class PagedGPT:
         self.dense = KernelGPT(model, batch=1, length=2)
         self.pa = load_launch("paged_attention")
         H, D = cfg.n_head, cfg.head_dim
-        self.splits, _ = self.pa.plan(1, H, self.MB, self.BS, splits)   # fixed for every bucket
+        # the keys' split is fixed for every bucket (a row's sums in the same order at any batch
+        # size); by default a split holds as many keys as a block has threads
+        per = max(1, self.pa.THREADS // self.BS)
+        self.splits, _ = self.pa.plan(1, H, self.MB, self.BS, splits or -(-self.MB // per))
+        if matmul not in ("gemv", "cublas"):
+            raise ValueError(f"matmul must be 'gemv' (chapter 10's kernel, the same at every batch "
+                             f"size) or 'cublas' (CuPy's matmul), got {matmul!r}")
+        self.matmul = matmul
         # block NB is the scratch block padding rows write: not in the allocator
         self.k_pool = cp.zeros((cfg.n_layer, NB + 1, H, self.BS, D), cp.float16)
         self.v_pool = cp.zeros_like(self.k_pool)
@@ -213,6 +225,15 @@ class PagedGPT:
         self.prefills: dict[int, _Prefill] = {}          # padded prompt length -> its graph
 
     # ------------------------------------------------------------------ the step
+    def _mm(self, a, W, out) -> None:
+        """out = a @ W^T for a decode step's rows: chapter 10's GEMV (the default) or cuBLAS."""
+        if self.matmul == "cublas":
+            import cupy as cp
+
+            cp.matmul(a, W.T, out=out)
+        else:
+            self.dense.gemv.gemv(a, W, out=out)
+
     def _step(self, bk: _Bucket) -> None:
         """One decode step of bucket ``bk`` on the GPU: tokens in ``tok`` at lengths ``lens``
         (the new token counted) in, the next tokens (greedy) in ``tok``. Capturable."""
@@ -222,19 +243,65 @@ class PagedGPT:
         for i, W in enumerate(g.layers):
             k["residual"].add_layernorm(bk.x, bk.dx if i else None, W["ln1"][0], W["ln1"][1],
                                         bk.h, cfg.eps)
-            g._mm(bk.h, W["qkv"], bk.qkv, True)
+            self._mm(bk.h, W["qkv"], bk.qkv)
             pa.rope_append(bk.qkv, bk.q, self.k_pool[i], self.v_pool[i], bk.table, bk.lens,
                            cfg.rope_base)
             pa.decode(bk.q, self.k_pool[i], self.v_pool[i], bk.table, bk.lens,
                       out=bk.a.reshape(B, H, D), work=bk.work)
-            g._mm(bk.a, W["proj"], bk.dx, True)
+            self._mm(bk.a, W["proj"], bk.dx)
             k["residual"].add_layernorm(bk.x, bk.dx, W["ln2"][0], W["ln2"][1], bk.h, cfg.eps)
-            g._mm(bk.h, W["fc"], bk.f, True)
+            self._mm(bk.h, W["fc"], bk.f)
             k["gelu_half"].gelu_half(bk.f)
-            g._mm(bk.f, W["fc2"], bk.dx, True)
+            self._mm(bk.f, W["fc2"], bk.dx)
         k["residual"].add_layernorm(bk.x, bk.dx, g.lnf[0], g.lnf[1], bk.h, cfg.eps)
-        g._mm(bk.h, g.head, bk.logits, True)
+        self._mm(bk.h, g.head, bk.logits)
         k["sampling"].sample(bk.logits, bk.u, bk.tok, 0.0, 1, 1.0)
+
+    def op_times(self, bk: _Bucket, repeat: int = 50) -> dict[str, float]:
+        """Microseconds per decode step of bucket ``bk`` (its rows as last loaded) in each kind of
+        op: every group (that op for all layers) captured alone as a CUDA graph and replayed
+        ``repeat`` times between CUDA events (``KernelGPT.op_times``' method). The state a group
+        changes (x, tok and the pool rows the append writes again) is restored afterwards."""
+        import cupy as cp
+
+        from . import graphs
+
+        k, g, cfg, pa = self.dense.k, self.dense, self.cfg, self.pa
+        B, H, D, Ls = bk.B, cfg.n_head, cfg.head_dim, g.layers
+        each = lambda f: (lambda: [f(i, W) for i, W in enumerate(Ls)])  # noqa: E731
+        norm = k["residual"].add_layernorm
+        groups = {
+            "embedding": lambda: k["embedding"].embedding(bk.tok, g.wte, bk.x, check_ids=False),
+            "add + LayerNorm": lambda: [norm(bk.x, bk.dx, ln[0], ln[1], bk.h, cfg.eps) for ln in
+                                        [W[n] for W in Ls for n in ("ln1", "ln2")] + [g.lnf]],
+            "QKV projection": each(lambda i, W: self._mm(bk.h, W["qkv"], bk.qkv)),
+            "RoPE + paged append": each(lambda i, W: pa.rope_append(
+                bk.qkv, bk.q, self.k_pool[i], self.v_pool[i], bk.table, bk.lens, cfg.rope_base)),
+            "paged attention": each(lambda i, W: pa.decode(
+                bk.q, self.k_pool[i], self.v_pool[i], bk.table, bk.lens,
+                out=bk.a.reshape(B, H, D), work=bk.work)),
+            "output projection": each(lambda i, W: self._mm(bk.a, W["proj"], bk.dx)),
+            "MLP matmuls": each(lambda i, W: (self._mm(bk.h, W["fc"], bk.f),
+                                              self._mm(bk.f, W["fc2"], bk.dx))),
+            "GELU": each(lambda i, W: k["gelu_half"].gelu_half(bk.f)),
+            "LM head": lambda: self._mm(bk.h, g.head, bk.logits),
+            "sampling": lambda: k["sampling"].sample(bk.logits, bk.u, bk.tok, 0.0, 1, 1.0),
+        }
+        saved = (bk.x.copy(), bk.tok.copy(), self.k_pool.copy(), self.v_pool.copy())
+        out = {}
+        t0, t1 = cp.cuda.Event(), cp.cuda.Event()
+        for name, fn in groups.items():
+            gr = graphs.capture(fn, warmup=1)
+            gr()
+            t0.record()
+            for _ in range(repeat):
+                gr()
+            t1.record()
+            t1.synchronize()
+            out[name] = 1e3 * cp.cuda.get_elapsed_time(t0, t1) / repeat
+        for a, b in zip((bk.x, bk.tok, self.k_pool, self.v_pool), saved):
+            a[...] = b
+        return out
 
     def bucket(self, n: int) -> _Bucket:
         """The smallest captured batch size that holds ``n`` rows (captured on first use, on
@@ -422,6 +489,7 @@ class _Run:
         self.bucket_rows: dict[int, int] = {}
 
     def count(self, bucket: int, useful: int) -> None:
+        self.timeline.append((time.perf_counter() - self.t0, useful))
         self.steps += 1
         self.rows += bucket
         self.useful += useful
@@ -434,4 +502,5 @@ class _Run:
         wall = time.perf_counter() - self.t0
         return ServeResult(self.policy, {r.id: list(r.out) for r in reqs}, self.first,
                            self.done, wall, self.steps, self.rows, self.useful, self.peak,
-                           self.prefill_s, dict(sorted(self.bucket_rows.items())))
+                           self.prefill_s, dict(sorted(self.bucket_rows.items())),
+                           self.timeline)

@@ -31,12 +31,13 @@
 //                     sum o = sum_j 2^(s_j - m) v_j. The split's (m, l, o) go to float32
 //                     partials: no split waits for another
 //   paged_decode_v2   the same split and partials, with the loads that v1 issues one at a time
-//                     batched: a thread's K row is read as D / 8 independent 16-byte loads issued
-//                     together (v1 waits on each before the next), and P V is computed by
+//                     batched: a thread's K row is read as up to 8 independent 16-byte loads
+//                     issued together (v1 waits on each before the next), and P V is computed by
 //                     threads that own 8 consecutive columns (one 16-byte load of a V row per
 //                     key, where v1 loads 2 bytes per key and thread), two keys in flight; the
 //                     partial sums of a warp's key phases are combined by shuffles, then over
-//                     the 4 warps in shared memory
+//                     the 4 warps in shared memory; instantiated per group size (1, 2, 4, 8
+//                     query heads per KV head: v1 holds PAGED_GMAX sums whatever the group)
 //   paged_merge_v1    per (request, query head): M = max_s m_s and
 //                     out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s
 //                     (an empty split has m = -inf, l = 0, o = 0 and weighs nothing)
@@ -263,8 +264,10 @@ extern "C" __global__ void __launch_bounds__(PAGED_THREADS) paged_decode_v1(
     }
 }
 
-// launch: as paged_decode_v1, dynamic smem = 4 (G D + G TS + 4 G D) + 4 bps + 16 bytes
-extern "C" __global__ void __launch_bounds__(PAGED_THREADS) paged_decode_v2(
+// launch: as paged_decode_v1, dynamic smem = 4 (G D + G TS + 4 G D) + 4 bps + 16 bytes; the
+// instantiation paged_decode_v2_gGM with GM the power of two >= G (registers: GM x 8 sums)
+template <int GM>
+__device__ __forceinline__ void paged_decode_v2_body(
     const __half* __restrict__ q, const __half* __restrict__ k_pool,
     const __half* __restrict__ v_pool, const int* __restrict__ block_table,
     const int* __restrict__ seq_lens, float* __restrict__ m_part, float* __restrict__ l_part,
@@ -272,12 +275,12 @@ extern "C" __global__ void __launch_bounds__(PAGED_THREADS) paged_decode_v2(
     float scale_log2) {
     const int kvh = blockIdx.x, b = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int G = H / Hkv, TS = bps * BS, tid = threadIdx.x, nt = blockDim.x;
-    extern __shared__ float4 smem4[];
-    float* qs = reinterpret_cast<float*>(smem4);        // (G, D) queries, scaled
+    extern __shared__ float4 pd2_smem[];
+    float* qs = reinterpret_cast<float*>(pd2_smem);        // (G, D) queries, scaled
     float* sc = qs + G * D;                             // (G, TS) scores, then 2^(s - m)
     float* part = sc + G * TS;                          // (4 warps, G, D) partial P V sums
     int* bt = reinterpret_cast<int*>(part + (nt >> 5) * G * D);   // (bps) the split's blocks
-    __shared__ float ms[PAGED_GMAX], ls[PAGED_GMAX];
+    __shared__ float ms[GM], ls[GM];
 
     int len = seq_lens[b];
     int t0 = s * TS, n = min(len, min(MB * BS, t0 + TS)) - t0;   // keys of this split
@@ -308,19 +311,20 @@ extern "C" __global__ void __launch_bounds__(PAGED_THREADS) paged_decode_v2(
     int mybad = 0;
     for (int j = tid; j < n; j += nt) {
         int blk = bt[j / BS];
-        float acc[PAGED_GMAX] = {};
+        float acc[GM] = {};
         if (blk < 0 || blk >= NB) {
             mybad = 1;
         } else {
             const uint4* kr = reinterpret_cast<const uint4*>(
                 k_pool + (((long long)blk * Hkv + kvh) * BS + j % BS) * D);
-            uint4 raw[16];                              // D <= 128: at most 16 pieces
+            for (int c0 = 0; c0 < C; c0 += 8) {         // D <= 64: one pass; 128: two
+                uint4 raw[8];
 #pragma unroll
-            for (int c = 0; c < 16; ++c)
-                if (c < C) raw[c] = kr[c];
+                for (int c = 0; c < 8; ++c)
+                    if (c0 + c < C) raw[c] = kr[c0 + c];
 #pragma unroll
-            for (int c = 0; c < 16; ++c) {
-                if (c < C) {
+                for (int c = 0; c < 8; ++c) {
+                if (c0 + c < C) {
                     const __half2* h2 = reinterpret_cast<const __half2*>(&raw[c]);
                     float kf[8];
 #pragma unroll
@@ -330,18 +334,19 @@ extern "C" __global__ void __launch_bounds__(PAGED_THREADS) paged_decode_v2(
                         kf[2 * i + 1] = f.y;
                     }
 #pragma unroll
-                    for (int g = 0; g < PAGED_GMAX; ++g) {
+                    for (int g = 0; g < GM; ++g) {
                         if (g < G) {
-                            const float* qg = qs + g * D + c * 8;
+                            const float* qg = qs + g * D + (c0 + c) * 8;
 #pragma unroll
                             for (int i = 0; i < 8; ++i) acc[g] += qg[i] * kf[i];
                         }
                     }
                 }
+                }
             }
         }
 #pragma unroll
-        for (int g = 0; g < PAGED_GMAX; ++g)
+        for (int g = 0; g < GM; ++g)
             if (g < G) sc[g * TS + j] = acc[g];
     }
     const int bad = __syncthreads_or(mybad) || len > MB * BS;
@@ -369,9 +374,9 @@ extern "C" __global__ void __launch_bounds__(PAGED_THREADS) paged_decode_v2(
     // 3. o = sum_j p_j v_j: lane owns columns 8 c .. 8 c + 7 of V (c = lane % C) for the keys
     //    of its phase (lane / C within the warp, then the warp): 32 / C phases per warp
     const int c = lane % C, ph = warp * (32 / C) + lane / C, nph = (nt >> 5) * (32 / C);
-    float acc[PAGED_GMAX][8];
+    float acc[GM][8];
 #pragma unroll
-    for (int g = 0; g < PAGED_GMAX; ++g)
+    for (int g = 0; g < GM; ++g)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
     for (int j = ph; j < n; j += 2 * nph) {
@@ -398,7 +403,7 @@ extern "C" __global__ void __launch_bounds__(PAGED_THREADS) paged_decode_v2(
                 vf[2 * i + 1] = f.y;
             }
 #pragma unroll
-            for (int g = 0; g < PAGED_GMAX; ++g) {
+            for (int g = 0; g < GM; ++g) {
                 if (g < G) {
                     float p = sc[g * TS + jj];
 #pragma unroll
@@ -409,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(PAGED_THREADS) paged_decode_v2(
     }
     // the warp's phases (lanes c, c + C, c + 2C, ...) summed by shuffles, then the 4 warps
 #pragma unroll
-    for (int g = 0; g < PAGED_GMAX; ++g) {
+    for (int g = 0; g < GM; ++g) {
         if (g < G) {
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
@@ -435,6 +440,21 @@ extern "C" __global__ void __launch_bounds__(PAGED_THREADS) paged_decode_v2(
         l_part[head0 + (long long)tid * S] = bad ? NAN : ls[tid];
     }
 }
+
+#define PAGED_DECODE_V2(GM)                                                                    \
+    extern "C" __global__ void __launch_bounds__(PAGED_THREADS) paged_decode_v2_g##GM(           \
+        const __half* __restrict__ q, const __half* __restrict__ k_pool,                         \
+        const __half* __restrict__ v_pool, const int* __restrict__ block_table,                  \
+        const int* __restrict__ seq_lens, float* __restrict__ m_part,                            \
+        float* __restrict__ l_part, float* __restrict__ o_part, int H, int Hkv, int D, int NB,   \
+        int BS, int MB, int bps, float scale_log2) {                                             \
+        paged_decode_v2_body<GM>(q, k_pool, v_pool, block_table, seq_lens, m_part, l_part,       \
+                                 o_part, H, Hkv, D, NB, BS, MB, bps, scale_log2);                \
+    }
+PAGED_DECODE_V2(1)
+PAGED_DECODE_V2(2)
+PAGED_DECODE_V2(4)
+PAGED_DECODE_V2(8)
 
 // launch: grid = (H, B), block = 128; out (B, H, D) fp16
 extern "C" __global__ void paged_merge_v1(const float* __restrict__ m_part,

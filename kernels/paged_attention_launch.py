@@ -114,12 +114,15 @@ def _shared(G: int, D: int, bps: int, BS: int, kernel: str = "paged_decode_v1") 
 
 def config(kernel: str, B: int = 1, H: int = 1, Hkv: int = 1, D: int = 64, S: int = 1,
            bps: int = 1, BS: int = 16) -> Launch:
-    """paged_decode_v1, _v2: grid (Hkv, B, S), THREADS threads, the split's scores in shared memory;
+    """paged_decode_v1, _v2: grid (Hkv, B, S), THREADS threads, the split's scores in shared memory
+    (v2 instantiated for the group size rounded up to a power of two: paged_decode_v2_g1..g8);
     paged_merge_v1: grid (H, B), 128 threads; paged_append_v1: a thread per element;
     paged_rope_append_v1: a thread per rotated pair of the query and key heads."""
     if kernel in VERSIONS:
-        return Launch((Hkv, B, S), (THREADS,), shared=_shared(H // Hkv, D, bps, BS, kernel),
-                      kernel=kernel)
+        G = H // Hkv
+        name = kernel if kernel == "paged_decode_v1" else f"{kernel}_g{1 << (G - 1).bit_length()}"
+        return Launch((Hkv, B, S), (THREADS,), shared=_shared(G, D, bps, BS, kernel),
+                      kernel=name)
     if kernel == "paged_merge_v1":
         return Launch((H, B), (128,), kernel=kernel)
     if kernel == "paged_append_v1":

@@ -3,7 +3,7 @@
 
     python tools/check_exercises.py exercises/*.ipynb
 
-For each exercise notebook, ``pytest --nbval-lax`` (the reader's command) is run twice:
+For each exercise notebook, ``pytest --nbval-lax`` (the reader's command) runs it twice:
 
 * as committed, with the stubs: every grader cell (``# NBVAL_CHECK_OUTPUT``) must FAIL;
 * with the solution's code put back into the exercise notebook: every grader cell must PASS,
@@ -12,12 +12,13 @@ For each exercise notebook, ``pytest --nbval-lax`` (the reader's command) is run
 
 Cells are paired by id: the exercise leaves out the solution's notes cells.
 
-Without a GPU, ``%%gpu`` grader cells are skipped and reported as such.
+Without a GPU, ``%%gpu`` grader cells are skipped and reported as such. All the notebooks run in
+one pytest session, each in its own kernel, spread over the cores by pytest-xdist (``JOBS``
+overrides the number of workers).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import subprocess
 import sys
@@ -31,47 +32,63 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nbtools import ROOT, canonical, is_grader, solved_exercise  # noqa: E402
 
 
-def run_nbval(nb, tmp: Path, name: str) -> dict[int, str]:
-    """Per code-cell status ('passed', 'failed', 'skipped') from pytest --nbval-lax."""
-    path = tmp / name
-    path.write_text(canonical(nb))
-    xml = tmp / (name + ".xml")
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", str(path),
+def run_nbval(paths: list[Path], tmp: Path, jobs: int) -> dict[str, dict[int, str]]:
+    """Per notebook file name, per code-cell status ('passed', 'failed', 'skipped'), from one
+    ``pytest --nbval-lax`` session over all of ``paths`` (every notebook in its own kernel, as a
+    reader's run; ``jobs`` pytest-xdist workers, a notebook's cells in one worker)."""
+    xml = tmp / "junit.xml"
+    par = ["-n", str(jobs), "--dist", "loadfile"] if jobs > 1 and _have_xdist() else []
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", *map(str, paths),
                     "-p", "no:cacheprovider", f"--rootdir={ROOT}", f"--confcutdir={ROOT}",
-                    f"--junitxml={xml}"], capture_output=True, text=True, cwd=ROOT)
-    status = {}
+                    f"--junitxml={xml}", *par], capture_output=True, text=True, cwd=ROOT)
+    status: dict[str, dict[int, str]] = {p.name: {} for p in paths}
     for tc in ET.parse(xml).getroot().iter("testcase"):
+        # classname is the notebook's path from the rootdir, dotted: "tmpXYZ.solved_01_a.ipynb"
+        cls = tc.get("classname", "")
+        name = next((n for n in status if cls == n or cls.endswith("." + n)), None)
         try:
             idx = int(tc.get("name", "").split()[-1])  # "Cell 7": the 8th code cell
         except ValueError:
             continue
+        if name is None:
+            continue
         if tc.find("failure") is not None or tc.find("error") is not None:
-            status[idx] = "failed"
+            status[name][idx] = "failed"
         elif tc.find("skipped") is not None:
-            status[idx] = "skipped"
+            status[name][idx] = "skipped"
         else:
-            status[idx] = "passed"
+            status[name][idx] = "passed"
     return status
 
 
-def _both(p: str):
-    """The exercise ``p`` graded as given and with its solution put back (two pytest runs)."""
-    ex = nbformat.read(p, as_version=4)
-    sol = nbformat.read(str(ROOT / "solutions" / Path(p).name), as_version=4)
-    solved, missing = solved_exercise(ex, sol)
-    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
-        st_unsolved = run_nbval(ex, Path(tmp), "unsolved_" + Path(p).name)
-        st_solved = run_nbval(solved, Path(tmp), "solved_" + Path(p).name)
-    return ex, missing, st_unsolved, st_solved
+def _have_xdist() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("xdist") is not None
 
 
 def main(paths: list[str]) -> int:
     bad = 0
     counts = {"unsolved fail": 0, "solved pass": 0, "skipped": 0}
     jobs = int(os.environ.get("JOBS", os.cpu_count() or 1))
-    # each pytest run is one process with its own kernel: one run per core at a time
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        runs = list(pool.map(_both, paths))
+    runs = []
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        solved_paths, unsolved_paths = [], []
+        for p in paths:
+            ex = nbformat.read(p, as_version=4)
+            sol = nbformat.read(str(ROOT / "solutions" / Path(p).name), as_version=4)
+            solved, missing = solved_exercise(ex, sol)
+            for nb, prefix, into in ((ex, "unsolved_", unsolved_paths),
+                                     (solved, "solved_", solved_paths)):
+                path = Path(tmp) / (prefix + Path(p).name)
+                path.write_text(canonical(nb))
+                into.append(path)
+            runs.append((ex, missing))
+        # one pytest session for every notebook (one startup, one tail): the solved ones first,
+        # they run longest
+        status = run_nbval(solved_paths + unsolved_paths, Path(tmp), jobs)
+    runs = [(ex, missing, status["unsolved_" + Path(p).name], status["solved_" + Path(p).name])
+            for p, (ex, missing) in zip(paths, runs)]
     for p, (ex, missing, st_unsolved, st_solved) in zip(paths, runs):
         for cid in missing:
             print(f"WRONG: {p}: cell {cid} has no twin in the solution "

@@ -11,7 +11,8 @@
 2. ``numba.cuda`` must import next to the ``numba`` pip chose, in both modes (and, at the end,
    next to the newest ``numba`` the bounds admit: the pair that breaks without the bound).
 3. Each lesson ``lessons/*.ipynb`` is copied alone into an empty folder and run there with
-   ``pytest --nbval-lax``, ``CUDABOOK_SRC`` pointing at this clone: the first one's setup cell
+   ``pytest --nbval-lax``, ``CUDABOOK_SRC`` pointing at a copy of this clone's files (so that
+   pip's build writes nothing into the clone while other steps run): the first one's setup cell
    installs cudabook (as a wheel, not the clone), and the %%gpu cells of that first run fail and
    ask for a second run (pytest loaded its plugins before cudabook existed), which the lane does,
    as a reader is told to; without a GPU, cudabook picks simulator mode. After the first lesson,
@@ -113,13 +114,29 @@ def newest_numba_corner(vpy: Path, env: dict[str, str]) -> list[str]:
     return errs
 
 
-def lane_env(venv: Path) -> dict[str, str]:
+# what a clone holds that is not the clone: environments, build outputs, caches, the temporary
+# folders of other steps (tools/check_exercises.py writes its notebooks in tmp* at the top)
+_NOT_SOURCE = {".git", ".venv", "_build", "build", ".whl", ".pytest_cache", ".ruff_cache"}
+
+
+def source_copy(dest: Path) -> Path:
+    """A copy of this clone's files for the setup cell to install cudabook from, so that pip's
+    build (build/, cudabook.egg-info) happens there and not in the clone, where other steps of
+    the CPU lane may be running at the same time."""
+    def ignore(d: str, names: list[str]) -> set[str]:
+        return {n for n in names if n in _NOT_SOURCE or n == "__pycache__" or
+                n.endswith(".egg-info") or (Path(d) == ROOT and n.startswith("tmp"))}
+    shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
+    return dest
+
+
+def lane_env(venv: Path, src: Path = ROOT) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (
         "VIRTUAL_ENV", "PYTHONPATH", "NUMBA_ENABLE_CUDASIM", "CUDA_PATH", "CUDA_HOME")}
     main_bin = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([str(venv / "bin")] + [p for p in env.get("PATH", "").split(
         os.pathsep) if p != main_bin])
-    env.update(CUDABOOK_SRC=str(ROOT), MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
+    env.update(CUDABOOK_SRC=str(src), MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
     return env
 
 
@@ -162,7 +179,7 @@ def main(chapters: list[str]) -> int:
         venv = work / "venv"
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         vpy = venv / "bin" / "python"
-        env = lane_env(venv)
+        env = lane_env(venv, source_copy(work / "src"))
         pins = floors(ROOT / "requirements.txt")
         pip(vpy, "--upgrade", "pip")
         pip(vpy, "--retries", "0", "--timeout", "20", *TORCH)  # as tools/setup.sh does

@@ -27,6 +27,30 @@ else
   echo "toolkit: the pip toolkit is missing (run tools/setup.sh); nvcc is $(command -v nvcc || echo absent)"
 fi
 
+# The Colab-like lane (tools/colab_lane.py) needs nothing the steps below make: it builds its own
+# environment and runs each notebook alone in an empty folder. It starts now, in the background
+# and at a lower priority (nice 5), so that its pip installs and notebooks use the cores the steps
+# below leave idle (compiles and tests waiting on their slowest file, the book build on one core);
+# its step, last, waits for it and prints its report. COLAB_LANE_BACKGROUND=0 runs it last, in
+# the foreground.
+lane_pid=
+if [ "${COLAB_LANE_BACKGROUND:-1}" = 1 ]; then
+  lane_log=$(mktemp)
+  t_lane_start=$SECONDS
+  nice -n "${COLAB_LANE_NICE:-5}" python tools/colab_lane.py >"$lane_log" 2>&1 &
+  lane_pid=$!
+  trap 'kill "$lane_pid" 2>/dev/null; rm -f "$lane_log"' INT TERM
+  trap 'rm -f "$lane_log"' EXIT
+  echo "colab-lane: started in the background (pid $lane_pid)"
+fi
+colab_lane_wait() {
+  local rc=0
+  wait "$lane_pid" || rc=$?
+  cat "$lane_log"
+  echo "colab-lane: ran $((SECONDS - t_lane_start)) s in the background, exit $rc"
+  return $rc
+}
+
 step lint          ruff check cudabook kernels tests tools conftest.py
 step sync          python tools/nbtools.py exercises --check
 step policy        python tools/nbtools.py check
@@ -42,7 +66,8 @@ step exercises     python tools/check_exercises.py $(nbs exercises)
 rm -rf _build
 step book          jupyter-book build . -n -W --keep-going -q
 step browser       python tools/browser_test.py _build/html
-step colab-lane    python tools/colab_lane.py
+if [ -n "$lane_pid" ]; then step colab-lane colab_lane_wait
+else step colab-lane python tools/colab_lane.py; fi
 
 echo
 echo "step times:"

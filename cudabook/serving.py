@@ -29,10 +29,6 @@ reduction across rows, the same GEMV at every batch size, a fixed split of the k
 request's tokens do not depend on who it shared its steps with, which ``serve`` lets a test
 check bit for bit.
 
-``matmul="cublas"`` swaps the GEMV for CuPy's cuBLAS matmul in the decode step: faster at large
-batch sizes, but cuBLAS picks its kernel by the shape, so a row's sums need not be taken in the
-same order at batch 1 and batch 32 (the lesson counts the requests whose tokens change).
-
 ``policy="static"`` is the baseline: requests in arrival order, ``slots`` at a time; a batch runs
 until its longest request is done, finished rows computed as padding, and the next batch waits.
 """
@@ -184,7 +180,7 @@ class PagedGPT:
 
     def __init__(self, model: Any, slots: int = 32, max_len: int | None = None,
                  block_size: int = 16, num_blocks: int | None = None,
-                 splits: int | None = None, matmul: str = "gemv"):
+                 splits: int | None = None):
         if not env.HAS_GPU:
             raise RuntimeError("PagedGPT runs CUDA C++ kernels: it needs a CUDA GPU")
         import cupy as cp
@@ -211,10 +207,6 @@ class PagedGPT:
         # size); by default a split holds as many keys as a block has threads
         per = max(1, self.pa.THREADS // self.BS)
         self.splits, _ = self.pa.plan(1, H, self.MB, self.BS, splits or -(-self.MB // per))
-        if matmul not in ("gemv", "cublas"):
-            raise ValueError(f"matmul must be 'gemv' (chapter 10's kernel, the same at every batch "
-                             f"size) or 'cublas' (CuPy's matmul), got {matmul!r}")
-        self.matmul = matmul
         # block NB is the scratch block padding rows write: not in the allocator
         self.k_pool = cp.zeros((cfg.n_layer, NB + 1, H, self.BS, D), cp.float16)
         self.v_pool = cp.zeros_like(self.k_pool)
@@ -226,13 +218,8 @@ class PagedGPT:
 
     # ------------------------------------------------------------------ the step
     def _mm(self, a, W, out) -> None:
-        """out = a @ W^T for a decode step's rows: chapter 10's GEMV (the default) or cuBLAS."""
-        if self.matmul == "cublas":
-            import cupy as cp
-
-            cp.matmul(a, W.T, out=out)
-        else:
-            self.dense.gemv.gemv(a, W, out=out)
+        """out = a @ W^T for a decode step's rows: chapter 10's GEMV (1 to 32 rows)."""
+        self.dense.gemv.gemv(a, W, out=out)
 
     def _step(self, bk: _Bucket) -> None:
         """One decode step of bucket ``bk`` on the GPU: tokens in ``tok`` at lengths ``lens``
@@ -487,6 +474,7 @@ class _Run:
         self.steps = self.rows = self.useful = self.peak = 0
         self.prefill_s = 0.0
         self.bucket_rows: dict[int, int] = {}
+        self.timeline: list[tuple[float, int]] = []
 
     def count(self, bucket: int, useful: int) -> None:
         self.timeline.append((time.perf_counter() - self.t0, useful))

@@ -103,15 +103,14 @@ def _tiny(seed=0):
 
 
 @gpu
-@pytest.mark.parametrize("matmul", ["gemv", "cublas"])
-def test_paged_step_gives_chapter7s_logits(matmul):
+def test_paged_step_gives_chapter7s_logits():
     """Prefill then one decode step, paged, against KernelGPT's dense cache."""
     import cupy as cp
 
     from cudabook.decoder import KernelGPT
 
     model = _tiny(1)
-    eng = serving.PagedGPT(model, slots=2, max_len=128, matmul=matmul)
+    eng = serving.PagedGPT(model, slots=2, max_len=128)
     prompt = np.random.default_rng(0).integers(0, 256, 37).tolist()
     slot = eng.table.admit(len(prompt))
     tok = eng.prefill(slot, prompt)
@@ -155,8 +154,6 @@ def test_engine_refuses_what_it_cannot_serve():
         serving.PagedGPT(model, slots=33)
     with pytest.raises(ValueError, match="max_len"):
         serving.PagedGPT(model, slots=2, max_len=10_000)
-    with pytest.raises(ValueError, match="matmul"):
-        serving.PagedGPT(model, slots=2, max_len=32, matmul="hgemm")
     eng = serving.PagedGPT(model, slots=2, max_len=32)
     with pytest.raises(ValueError, match="need 40 positions"):
         eng.serve([Request("a", [1] * 20, 21)])

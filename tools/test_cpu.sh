@@ -60,7 +60,15 @@ step nvrtc         python tools/nvrtc_check.py
 # tests and notebooks on every core (pytest-xdist); a notebook's cells stay in one process
 par=()
 python -c "import xdist" 2>/dev/null && par=(-n "${JOBS:-auto}" --dist loadfile)
-step unit-tests    python -m pytest -q -p no:cacheprovider "${par[@]}" tests
+# the test files that take longest first, the rest in name order (pytest-xdist would otherwise
+# hand out the files with the most tests first, and the single 40 s test of test_setup_cell.py
+# last, on one core while the other idles)
+tests=()
+for f in tests/test_setup_cell.py tests/test_ch09.py tests/test_ch03.py tests/test_trace.py \
+         tests/test_ch04.py tests/test_ch01.py tests/test_*.py; do
+  [ -f "$f" ] && [[ " ${tests[*]} " != *" $f "* ]] && tests+=("$f")
+done
+step unit-tests    python -m pytest -q -p no:cacheprovider "${par[@]}" ${par:+--no-loadscope-reorder} "${tests[@]}"
 step notebooks-sim python -m pytest -q -p no:cacheprovider "${par[@]}" --nbval-lax $(nbs lessons) $(nbs solutions)
 step exercises     python tools/check_exercises.py $(nbs exercises)
 rm -rf _build

@@ -29,6 +29,11 @@ reduction across rows, the same GEMV at every batch size, a fixed split of the k
 request's tokens do not depend on who it shared its steps with, which ``serve`` lets a test
 check bit for bit.
 
+``fused=True`` runs the step on ``kernels/decode_gemv.cu`` (the decode ladder's first step):
+LayerNorm folded into the GEMV that reads it, GELU and the residual add into the GEMV that
+writes them, RoPE and the paged append into the QKV GEMV; 7 launches per layer instead of 10,
+the same roundings.
+
 ``policy="static"`` is the baseline: requests in arrival order, ``slots`` at a time; a batch runs
 until its longest request is done, finished rows computed as padding, and the next batch waits.
 """
@@ -180,7 +185,7 @@ class PagedGPT:
 
     def __init__(self, model: Any, slots: int = 32, max_len: int | None = None,
                  block_size: int = 16, num_blocks: int | None = None,
-                 splits: int | None = None):
+                 splits: int | None = None, fused: bool = False):
         if not env.HAS_GPU:
             raise RuntimeError("PagedGPT runs CUDA C++ kernels: it needs a CUDA GPU")
         import cupy as cp
@@ -215,6 +220,11 @@ class PagedGPT:
         self.buckets = {B: _Bucket(B, self) for B in BUCKETS if B < self.slots} | \
             {self.slots: _Bucket(self.slots, self)}
         self.prefills: dict[int, _Prefill] = {}          # padded prompt length -> its graph
+        self.fused = bool(fused)
+        if self.fused:                   # decode_gemv.cu: LayerNorm, GELU, residual, RoPE fused
+            self.dg = load_launch("decode_gemv")
+            order = cp.asarray(self.dg.rope_order(H, H, D))
+            self.wqkv = [cp.ascontiguousarray(W["qkv"][order]) for W in self.dense.layers]
 
     # ------------------------------------------------------------------ the step
     def _mm(self, a, W, out) -> None:
@@ -242,6 +252,27 @@ class PagedGPT:
             self._mm(bk.f, W["fc2"], bk.dx)
         k["residual"].add_layernorm(bk.x, bk.dx, g.lnf[0], g.lnf[1], bk.h, cfg.eps)
         self._mm(bk.h, g.head, bk.logits)
+        k["sampling"].sample(bk.logits, bk.u, bk.tok, 0.0, 1, 1.0)
+
+    def _step_fused(self, bk: _Bucket) -> None:
+        """The same step with decode_gemv.cu's fused GEMVs: per layer, LayerNorm + QKV + RoPE +
+        paged append; paged attention (two kernels); output projection + residual; LayerNorm +
+        up projection + GELU; down projection + residual (7 launches where ``_step`` has 10).
+        The same roundings as ``_step``. Capturable."""
+        k, g, cfg, pa, dg = self.dense.k, self.dense, self.cfg, self.pa, self.dg
+        B, H, D = bk.B, cfg.n_head, cfg.head_dim
+        k["embedding"].embedding(bk.tok, g.wte, bk.x, check_ids=False)
+        for i, W in enumerate(g.layers):
+            dg.decode_gemv(bk.x, self.wqkv[i], ln=(W["ln1"][0], W["ln1"][1], cfg.eps),
+                           rope=dict(q_out=bk.q, k_pool=self.k_pool[i], v_pool=self.v_pool[i],
+                                     block_table=bk.table, seq_lens=bk.lens,
+                                     base=cfg.rope_base))
+            pa.decode(bk.q, self.k_pool[i], self.v_pool[i], bk.table, bk.lens,
+                      out=bk.a.reshape(B, H, D), work=bk.work)
+            dg.decode_gemv(bk.a, W["proj"], residual=bk.x)
+            dg.decode_gemv(bk.x, W["fc"], bk.f, ln=(W["ln2"][0], W["ln2"][1], cfg.eps), gelu=True)
+            dg.decode_gemv(bk.f, W["fc2"], residual=bk.x)
+        dg.decode_gemv(bk.x, g.head, bk.logits, ln=(g.lnf[0], g.lnf[1], cfg.eps))
         k["sampling"].sample(bk.logits, bk.u, bk.tok, 0.0, 1, 1.0)
 
     def op_times(self, bk: _Bucket, repeat: int = 50) -> dict[str, float]:
@@ -274,6 +305,24 @@ class PagedGPT:
             "LM head": lambda: self._mm(bk.h, g.head, bk.logits),
             "sampling": lambda: k["sampling"].sample(bk.logits, bk.u, bk.tok, 0.0, 1, 1.0),
         }
+        if self.fused:
+            dg, ln = self.dg, (lambda W, n: (W[n][0], W[n][1], cfg.eps))
+            groups = {
+                "embedding": groups["embedding"],
+                "LayerNorm + QKV + RoPE + paged append": each(lambda i, W: dg.decode_gemv(
+                    bk.x, self.wqkv[i], ln=ln(W, "ln1"), rope=dict(
+                        q_out=bk.q, k_pool=self.k_pool[i], v_pool=self.v_pool[i],
+                        block_table=bk.table, seq_lens=bk.lens, base=cfg.rope_base))),
+                "paged attention": groups["paged attention"],
+                "output projection + residual": each(lambda i, W: dg.decode_gemv(
+                    bk.a, W["proj"], residual=bk.x)),
+                "LayerNorm + MLP + GELU + residual": each(lambda i, W: (
+                    dg.decode_gemv(bk.x, W["fc"], bk.f, ln=ln(W, "ln2"), gelu=True),
+                    dg.decode_gemv(bk.f, W["fc2"], residual=bk.x))),
+                "LayerNorm + LM head": lambda: dg.decode_gemv(bk.x, g.head, bk.logits,
+                                                              ln=(g.lnf[0], g.lnf[1], cfg.eps)),
+                "sampling": groups["sampling"],
+            }
         saved = (bk.x.copy(), bk.tok.copy(), self.k_pool.copy(), self.v_pool.copy())
         out = {}
         t0, t1 = cp.cuda.Event(), cp.cuda.Event()
@@ -300,7 +349,8 @@ class PagedGPT:
             from . import graphs
 
             bk.load([], [], np.empty((0, self.MB), np.int32), self.scratch)
-            bk.graph = graphs.capture(lambda: self._step(bk), warmup=1)
+            step = self._step_fused if self.fused else self._step
+            bk.graph = graphs.capture(lambda: step(bk), warmup=1)
         return bk
 
     def decode(self, slots: list[int], tokens: list[int]) -> np.ndarray:

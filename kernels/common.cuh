@@ -9,7 +9,9 @@
 //   adamw_coef(t, ...)      AdamW's two bias corrections at step t (optim.cu, mlp_step.cu)
 //   adamw_param(...)        one parameter's AdamW update (optim.cu, mlp_step.cu)
 //   rope_angle(p, i, ...)   cos and sin of RoPE's angle for pair i at position p (rope.cu,
-//                           paged_attention.cu)
+//                           paged_attention.cu, decode_gemv.cu)
+//   dot8(w, x, acc)         acc + the dot product of 8 halves of w and 8 of x (16-byte loads), in
+//                           fp32, in a fixed order (gemv.cu, decode_gemv.cu)
 //   warp_reduce<R>(v)       v combined by the operator R over the 32 lanes of a warp; every lane
 //                           gets the result
 //   warp_sum(v), warp_max(v)      the same for + and max, float or double
@@ -57,6 +59,21 @@ __device__ __forceinline__ void rope_angle(int p, int i, int D, float log2_base,
     float inv = exp2f(-2.0f * (float)i / (float)D * log2_base);   // base^(-2i/D)
     sincosf((float)p * inv, s, c);
 }
+
+// acc + dot(8 halves of w, 8 halves of x), fp32 multiply-adds in element order (needs cuda_fp16.h)
+#ifdef __CUDA_FP16_H__
+__device__ __forceinline__ float dot8(uint4 w, uint4 xv, float acc) {
+    const __half2* wh = reinterpret_cast<const __half2*>(&w);
+    const __half2* xh = reinterpret_cast<const __half2*>(&xv);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 wf = __half22float2(wh[i]), xf = __half22float2(xh[i]);
+        acc = fmaf(wf.x, xf.x, acc);
+        acc = fmaf(wf.y, xf.y, acc);
+    }
+    return acc;
+}
+#endif
 
 // p is 16-byte aligned: float4 loads and stores from it are allowed
 __device__ __forceinline__ bool aligned16(const void* p) {

@@ -23,6 +23,7 @@
 // (ceil(N/4), B) x 128 (a warp per row); v3 (ceil(N/4), ceil(B/BT)) x 128; v4
 // (ceil(N/R), ceil(B/BT)) x 128. No dynamic shared memory.
 #include <cuda_fp16.h>
+// common.cuh: dot8, warp_sum, ld_stream16
 #include "common.cuh"
 
 // ----------------------------------------------------------------------------- v1
@@ -56,20 +57,6 @@ extern "C" __global__ void gemv_v2(const __half* __restrict__ x, const __half* _
         if (bias) acc += __half2float(bias[n]);
         y[(size_t)b * N + n] = __float2half_rn(acc);
     }
-}
-
-// ----------------------------------------------------------------------------- shared pieces
-// acc[b] += dot(8 halves of w, 8 halves of x row b), in fp32
-__device__ __forceinline__ float dot8(uint4 w, uint4 xv, float acc) {
-    const __half2* wh = reinterpret_cast<const __half2*>(&w);
-    const __half2* xh = reinterpret_cast<const __half2*>(&xv);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float2 wf = __half22float2(wh[i]), xf = __half22float2(xh[i]);
-        acc = fmaf(wf.x, xf.x, acc);
-        acc = fmaf(wf.y, xf.y, acc);
-    }
-    return acc;
 }
 
 // ----------------------------------------------------------------------------- v3

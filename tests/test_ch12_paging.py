@@ -453,3 +453,228 @@ def test_exercise_page_states_its_stub_sizes_and_has_two_hints(ex):
     from solution_cells import check_exercise_page
 
     check_exercise_page("12", ex)
+
+
+# ----------------------------------------------------------------------------- ex12.3, ex12.4
+# The CUDA C++ exercises: the right answers as a reader would write them, with the solution
+# regions marked as solutions/12_serving.ipynb will mark them (the stub is what
+# tools/nbtools.py makes of them); a wrong answer is the right one with an edit, each `old`
+# checked to occur exactly `count` times. (The notebook's cells do not exist yet; once they do,
+# these templates give way to Solution("12").get("ex12.3", "paged_merge_src", edits=...).)
+_MERGE_CUDA = r'''
+#include <cuda_fp16.h>
+#define NEG_INF __int_as_float(0xff800000)        // -infinity (NVRTC has no INFINITY)
+
+// m, l: (B, H, S) float32, each split's maximum score and its sum of e^(s - m); o: (B, H, S, D)
+// float32, each split's sum of e^(s_j - m) v_j; out: (B, H, D) fp16. An empty split is
+// (-inf, 0, 0). grid (H, B), block 32: block (h, b) merges head h of request b.
+extern "C" __global__ void paged_merge(const float* m, const float* l, const float* o,
+                                       __half* out, int H, int D, int S) {
+    const int h = blockIdx.x, b = blockIdx.y;
+    const long long head = ((long long)b * H + h) * S;     // (b, h, split 0) in m and l
+    // BEGIN SOLUTION ex12.3
+    float M = NEG_INF;                         // the largest maximum over the splits
+    for (int s = 0; s < S; ++s) M = fmaxf(M, m[head + s]);
+    float den = 0.0f;                          // sum_s e^(m_s - M) l_s: an empty split adds 0
+    for (int s = 0; s < S; ++s) den += expf(m[head + s] - M) * l[head + s];
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {    // the threads share the columns
+        float num = 0.0f;
+        for (int s = 0; s < S; ++s) num += expf(m[head + s] - M) * o[(head + s) * D + d];
+        out[((long long)b * H + h) * D + d] = __float2half(num / den);
+    }
+    // END SOLUTION
+}
+'''
+
+_SCORES_CUDA = r'''
+#include <cuda_fp16.h>
+#define NEG_INF __int_as_float(0xff800000)        // -infinity (NVRTC has no INFINITY)
+
+// q: (B, D) fp16, one query per request; k_pool: (NB, BS, D) fp16, the pool of key blocks;
+// block_table: (B, MB) int32, -1 past a request's blocks; seq_lens: (B,) int32; scores: (B, T)
+// float32, T = MB * BS. grid (ceil(T / 32), B), block 32: a thread per (position, request).
+extern "C" __global__ void paged_scores(const __half* q, const __half* k_pool,
+                                        const int* block_table, const int* seq_lens,
+                                        float* scores, int B, int MB, int BS, int D, int T) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;     // position
+    const int b = blockIdx.y;                                 // request
+    // BEGIN SOLUTION ex12.4
+    if (t >= T) return;                        // the grid rounds T up to whole blocks of 32
+    if (t >= seq_lens[b]) {                    // past the request's end: masked
+        scores[(long long)b * T + t] = NEG_INF;
+        return;
+    }
+    const int blk = block_table[b * MB + t / BS];            // logical block t / BS -> physical
+    const __half* k = k_pool + ((long long)blk * BS + t % BS) * D;
+    const __half* qb = q + (long long)b * D;
+    float acc = 0.0f;
+    for (int e = 0; e < D; ++e) acc += __half2float(qb[e]) * __half2float(k[e]);
+    scores[(long long)b * T + t] = acc / sqrtf((float)D);
+    // END SOLUTION
+}
+'''
+
+# a right answer that stages q in shared memory (the barrier before any thread returns): the
+# graders run compute-sanitizer on it
+_SCORES_SHARED = [
+    ("    // BEGIN SOLUTION ex12.4\n",
+     "    // BEGIN SOLUTION ex12.4\n    __shared__ float qs[128];\n"
+     "    for (int e = threadIdx.x; e < D; e += blockDim.x) qs[e] = __half2float(q[(long long)b"
+     " * D + e]);\n    __syncthreads();\n"),
+    ("    const __half* qb = q + (long long)b * D;\n", ""),
+    ("acc += __half2float(qb[e]) * __half2float(k[e]);", "acc += qs[e] * __half2float(k[e]);"),
+]
+
+_MERGE_WRONG = [
+    # the splits added without rescaling to the common maximum
+    ([("expf(m[head + s] - M) * ", "", 2)], "rescale both by exp"),
+    ([("float M = NEG_INF;", "float M = 0.0f;")], "start the running maximum at -infinity"),
+    ([("for (int d = threadIdx.x; d < D;", "for (int d = threadIdx.x; d < min(D, 32);")],
+     "loop for \\(int d = threadIdx.x; d < D; d \\+= blockDim.x\\)"),
+    # each split normalised by its own l, the results averaged
+    ([("expf(m[head + s] - M) * l[head + s]", "(l[head + s] > 0.0f ? 1.0f : 0.0f)"),
+      ("expf(m[head + s] - M) * o[", "(l[head + s] > 0.0f ? 1.0f / l[head + s] : 0.0f) * o[")],
+     "averaging each split's normalised output"),
+    # the book's kernels' base-2 weights (their scores are in the log2 domain; these are not)
+    ([("expf(", "exp2f(", 2)], "powers of 2"),
+    ([("d < D; d += blockDim.x", "d <= D; d += blockDim.x")], "wrote past the end of out"),
+]
+
+_SCORES_WRONG = [
+    ([("t / BS]", "(t + 1) / BS]")],
+     "off by one reads the wrong block exactly at a block boundary"),
+    ([("block_table[b * MB", "block_table[0 * MB")], "row b of the block table"),
+    # no mask: every position reads the table, -1 past the request's blocks (zeros here)
+    ([("    if (t >= seq_lens[b]) {                    // past the request's end: masked\n"
+       "        scores[(long long)b * T + t] = NEG_INF;\n        return;\n    }\n", "")],
+     "a position past the end is -inf"),
+    ([("    if (t >= T) return;", "")], "wrote past the end of scores: a guard on t < T"),
+    ([(" / sqrtf((float)D)", "")], "not multiplied by the scale 1 / sqrt"),
+    # the dot product accumulated in half precision
+    ([("float acc = 0.0f;", "__half acc = __float2half(0.0f);"),
+      ("acc += __half2float(qb[e]) * __half2float(k[e]);", "acc = __hfma(qb[e], k[e], acc);"),
+      ("acc / sqrtf", "__half2float(acc) / sqrtf")], "half-precision arithmetic"),
+]
+
+
+def _cuda_src(template: str, *edits) -> str:
+    """``template`` with ``edits`` (old, new[, count]) applied, each checked to apply."""
+    text = template
+    for e in edits:
+        old, new, count = (*e, 1) if len(e) == 2 else e
+        assert text.count(old) == count, f"edit {old!r}: found {text.count(old)}, want {count}"
+        text = text.replace(old, new)
+    return text
+
+
+def _stub(template: str) -> str:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from nbtools import strip_solutions
+
+    return strip_solutions(template)
+
+
+_CUDA = {"ex12.3": _MERGE_CUDA, "ex12.4": _SCORES_CUDA}
+_CUDA_KERNEL = {"ex12.3": "paged_merge", "ex12.4": "paged_scores"}
+
+
+@pytest.mark.parametrize("ex", sorted(_CUDA))
+def test_cuda_exercise_stub_is_refused_on_any_machine(ex):
+    from cudabook.graders import GradeError
+
+    stub = _stub(_CUDA[ex])
+    assert f"// TODO {ex} (roughly" in stub
+    with pytest.raises(GradeError, match=f"{ex}: not implemented yet"):
+        _grader(ex)(stub)
+
+
+def _book_merge_renamed() -> str:
+    """kernels/paged_attention.cu's paged_merge_v1 pasted in as the answer, renamed."""
+    body = cb.kernel_source("paged_attention.cu", "paged_merge_v1")
+    return "#include <cuda_fp16.h>\n" + body.replace("paged_merge_v1", "paged_merge")
+
+
+@pytest.mark.parametrize("ex, src, expect", [
+    ("ex12.3", _cuda_src(_MERGE_CUDA, ("#include <cuda_fp16.h>",
+                                       "#include <cuda_fp16.h>\n#include <cub/cub.cuh>")),
+     r"includes <cub/cub\.cuh>, a library"),
+    ("ex12.4", _cuda_src(_SCORES_CUDA, ("#include <cuda_fp16.h>",
+                                        "#include <cuda_fp16.h>\n#include <thrust/reduce.h>")),
+     r"includes <thrust/reduce\.h>, a library"),
+    ("ex12.4", _cuda_src(_SCORES_CUDA, ("float acc = 0.0f;", "float acc = cub::Sum()(0.f, 0.f);")),
+     "calls into the library namespace cub::"),
+    ("ex12.3", _cuda_src(_MERGE_CUDA, ("#include <cuda_fp16.h>",
+                                       '#include <cuda_fp16.h>\n#include "paged_attention.cu"')),
+     "includes paged_attention.cu, the book's own kernels"),
+    ("ex12.4", _cuda_src(_SCORES_CUDA, ("#include <cuda_fp16.h>",
+                                        '#include <cuda_fp16.h>\n#include "../kernels/'
+                                        'common.cuh"')),
+     "the book's own kernels"),
+    ("ex12.3", _MERGE_CUDA + "\n// paged_merge_v1 in a comment names nothing\n"
+     "extern \"C\" __global__ void w(float* o) { paged_merge_v1<<<1, 1>>>(0, 0, 0, 0, 0, 0, 0); }",
+     "names paged_merge_v1, the book's own kernel"),
+    ("ex12.3", _book_merge_renamed(), "body of the book's own kernel paged_merge_v1"),
+    ("ex12.3", 42, r"expected the CUDA C\+\+ source as a str"),
+], ids=["cub-header", "thrust-header", "cub-namespace", "book-include", "book-header",
+        "book-kernel-named", "book-kernel-pasted", "not-a-str"])
+def test_cuda_exercise_refuses_libraries_and_the_book_kernel_on_any_machine(ex, src, expect):
+    from cudabook.graders import GradeError
+
+    with pytest.raises(GradeError, match=f"{ex}: .*{expect}"):
+        _grader(ex)(src)
+
+
+@pytest.mark.skipif(cb.HAS_GPU, reason="on a GPU the grader runs the kernel")
+@pytest.mark.parametrize("ex", sorted(_CUDA))
+def test_cuda_exercise_needs_a_gpu_after_its_static_checks(ex):
+    from cudabook.graders import GradeError
+
+    with pytest.raises(GradeError, match=f"{ex}: needs a CUDA GPU"):
+        _grader(ex)(_CUDA[ex])
+
+
+def _all_variants():
+    for ex, wrong in (("ex12.3", _MERGE_WRONG), ("ex12.4", _SCORES_WRONG)):
+        yield ex, _CUDA[ex]
+        for edits, _ in wrong:
+            yield ex, _cuda_src(_CUDA[ex], *edits)
+    yield "ex12.4", _cuda_src(_SCORES_CUDA, *_SCORES_SHARED)
+
+
+@pytest.mark.parametrize("arch", ["compute_75", "compute_80", "compute_90"])
+def test_cuda_exercise_answers_compile_with_nvrtc(arch):
+    """Every answer the GPU tests grade compiles as the grader compiles it (NVRTC, no GPU
+    needed), and defines its kernel: a GPU test then fails for its hint, never for a typo."""
+    from cudabook.graders._static import cuda_ptx, ptx_instructions
+
+    for ex, src in _all_variants():
+        ptx = cuda_ptx(ex, src, arch)
+        if ptx is None:
+            pytest.skip("NVRTC cannot be loaded here")
+        assert ptx_instructions(ex, ptx, _CUDA_KERNEL[ex]), ex
+
+
+@gpu
+@pytest.mark.parametrize("ex, edits", [("ex12.3", []), ("ex12.4", []),
+                                       ("ex12.4", _SCORES_SHARED)],
+                         ids=["merge", "scores", "scores-shared-q"])
+def test_cuda_exercise_right_answer_passes(ex, edits, capsys):
+    _grader(ex)(_cuda_src(_CUDA[ex], *edits))
+    assert capsys.readouterr().out == f"PASS {ex}\n"
+
+
+@gpu
+@pytest.mark.parametrize("ex, edits, expect",
+                         [("ex12.3", e, h) for e, h in _MERGE_WRONG]
+                         + [("ex12.4", e, h) for e, h in _SCORES_WRONG],
+                         ids=["not-rescaled", "max-from-zero", "32-columns", "averaged", "exp2",
+                              "past-the-end", "block-off-by-one", "row-0", "no-mask",
+                              "no-guard", "no-scale", "half-accumulator"])
+def test_cuda_exercise_wrong_answer_gets_its_hint(ex, edits, expect):
+    from cudabook.graders import GradeError
+
+    with pytest.raises(GradeError, match=f"{ex}: .*{expect}"):
+        _grader(ex)(_cuda_src(_CUDA[ex], *edits))

@@ -138,13 +138,8 @@ def ex12_1(kernel) -> None:
             md, ld, od = to_device(m), to_device(l_), to_device(o)
             out, buf = guarded((B, H, D))
             call(ex, case, lambda: kernel[(H, B), 32](md, ld, od, out))
-            if not (np.array_equal(to_numpy(md), m) and np.array_equal(to_numpy(ld), l_)
-                    and np.array_equal(to_numpy(od), o)):
-                raise GradeError(f"{ex}: {case}: the kernel changed its inputs m, l or o: "
-                                 "compute the weights in registers")
-            if not canary_ok(buf, B * H * D):
-                raise GradeError(f"{ex}: {case}: wrote past the end of out: index out by one "
-                                 "row or head?")
+            _inputs_kept_and_canary(ex, case, (md, ld, od), (m, l_, o), buf, B * H * D,
+                                    "index out by one row or head?")
             _judge(ex, case, to_numpy(out).astype(np.float64), ref,
                    hint or _which_mistake(to_numpy(out), m, l_, o))
     passed(ex)
@@ -153,6 +148,15 @@ def ex12_1(kernel) -> None:
 _EXP2 = ("the weights are powers of 2, 2^(m_s - M) (exp2f, as in the book's kernels, whose "
          "scores are kept in the log2 domain): these partials are sums of e^(s - m_s), so split "
          "s weighs e^(m_s - M)")
+
+
+def _inputs_kept_and_canary(ex, case, devs, hosts, buf, n, past_hint) -> None:
+    """The merge read m, l, o without writing them, and wrote nothing past out's n elements."""
+    if not all(np.array_equal(to_numpy(d), h) for d, h in zip(devs, hosts)):
+        raise GradeError(f"{ex}: {case}: the kernel changed its inputs m, l or o: compute the "
+                         "weights in registers")
+    if not canary_ok(buf, n):
+        raise GradeError(f"{ex}: {case}: wrote past the end of out: {past_hint}")
 
 
 def _which_mistake(got, m, l_, o, tol=MERGE_TOL, hints=None) -> str | None:
@@ -445,13 +449,9 @@ def ex12_3(src: str) -> None:
             md, ld, od = padded(m, 4 * D), padded(l_, 4 * D), padded(o, 4 * D)
             out, buf = guarded((B, H, D), np.float16)
             call(ex, case, lambda: _merge_launch(kern, md, ld, od, out, B, H, S, D))
-            if not (np.array_equal(to_numpy(md), m) and np.array_equal(to_numpy(ld), l_)
-                    and np.array_equal(to_numpy(od), o)):
-                raise GradeError(f"{ex}: {case}: the kernel changed its inputs m, l or o: "
-                                 "compute the weights in registers")
-            if not canary_ok(buf, B * H * D):
-                raise GradeError(f"{ex}: {case}: wrote past the end of out: index out by one "
-                                 "row or head, or a column loop that runs to d <= D?")
+            _inputs_kept_and_canary(ex, case, (md, ld, od), (m, l_, o), buf, B * H * D,
+                                    "index out by one row or head, or a column loop that runs "
+                                    "to d <= D?")
             got = to_numpy(out).astype(np.float64)
             _judge(ex, case, got, ref,
                    hint or _which_mistake(got, m, l_, o, MERGE_HALF_TOL, _HINTS_CUDA),

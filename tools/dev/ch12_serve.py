@@ -5,9 +5,12 @@
    PyTorch decoder) at the same batch and length, and against the bytes it must read;
 2. a workload of requests served with continuous batching and with padded static batching:
    tokens/s, decode steps, rows computed, latency percentiles, peak cache blocks;
-3. every request's tokens against the same request served alone (batch invariance).
+3. every request's tokens against the same request served alone (batch invariance);
+4. with --fused, the same for PagedGPT(fused=True) (kernels/decode_gemv.cu): step times per
+   bucket, its op breakdown, and whether its tokens are the unfused engine's.
 
     PYTHONPATH=. python tools/dev/ch12_serve.py [--requests 64] [--ctx 512] [--no-compile]
+                                                [--fused]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--alone", type=int, default=None, help="check this many requests alone")
+    ap.add_argument("--fused", action="store_true", help="also the fused engine")
     a = ap.parse_args()
 
     import cupy as cp
@@ -93,6 +97,23 @@ def main() -> None:
                for r in reqs[:n])
     print(f"alone: {same} of {n} requests got the same tokens batched (continuous and static) "
           f"as alone ({time.perf_counter() - t1:.1f} s)")
+    if a.fused:
+        fz = serving.PagedGPT(model, slots=32, max_len=1024, fused=True)
+        for B in serving.BUCKETS:
+            bu, bf = eng.bucket(B), fz.bucket(B)
+            for e, bk in ((eng, bu), (fz, bf)):
+                rows = np.full((B, e.MB), -1, np.int32)
+                rows[:, :nblk] = np.arange(B * nblk, dtype=np.int32).reshape(B, nblk)
+                bk.load(np.zeros(B, np.int32), np.full(B, ctx, np.int32), rows, e.scratch)
+            print(f"B={B:2d}: unfused {decoder.per_step_us(bu.graph, n=100):7.1f} us, fused "
+                  f"{decoder.per_step_us(bf.graph, n=100):7.1f} us; graph nodes {bu.graph.nodes} "
+                  f"and {bf.graph.nodes}")
+            if B in (1, 32):
+                print("    fused ops:", {k: round(v, 1) for k, v in fz.op_times(bf).items()})
+        fr = fz.serve(reqs)
+        print(fr.summary())
+        print(f"fused engine: {sum(fr.tokens[r.id] == c.tokens[r.id] for r in reqs)} of "
+              f"{len(reqs)} requests got the unfused engine's tokens")
     cp.cuda.Device().synchronize()
 
 

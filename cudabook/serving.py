@@ -454,7 +454,7 @@ class PagedGPT:
             self._continuous(reqs, run)
         else:
             self._static(reqs, batch, run)
-        return run.result(reqs)
+        return run.result(reqs, cp.cuda.Device().synchronize)
 
     def _prefill_into(self, slot, req, run) -> int:
         t0 = time.perf_counter()
@@ -501,6 +501,8 @@ class PagedGPT:
                 if r.done:
                     run.done[r.id] = time.perf_counter() - run.t0
             for _ in range(steps):                         # until the longest is done
+                if all(r.done for r in group):             # every one stopped early (eos)
+                    break
                 for s in slots:
                     t.grow(s)
                 run.peak = max(run.peak, t.alloc.num_blocks - t.alloc.free)
@@ -533,10 +535,8 @@ class _Run:
         self.useful += useful
         self.bucket_rows[bucket] = self.bucket_rows.get(bucket, 0) + 1
 
-    def result(self, reqs) -> ServeResult:
-        import cupy as cp
-
-        cp.cuda.Device().synchronize()
+    def result(self, reqs, sync) -> ServeResult:
+        sync()                                      # the last step's work is done
         wall = time.perf_counter() - self.t0
         return ServeResult(self.policy, {r.id: list(r.out) for r in reqs}, self.first,
                            self.done, wall, self.steps, self.rows, self.useful, self.peak,

@@ -165,3 +165,98 @@ def test_engine_refuses_what_it_cannot_serve():
         eng.serve([Request("a", [1], 2)], policy="greedy")
     with pytest.raises(ValueError, match="continuous batching fills"):
         eng.serve([Request("a", [1], 2)], batch=1)
+
+
+# ----------------------------------------------------------------------------- the schedulers
+class _FakeEngine(serving.PagedGPT):
+    """PagedGPT's schedulers (``_continuous``, ``_static``) over a stand-in model on the CPU:
+    prefill writes the prompt's token ids into a pool of ids through the block table, and a
+    decode step writes each row's input token at its newest position and reads the whole
+    sequence back through the table to choose the next token (a mix-up of blocks or slots
+    changes the tokens)."""
+
+    def __init__(self, slots, max_len, block_size, vocab=50):
+        from types import SimpleNamespace
+
+        from cudabook.paging import BlockAllocator, PagedTable
+
+        self.slots, self.max_len, self.BS = slots, max_len, block_size
+        self.MB = -(-max_len // block_size)
+        self.table = PagedTable(BlockAllocator(slots * self.MB, block_size), slots, self.MB)
+        self.buckets = {B: SimpleNamespace(B=B) for B in serving.BUCKETS if B < slots} | \
+            {slots: SimpleNamespace(B=slots)}
+        self.pool = np.full((slots * self.MB, block_size), -1, np.int64)
+        self.cfg = SimpleNamespace(vocab=vocab)
+        self.calls = []
+
+    def bucket(self, n):
+        return self.buckets[min(B for B in self.buckets if B >= n)]
+
+    def _next(self, slot):
+        blk, off = self.table.positions(slot).T
+        t = self.pool[blk, off]
+        assert (t >= 0).all(), "a position was read before it was written"
+        return int((t * np.arange(1, t.size + 1)).sum() * 31 + t.size) % self.cfg.vocab
+
+    def prefill(self, slot, prompt):
+        blk, off = self.table.positions(slot).T
+        self.pool[blk, off] = prompt
+        return self._next(slot)
+
+    def decode(self, slots, tokens):
+        self.calls.append(len(slots))
+        for s, tok in zip(slots, tokens):
+            blk, off = self.table.positions(s)[-1]
+            self.pool[blk, off] = tok
+        return np.array([self._next(s) for s in slots], np.int32)
+
+    def run(self, requests, policy, batch=None):
+        reqs = self._fresh(requests)
+        run = serving._Run(policy, 0.0)
+        if policy == "continuous":
+            self._continuous(reqs, run)
+        else:
+            self._static(reqs, batch or self.slots, run)
+        return run.result(reqs, lambda: None)
+
+
+def _alone(req, vocab=50):
+    seq, out = list(req.prompt), []
+    while len(out) < req.max_new_tokens:
+        t = np.asarray(seq, np.int64)
+        out.append(int((t * np.arange(1, t.size + 1)).sum() * 31 + t.size) % vocab)
+        if req.eos is not None and out[-1] == req.eos:
+            break
+        seq.append(out[-1])
+    return out
+
+
+def test_both_schedulers_give_each_request_its_own_sequence_and_count_the_work():
+    reqs = serving.workload(23, vocab=50, prompt=(1, 20), new=(1, 25), seed=11)
+    eng = _FakeEngine(slots=4, max_len=48, block_size=4)
+    cont = eng.run(reqs, "continuous")
+    assert max(eng.calls) == 4 and eng.table.alloc.free == eng.table.alloc.num_blocks
+    stat = eng.run(reqs, "static")
+    for r in reqs:
+        assert cont.tokens[r.id] == stat.tokens[r.id] == _alone(r), r.id
+    useful = sum(r.max_new_tokens - 1 for r in reqs)
+    assert cont.useful_rows == stat.useful_rows == useful
+    groups = [reqs[i:i + 4] for i in range(0, len(reqs), 4)]
+    assert stat.steps == sum(max(r.max_new_tokens for r in g) - 1 for g in groups)
+    assert cont.steps < stat.steps and cont.rows < stat.rows
+    assert len(cont.timeline) == cont.steps and set(cont.done) == {r.id for r in reqs}
+    assert 0 < cont.peak_blocks <= eng.table.alloc.num_blocks
+    assert sum(cont.bucket_rows.values()) == cont.steps
+
+
+def test_static_batch_stops_when_every_request_hit_its_eos():
+    from cudabook.batching import Request
+
+    probe = Request("p", [3, 4, 5], 30)
+    eos = _alone(probe)[2]                        # the third token ends it early
+    reqs = [Request(i, [3, 4, 5], 30, eos=eos) for i in range(3)]
+    eng = _FakeEngine(slots=4, max_len=48, block_size=4)
+    stat = eng.run(reqs, "static")
+    assert all(stat.tokens[i] == _alone(reqs[i]) for i in range(3))
+    assert all(len(stat.tokens[i]) == 3 for i in range(3))
+    assert stat.steps == 2                        # not 29: the batch ended with its requests

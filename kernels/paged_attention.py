@@ -12,6 +12,11 @@ Numba
                       o = sum_j exp(s_j - m) v_j
   paged_merge         one block per (query head, request): the splits combined, each rescaled by
                       exp(m_s - M) to the largest max M
+  paged_rope_append   a thread per rotated pair of a request's new token: q and k rotated (RoPE,
+                      half-split pairs) at the request's own position seq_lens[b] - 1, q to q_out,
+                      k and v into the pool there (float32; paged_rope_append_v1's indexing)
+  paged_write         a thread per (KV head, position, column) of a prompt: its keys and values
+                      into the blocks of its table row at positions 0..n-1 (paged_write_v1's)
 """
 
 from __future__ import annotations
@@ -106,3 +111,52 @@ def paged_merge(m_part, l_part, o_part, out):
             for s in range(S):
                 num += math.exp(m_part[b, h, s] - M) * o_part[b, h, s, d]
         out[b, h, d] = math.nan if nan or den == 0.0 else num / den
+
+
+@cuda.jit
+def paged_rope_append(qkv, q_out, k_pool, v_pool, block_table, seq_lens, log2_base):
+    # qkv (B, H + 2 Hkv, D): query heads, key heads, value heads of each request's new token
+    i = cuda.grid(1)
+    B, H, D = q_out.shape[0], q_out.shape[1], q_out.shape[2]
+    NB, Hkv, BS = k_pool.shape[0], k_pool.shape[1], k_pool.shape[2]
+    MB, half = block_table.shape[1], D // 2
+    if i >= B * (H + Hkv) * half:
+        return
+    c, j, b = i % half, (i // half) % (H + Hkv), i // (half * (H + Hkv))
+    t = seq_lens[b] - 1
+    ang = float32(max(t, 0)) * math.pow(float32(2.0), -2.0 * c / D * log2_base)
+    cs, sn = math.cos(ang), math.sin(ang)
+    x1, x2 = float32(qkv[b, j, c]), float32(qkv[b, j, c + half])
+    ya, yb = x1 * cs - x2 * sn, x2 * cs + x1 * sn
+    if j < H:
+        q_out[b, j, c] = ya
+        q_out[b, j, c + half] = yb
+        return
+    if t < 0 or t >= MB * BS:
+        return
+    blk = block_table[b, t // BS]
+    if blk < 0 or blk >= NB:
+        return
+    kvh = j - H
+    k_pool[blk, kvh, t % BS, c] = ya
+    k_pool[blk, kvh, t % BS, c + half] = yb
+    v_pool[blk, kvh, t % BS, c] = qkv[b, H + Hkv + kvh, c]
+    v_pool[blk, kvh, t % BS, c + half] = qkv[b, H + Hkv + kvh, c + half]
+
+
+@cuda.jit
+def paged_write(k, v, k_pool, v_pool, row, n):
+    # k, v (Hkv, T, D) a prompt's keys and values; row (MB,) its blocks; n (1,) its length
+    i = cuda.grid(1)
+    Hkv, T, D = k.shape[0], k.shape[1], k.shape[2]
+    NB, BS, MB = k_pool.shape[0], k_pool.shape[2], row.shape[0]
+    if i >= Hkv * T * D:
+        return
+    d, t, h = i % D, (i // D) % T, i // (D * T)
+    if t >= n[0] or t >= MB * BS:
+        return
+    blk = row[t // BS]
+    if blk < 0 or blk >= NB:
+        return
+    k_pool[blk, h, t % BS, d] = k[h, t, d]
+    v_pool[blk, h, t % BS, d] = v[h, t, d]

@@ -9,6 +9,7 @@ cache, split over the keys, with grouped-query heads.
     work = pa.Workspace(B, H, D, splits)                         # partials, for a CUDA graph
     pa.decode(q, ..., out=out, work=work)                        # allocates nothing
     pa.decode_numba(q, ...)                                      # the twins (simulator or GPU)
+    pa.rope_append_numba(...), pa.write_prompt_numba(...)        # likewise, NumPy in and out
     pa.reference(q, k_pool, v_pool, block_table, seq_lens)       # float64 NumPy, dense
 
     VERSIONS, HEAD_DIMS, GMAX, THREADS, MAX_SPLIT_KEYS
@@ -37,7 +38,8 @@ from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 from cudabook.validate import expect_aligned
 
 __all__ = ["VERSIONS", "HEAD_DIMS", "GMAX", "THREADS", "MAX_SPLIT_KEYS", "Workspace", "plan",
-           "config", "check_table", "append", "rope_append", "write_prompt", "decode", "decode_numba",
+           "config", "check_table", "append", "rope_append", "write_prompt", "rope_append_numba",
+           "write_prompt_numba", "decode", "decode_numba",
            "reference", "rope_reference", "sanitize_targets"]
 
 VERSIONS = ("paged_decode_v1", "paged_decode_v2")
@@ -305,6 +307,41 @@ def decode_numba(q, k_pool, v_pool, block_table, seq_lens, splits: int = 2):
                                            m, l_, o)
     nb.paged_merge[(H, B), 32](m, l_, o, out)
     return out.copy_to_host(), m.copy_to_host(), l_.copy_to_host(), o.copy_to_host()
+
+
+def rope_append_numba(qkv, q_out, k_pool, v_pool, block_table, seq_lens,
+                      base: float = 10000.0):
+    """The Numba twin of ``rope_append`` (float32; the simulator without a GPU): NumPy arrays in,
+    (q_out, k_pool, v_pool) NumPy arrays out (copies, updated)."""
+    from numba import cuda
+
+    nb = cb.load_numba("paged_attention")
+    B, H, D = (int(s) for s in q_out.shape)
+    Hkv = int(k_pool.shape[1])
+    x = np.ascontiguousarray(cb.to_numpy(qkv), np.float32).reshape(B, H + 2 * Hkv, D)
+    dev = [cuda.to_device(np.ascontiguousarray(cb.to_numpy(a), np.float32))
+           for a in (q_out, k_pool, v_pool)]
+    bt, sl = (cuda.to_device(np.ascontiguousarray(cb.to_numpy(a), np.int32))
+              for a in (block_table, seq_lens))
+    n = B * (H + Hkv) * (D // 2)
+    nb.paged_rope_append[ceil_div(n, 64), 64](cuda.to_device(x), *dev, bt, sl,
+                                               np.float32(math.log2(base)))
+    return tuple(d.copy_to_host() for d in dev)
+
+
+def write_prompt_numba(k, v, k_pool, v_pool, row, n):
+    """The Numba twin of ``write_prompt`` (float32): NumPy in, (k_pool, v_pool) NumPy out."""
+    from numba import cuda
+
+    nb = cb.load_numba("paged_attention")
+    kk, vv = (cuda.to_device(np.ascontiguousarray(cb.to_numpy(a), np.float32)) for a in (k, v))
+    pools = [cuda.to_device(np.ascontiguousarray(cb.to_numpy(a), np.float32))
+             for a in (k_pool, v_pool)]
+    r = cuda.to_device(np.ascontiguousarray(cb.to_numpy(row), np.int32))
+    nn = cuda.to_device(np.array([int(n)], np.int32))
+    total = int(np.prod(kk.shape))
+    nb.paged_write[ceil_div(total, 64), 64](kk, vv, *pools, r, nn)
+    return tuple(p.copy_to_host() for p in pools)
 
 
 def reference(q, k_pool, v_pool, block_table, seq_lens) -> np.ndarray:

@@ -678,3 +678,40 @@ def test_cuda_exercise_wrong_answer_gets_its_hint(ex, edits, expect):
 
     with pytest.raises(GradeError, match=f"{ex}: .*{expect}"):
         _grader(ex)(_cuda_src(_CUDA[ex], *edits))
+
+
+# ----------------------------------------------------------------------------- append twins
+def test_numba_rope_append_twin_rotates_at_each_rows_position_and_fills_only_its_slot():
+    rng = np.random.default_rng(8)
+    B, H, Hkv, D, BS, MB, NB = 4, 4, 2, 16, 4, 3, 12
+    lens = np.array([1, 4, 5, 12], np.int32)                 # a block's first, last, next; full
+    table = rng.permutation(NB)[:B * MB].reshape(B, MB).astype(np.int32)
+    qkv = rng.standard_normal((B, (H + 2 * Hkv) * D)).astype(np.float32)
+    q0 = np.full((B, H, D), np.nan, np.float32)
+    kp0, vp0 = (np.full((NB, Hkv, BS, D), np.nan, np.float32) for _ in range(2))
+    q, kp, vp = pa.rope_append_numba(qkv, q0, kp0, vp0, table, lens)
+    qr, kr = pa.rope_reference(qkv, lens, H, Hkv, D)
+    np.testing.assert_allclose(q, qr, rtol=1e-4, atol=1e-4)
+    t = lens - 1
+    blk, off = table[np.arange(B), t // BS], t % BS
+    np.testing.assert_allclose(kp[blk, :, off], kr, rtol=1e-4, atol=1e-4)
+    v = qkv.reshape(B, H + 2 * Hkv, D)[:, H + Hkv:]
+    np.testing.assert_array_equal(vp[blk, :, off], v)
+    written = np.zeros((NB, BS), bool)
+    written[blk, off] = True
+    assert np.isnan(kp.transpose(0, 2, 1, 3)[~written]).all()
+
+
+def test_numba_write_twin_copies_positions_below_the_length_only():
+    rng = np.random.default_rng(9)
+    Hkv, T, D, BS, NB, n = 2, 16, 8, 4, 6, 9                 # 9 of 16 rows: 3 blocks, one partial
+    row = np.array([4, 0, 2, -1], np.int32)
+    k, v = (rng.standard_normal((Hkv, T, D)).astype(np.float32) for _ in range(2))
+    kp0, vp0 = (np.full((NB, Hkv, BS, D), np.nan, np.float32) for _ in range(2))
+    kp, vp = pa.write_prompt_numba(k, v, kp0, vp0, row, n)
+    tt = np.arange(n)
+    np.testing.assert_array_equal(kp[row[tt // BS], :, tt % BS], k[:, :n].transpose(1, 0, 2))
+    np.testing.assert_array_equal(vp[row[tt // BS], :, tt % BS], v[:, :n].transpose(1, 0, 2))
+    written = np.zeros((NB, BS), bool)
+    written[row[tt // BS], tt % BS] = True
+    assert np.isnan(vp.transpose(0, 2, 1, 3)[~written]).all()

@@ -12,6 +12,14 @@ match the GPU bit for bit; matrix products are float64.
     y = qgemv_reference(x, w2)           # float64 x @ w2.T
     e4 = fp8_reference(w, "e4m3")        # w rounded to fp8 (torch's float8 types) and back
 
+Activations and outliers (W8A8; references for a CPU study, no kernel of the chapter uses them):
+
+    q, s = quantize_activations(x, per="token")    # int8, one scale per row (token) of x (T, K)
+    y = w8a8_reference(x, w, per="token")           # int8 x per token, int8 w per output channel
+    s = smooth_scales(np.abs(x_cal).max(0), w, alpha=0.5)   # SmoothQuant's per-channel scales
+    xs, ws = smooth(x, w, s)                        # x / s and w * s: xs @ ws.T == x @ w.T
+    s, a = awq_scales(x_cal, w, bits=4, group=128)  # AWQ's activation-aware scale search (W4)
+
 Conventions (kernels/quant.cu says the same): w is (rows, K); a group is ``group`` consecutive
 elements of a row (it must divide K; ``group=None`` is one scale for the whole tensor). Symmetric:
 s = max|w| / qmax with qmax = 2^(bits-1) - 1, q = clamp(rint(w / s), -qmax, qmax). Asymmetric:
@@ -25,7 +33,8 @@ import numpy as np
 
 __all__ = ["quantize_reference", "dequantize_reference", "pack_int4_reference",
            "unpack_int4_reference", "qgemv_reference", "fp8_reference", "group_view",
-           "FP8_MAX"]
+           "FP8_MAX", "quantize_activations", "w8a8_reference", "smooth_scales", "smooth",
+           "awq_scales", "relative_error"]
 
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 
@@ -120,3 +129,121 @@ def fp8_reference(w, fmt: str = "e4m3", scale: float = 1.0) -> np.ndarray:
     t = torch.as_tensor(np.asarray(w, dtype=np.float32) / np.float32(scale))
     t = t.clamp(-FP8_MAX[fmt], FP8_MAX[fmt])
     return t.to(dt).to(torch.float32).numpy() * np.float32(scale)
+
+
+# ============================================================================ activations (W8A8)
+def _matrix(a, name: str) -> np.ndarray:
+    """``a`` as a finite 2D float64 array, or a ValueError naming ``name``."""
+    a = np.asarray(a)
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be 2D, got shape {a.shape}")
+    if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
+        raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype}")
+    a = a.astype(np.float64)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} holds NaN or inf: a scale taken from its max would be too")
+    return a
+
+
+def quantize_activations(x, bits: int = 8, per: str = "token") -> tuple[np.ndarray, np.ndarray]:
+    """Dynamic symmetric quantization of activations x (T, K): (q int8 (T, K), scale float32).
+
+    ``per="token"``: one scale per row, max|x[t]| / qmax, shape (T, 1): a token with a huge value
+    gets a coarse grid, the other tokens keep theirs. ``per="tensor"``: one scale, shape (1, 1).
+    Dynamic: the scales come from x itself, as a kernel computes them on the fly. The rounding is
+    ``quantize_reference``'s (float32 division, ties to even)."""
+    x = _matrix(x, "x").astype(np.float32)
+    if per not in ("token", "tensor"):
+        raise ValueError(f"per must be 'token' or 'tensor', got {per!r}")
+    q, s, _ = quantize_reference(x, bits, x.shape[1] if per == "token" else None)
+    return q, s
+
+
+def w8a8_reference(x, w, per: str = "token", bits: int = 8) -> np.ndarray:
+    """What a W8A8 GEMM computes, in float64: y (T, N) = (qx @ qw^T) * sx * sw^T.
+
+    x (T, K) activations quantized dynamically ``per`` token or tensor; w (N, K) per output
+    channel (one scale per row). The integer products are summed exactly (in float64 while
+    K * qmax^2 < 2^53, as the int32 accumulator of the kernels holds them up to K = 133,000
+    for int8), then scaled, as the epilogue of an int8 GEMM does."""
+    x, w = _matrix(x, "x"), _matrix(w, "w")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x has K = {x.shape[1]} channels, w has K = {w.shape[1]}: "
+                         "y = x @ w.T needs the same K")
+    qx, sx = quantize_activations(x, bits, per)
+    qw, sw, _ = quantize_reference(w, bits, w.shape[1])
+    acc = qx.astype(np.float64) @ qw.astype(np.float64).T
+    return acc * sx.astype(np.float64) * sw.astype(np.float64).T
+
+
+def smooth_scales(act_absmax, w, alpha: float = 0.5) -> np.ndarray:
+    """SmoothQuant's per-input-channel scales (Xiao et al., 2023), float64 of shape (K,):
+
+        s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)
+
+    ``act_absmax`` (K,) is max|X_j| over calibration tokens; max|W_j| is over w's column j (w is
+    (N, K), so column j meets activation channel j). alpha = 0 leaves the weights' range alone,
+    alpha = 1 makes every activation channel's max 1; the paper uses 0.5 and up to 0.75-0.85 for
+    models with larger outliers. A channel whose activation or weight max is 0 gets s = 1."""
+    w = _matrix(w, "w")
+    a = np.asarray(act_absmax, dtype=np.float64)
+    if a.shape != (w.shape[1],):
+        raise ValueError(f"act_absmax must have one entry per input channel, shape "
+                         f"({w.shape[1]},), got {a.shape}")
+    if not np.isfinite(a).all() or (a < 0).any():
+        raise ValueError("act_absmax must be finite and >= 0 (a max of |x|)")
+    if isinstance(alpha, bool) or not 0.0 <= float(alpha) <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+    wmax = np.abs(w).max(axis=0)
+    ok = (a > 0) & (wmax > 0)
+    s = np.ones_like(a)
+    s[ok] = a[ok] ** alpha / wmax[ok] ** (1.0 - alpha)
+    return s
+
+
+def smooth(x, w, s) -> tuple[np.ndarray, np.ndarray]:
+    """(x / s, w * s) in float64: each activation channel j divided by s_j, the weight's input
+    channel j multiplied by it. (x / s) @ (w * s)^T = x @ w^T in exact arithmetic (to rounding
+    in float64); in a model the division folds into the LayerNorm before the layer."""
+    x, w = _matrix(x, "x"), _matrix(w, "w")
+    s = np.asarray(s, dtype=np.float64)
+    if x.shape[1] != w.shape[1] or s.shape != (w.shape[1],):
+        raise ValueError(f"x (T, K), w (N, K) and s (K,) must share K; got {x.shape}, "
+                         f"{w.shape}, {s.shape}")
+    if not np.isfinite(s).all() or (s <= 0).any():
+        raise ValueError("smoothing scales must be finite and > 0")
+    return x / s, w * s
+
+
+def relative_error(y, ref) -> float:
+    """||y - ref||_F / ||ref||_F, in float64."""
+    y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
+    if y.shape != ref.shape:
+        raise ValueError(f"shapes differ: {y.shape} and {ref.shape}")
+    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+def awq_scales(x_cal, w, bits: int = 4, group: int | None = 128,
+               grid: int = 20) -> tuple[np.ndarray, float]:
+    """AWQ's activation-aware scale search for weight-only quantization (Lin et al., 2024):
+    (s (K,), alpha). Weights stay round-to-nearest (``quantize_reference``, symmetric, ``group``);
+    before rounding, input channel j of w is multiplied by s_j = mean|X_j|^alpha (normalised by
+    sqrt(max s * min s)), and x by 1 / s_j. alpha is chosen on the grid 0, 1/grid, .., 1 to
+    minimise the output error ||x_cal (Q(w s) / s)^T - x_cal w^T||_F on calibration tokens; alpha
+    = 0 (s = 1) is plain rounding, so the search never does worse on x_cal."""
+    x, w = _matrix(x_cal, "x_cal"), _matrix(w, "w")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x_cal has K = {x.shape[1]}, w has K = {w.shape[1]}")
+    if isinstance(grid, bool) or not isinstance(grid, (int, np.integer)) or grid < 1:
+        raise ValueError(f"grid must be a positive int, got {grid!r}")
+    mean = np.maximum(np.abs(x).mean(axis=0), 1e-12)
+    ref = x @ w.T
+    best = (np.inf, np.ones(w.shape[1]), 0.0)
+    for alpha in np.linspace(0.0, 1.0, grid + 1):
+        s = mean ** alpha
+        s = s / np.sqrt(s.max() * s.min())
+        q, sc, z = quantize_reference(w * s, bits, group)
+        err = np.linalg.norm(x @ (dequantize_reference(q, sc, z, group) / s).T - ref)
+        if err < best[0]:
+            best = (err, s, float(alpha))
+    return best[1], best[2]

@@ -711,3 +711,124 @@ def test_ex10_6_fragment_model():
     assert (_mma_with(A, B) == ref).all()
     for a_map, b_map, c_map, hint in _FRAG_MISTAKES:
         assert not (_mma_with(A, B, a_map, b_map, c_map) == ref).all(), hint
+
+
+# ============================================================================ outliers (CPU)
+# W8A8 with per-token activation scales, SmoothQuant's smoothing and AWQ's scale search
+# (cudabook.quant), as the lesson's outlier study runs them on the CPU.
+def _outlier_case(seed=0, T=512, K=128, N=256, channels=(5, 40, 77, 120), gain=50.0):
+    g = np.random.default_rng(seed)
+    x = g.standard_normal((T, K))
+    w = g.standard_normal((N, K)) * 0.05
+    xo = x.copy()
+    xo[:, list(channels)] *= gain
+    return x, xo, w
+
+
+def test_activation_quantizers_refuse_bad_input():
+    x = np.ones((4, 8))
+    w = np.ones((3, 8))
+    with pytest.raises(ValueError, match="must be 2D"):
+        Q.quantize_activations(np.ones(8))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        Q.quantize_activations(np.array([[1.0, np.nan]]))
+    with pytest.raises(ValueError, match="per must be 'token' or 'tensor'"):
+        Q.quantize_activations(x, per="channel")
+    with pytest.raises(TypeError, match="real numbers"):
+        Q.quantize_activations(np.ones((2, 2), np.complex64))
+    with pytest.raises(ValueError, match="same K"):
+        Q.w8a8_reference(x, np.ones((3, 7)))
+    with pytest.raises(ValueError, match="bits must be 2..8"):
+        Q.w8a8_reference(x, w, bits=16)
+    with pytest.raises(ValueError, match=r"alpha must lie in \[0, 1\]"):
+        Q.smooth_scales(np.ones(8), w, alpha=1.5)
+    with pytest.raises(ValueError, match="one entry per input channel"):
+        Q.smooth_scales(np.ones(7), w)
+    with pytest.raises(ValueError, match=">= 0"):
+        Q.smooth_scales(-np.ones(8), w)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        Q.smooth(x, w, np.zeros(8))
+    with pytest.raises(ValueError, match="must share K"):
+        Q.smooth(x, w, np.ones(7))
+    with pytest.raises(ValueError, match="grid must be a positive int"):
+        Q.awq_scales(x, w, grid=0)
+    with pytest.raises(ValueError, match="shapes differ"):
+        Q.relative_error(np.ones(3), np.ones(4))
+
+
+def test_smoothquant_leaves_the_product_unchanged_in_float64():
+    _, x, w = _outlier_case()
+    ref = x @ w.T
+    for alpha in (0.0, 0.25, 0.5, 0.75, 1.0):
+        s = Q.smooth_scales(np.abs(x).max(axis=0), w, alpha)
+        xs, ws = Q.smooth(x, w, s)
+        assert np.abs(xs @ ws.T - ref).max() <= 1e-12 * np.abs(ref).max(), alpha
+    # alpha = 0.5 balances the two sides channel by channel: max|x_j / s_j| = max|w_j s_j|
+    xs, ws = Q.smooth(x, w, Q.smooth_scales(np.abs(x).max(axis=0), w, 0.5))
+    np.testing.assert_allclose(np.abs(xs).max(axis=0), np.abs(ws).max(axis=0), rtol=1e-12)
+    # a channel that is all zero (in x or in w) keeps s = 1: never 0, inf or NaN
+    x0, w0 = x.copy(), w.copy()
+    x0[:, 0] = 0
+    w0[:, 1] = 0
+    s = Q.smooth_scales(np.abs(x0).max(axis=0), w0, 0.5)
+    assert s[0] == 1.0 and s[1] == 1.0 and np.isfinite(s).all()
+
+
+def test_per_token_scales_handle_one_huge_row():
+    g = np.random.default_rng(3)
+    x = g.standard_normal((16, 64))
+    big = x.copy()
+    big[5] *= 1000.0
+    q, s = Q.quantize_activations(x, per="token")
+    qb, sb = Q.quantize_activations(big, per="token")
+    assert s.shape == (16, 1) and q.dtype == np.int8
+    others = np.arange(16) != 5
+    assert (qb[others] == q[others]).all() and (sb[others] == s[others]).all()  # untouched
+    assert sb[5, 0] > 500 * s[5, 0]
+    err = np.abs(qb * sb.astype(np.float64) - big)
+    assert (err <= sb.astype(np.float64) / 2 * (1 + 1e-6)).all()      # half a step, row by row
+    # one scale per tensor: the huge row sets it, and the other rows round to (almost) nothing
+    qt, st = Q.quantize_activations(big, per="tensor")
+    assert st.shape == (1, 1) and np.abs(qt[others]).max() <= 1
+
+
+def test_w8a8_reference_is_the_int8_gemm():
+    _, x, w = _outlier_case(seed=1, T=33, K=96, N=17, channels=(3, 50))
+    for per in ("token", "tensor"):
+        qx, sx = Q.quantize_activations(x, per=per)
+        qw, sw, _ = Q.quantize_reference(w, 8, w.shape[1])
+        acc = qx.astype(np.int64) @ qw.astype(np.int64).T               # the int32 accumulator
+        want = acc * sx.astype(np.float64) * sw.astype(np.float64).T
+        np.testing.assert_array_equal(Q.w8a8_reference(x, w, per), want)
+
+
+def test_outlier_error_ordering():
+    x, xo, w = _outlier_case()
+    cal_x, cal_xo, _ = _outlier_case(seed=7)                # calibration: other tokens
+    errors = {}
+    for case, xe, xc in (("plain", x, cal_x), ("outliers", xo, cal_xo)):
+        ref = xe @ w.T
+        e = {per: Q.relative_error(Q.w8a8_reference(xe, w, per), ref)
+             for per in ("tensor", "token")}
+        xs, ws = Q.smooth(xe, w, Q.smooth_scales(np.abs(xc).max(axis=0), w, 0.5))
+        for per in ("tensor", "token"):
+            e[f"sq {per}"] = Q.relative_error(Q.w8a8_reference(xs, ws, per), ref)
+        errors[case] = e
+    p, o = errors["plain"], errors["outliers"]
+    assert max(p.values()) < 2 * min(p.values())            # no outliers: every scheme is close
+    assert o["tensor"] > o["token"] > o["sq token"]         # per tensor worst, smoothing best
+    assert o["tensor"] > 3 * p["tensor"]                     # the outliers ruin per-tensor scales
+    assert o["sq tensor"] < o["tensor"] / 3 and o["sq token"] < 1.5 * p["token"]
+
+
+def test_awq_search_never_worse_on_calibration_and_helps_with_outliers():
+    x, xo, w = _outlier_case(K=256)
+    for xe in (x, xo):
+        ref = xe @ w.T
+        q, sc, z = Q.quantize_reference(w, 4, 128)
+        rtn = Q.relative_error(xe @ Q.dequantize_reference(q, sc, z, 128).T, ref)
+        s, alpha = Q.awq_scales(xe, w, bits=4, group=128, grid=10)
+        q, sc, z = Q.quantize_reference(w * s, 4, 128)
+        awq = Q.relative_error(xe @ (Q.dequantize_reference(q, sc, z, 128) / s).T, ref)
+        assert awq <= rtn and 0.0 <= alpha <= 1.0 and s.shape == (256,)
+    assert awq < rtn / 1.5                                  # the outlier case gains clearly

@@ -446,6 +446,12 @@ def _topk_hint(got, z, u, temp, k, V) -> str:
         return "nothing was written to out"
     if (got == -1).any():
         return "some rows never written: one thread per row, every row < B"
+    ignored = np.array_equal(got, topk_reference(z, u, 1.0, k)[0])
+    divided = np.array_equal(got, topk_reference(z, u, temp, k)[0])
+    if ignored and divided:          # these rows give both mistakes the same tokens
+        return ("sampling ignores temperature, or divided by inv_temp (these rows cannot tell "
+                "which): p_r ~ exp((z_r - z_max) * inv_temp), and inv_temp is already 1 / T, "
+                "so multiply")
     for alt, hint in [
             (topk_reference(z, u, 1.0, k)[0],
              "sampling ignores temperature: p_r ~ exp((z_r - z_max) * inv_temp)"),

@@ -260,3 +260,23 @@ def test_static_batch_stops_when_every_request_hit_its_eos():
     assert all(stat.tokens[i] == _alone(reqs[i]) for i in range(3))
     assert all(len(stat.tokens[i]) == 3 for i in range(3))
     assert stat.steps == 2                        # not 29: the batch ended with its requests
+
+
+def test_requests_are_checked_before_anything_runs_and_int64_ids_are_accepted():
+    import torch
+
+    from cudabook.batching import Request
+
+    eng = _FakeEngine(slots=2, max_len=16, block_size=4)
+    with pytest.raises(ValueError, match="need 20 positions"):
+        eng.run([Request("a", [1] * 10, 11)], "continuous")
+    with pytest.raises(ValueError, match="outside"):
+        eng.run([Request("a", [1, 50], 2)], "continuous")
+    with pytest.raises(ValueError, match="share an id"):
+        eng.run([Request("a", [1], 2), Request("a", [2], 2)], "static")
+    with pytest.raises(ValueError, match="empty prompt"):
+        Request("a", [], 2)
+    assert eng.table.alloc.free == eng.table.alloc.num_blocks and eng.calls == []
+    ids = torch.tensor([3, 1, 4, 1, 5], dtype=torch.int64)      # PyTorch's default dtype
+    req = Request("t", ids, 6)
+    assert eng.run([req], "continuous").tokens["t"] == _alone(req)

@@ -12,6 +12,12 @@ For each exercise notebook, ``pytest --nbval-lax`` (the reader's command) runs i
 
 Cells are paired by id: the exercise leaves out the solution's notes cells.
 
+``--stubs-only`` runs the first half alone (the stubs fail). The CPU lane uses it: there the second
+half would repeat what it already checks, since ``nbtools.py exercises --check`` proves each
+exercise is generated from its solution, ``notebooks-sim`` runs the solutions' grader cells in the
+same environment, and the Colab-like lane grades every exercise both ways, each alone in a fresh
+environment.
+
 Without a GPU, ``%%gpu`` grader cells are skipped and reported as such. All the notebooks run in
 one pytest session, each in its own kernel, spread over the cores by pytest-xdist (``JOBS``
 overrides the number of workers).
@@ -68,6 +74,8 @@ def _have_xdist() -> bool:
 
 
 def main(paths: list[str]) -> int:
+    stubs_only = "--stubs-only" in paths
+    paths = [p for p in paths if p != "--stubs-only"]
     bad = 0
     counts = {"unsolved fail": 0, "solved pass": 0, "skipped": 0}
     jobs = int(os.environ.get("JOBS", os.cpu_count() or 1))
@@ -86,8 +94,10 @@ def main(paths: list[str]) -> int:
             runs.append((ex, missing))
         # one pytest session for every notebook (one startup, one tail): the solved ones first,
         # they run longest
-        status = run_nbval(solved_paths + unsolved_paths, Path(tmp), jobs)
-    runs = [(ex, missing, status["unsolved_" + Path(p).name], status["solved_" + Path(p).name])
+        status = run_nbval(unsolved_paths if stubs_only else solved_paths + unsolved_paths,
+                           Path(tmp), jobs)
+    runs = [(ex, missing, status["unsolved_" + Path(p).name],
+             None if stubs_only else status["solved_" + Path(p).name])
             for p, (ex, missing) in zip(paths, runs)]
     for p, (ex, missing, st_unsolved, st_solved) in zip(paths, runs):
         for cid in missing:
@@ -98,7 +108,8 @@ def main(paths: list[str]) -> int:
         graders = {i: c for i, c in enumerate(code) if is_grader(c)}
         for i, c in graders.items():
             name = next((w.split("(")[0] for w in c.source.split() if w.startswith("ex")), "?")
-            u, s = st_unsolved.get(i, "not run"), st_solved.get(i, "not run")
+            u = st_unsolved.get(i, "not run")
+            s = u if st_solved is None else st_solved.get(i, "not run")
             if u == "skipped" and s == "skipped":
                 counts["skipped"] += 1
                 continue
@@ -107,14 +118,17 @@ def main(paths: list[str]) -> int:
                 print(f"WRONG: {p} {name}: the unsolved stub {u} its grader (must fail)")
             else:
                 counts["unsolved fail"] += 1
+            if st_solved is None:
+                continue
             if s != "passed":
                 bad += 1
                 print(f"WRONG: {p} {name}: the solution put back into the exercise {s} "
                       "(must pass)")
             else:
                 counts["solved pass"] += 1
-    print(f"exercises: {counts['unsolved fail']} stubs fail, {counts['solved pass']} solutions "
-          f"pass, {counts['skipped']} skipped (need a GPU), {bad} wrong")
+    solved = "not run here (--stubs-only)" if stubs_only else f"{counts['solved pass']} pass"
+    print(f"exercises: {counts['unsolved fail']} stubs fail, solutions {solved}, "
+          f"{counts['skipped']} skipped (need a GPU), {bad} wrong")
     return 1 if bad else 0
 
 

@@ -68,13 +68,14 @@ def speed(a, rows: list) -> None:
     gr = ref = None  # free the memory for the next model
     if not a.no_compile:
         t0 = time.perf_counter()
-        comp = gpt_train.TorchStep(cfg, B, T, compiled=True)
+        comp = gpt_train.TorchStep(cfg, B, T, compiled=True, mode=a.mode)
         with baselines.quiet_compiler():
             comp.step(x, y)
             torch.cuda.synchronize()
         tc = time.perf_counter() - t0
         gc = baselines.torch_graph(lambda: comp.step(x, y))
-        report("torch.compile (max-autotune) + CUDA graph", _time(gc), f"(compile {tc:.0f} s)")
+        label = "max-autotune" if a.mode.startswith("max-autotune") else a.mode
+        report(f"torch.compile ({label}) + CUDA graph", _time(gc), f"(compile {tc:.0f} s)")
         gc = comp = None
     if a.torch_only:
         return
@@ -158,6 +159,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--mode", default="max-autotune-no-cudagraphs", help="torch.compile mode")
     ap.add_argument("--grads", action="store_true", help="only the gradient comparison")
     a = ap.parse_args()
     rows: list = []

@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TrainHyper", "TorchStep", "BookStep", "param_order", "step_flops"]
+__all__ = ["TrainHyper", "TorchStep", "BookStep", "param_order", "step_flops", "schedule"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,11 @@ def step_flops(cfg: Any, batch: int, seq: int) -> float:
     matmul = 2 * M * (L * 12 * d * d + d * V)
     attn = L * 4 * batch * seq * seq * d / 2
     return 3 * (matmul + attn)
+
+
+def schedule(step: int, steps: int, lr: float, warmup: int = 100) -> float:
+    """``gpt.train``'s learning rate at ``step`` of ``steps``: linear warm-up, cosine decay."""
+    return lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
 
 
 def param_order(cfg: Any) -> list[tuple[str, tuple[int, ...]]]:
@@ -120,6 +125,11 @@ class TorchStep:
 
         self._loss = torch.compile(loss_fn, mode=mode) if compiled else loss_fn
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next (uncaptured) steps."""
+        for g in self.opt.param_groups:
+            g["lr"] = float(lr)
+
     def step(self, x, y):
         torch = _torch()
         loss = self._loss(x, y)
@@ -138,7 +148,7 @@ class TorchStep:
         loss.backward()
         out = {n: p.grad.detach().clone() for n, p in self.model.named_parameters()}
         self.opt.zero_grad(set_to_none=False)
-        return {"loss": float(loss), "grads": out}
+        return {"loss": float(loss.detach()), "grads": out}
 
 
 # ============================================================================ the book's step
@@ -232,6 +242,7 @@ class BookStep:
         self.tB = e(max(M * 4 * d, M * d), dtype=bf16, device=dev)
         self.dW = e(max(Vp * d, 4 * d * d), dtype=bf16, device=dev)   # a weight's bf16 grad
         self.norm = e(1, dtype=f32, device=dev)
+        self.lr = torch.full((1,), hyper.lr, dtype=f32, device=dev)   # read on the device
         self.wpe0 = torch.zeros(seq, d, dtype=f32, device=dev)   # no learned positions (RoPE)
         self.dwpe0 = torch.zeros(seq, d, dtype=f32, device=dev)
         cos, sin = _rope_tables(cfg, seq, dev)
@@ -381,9 +392,14 @@ class BookStep:
         h, k = self.hyper, self.k_
         k.adamw.grad_norm(self.grads, self.norm)
         k.adamw.step(self.params, self.grads, self.m, self.v, self.shadow, self.state, self.n,
-                     h.lr, beta1=h.beta1, beta2=h.beta2, eps=h.eps,
+                     self.lr, beta1=h.beta1, beta2=h.beta2, eps=h.eps,
                      weight_decay=h.weight_decay, max_norm=h.max_norm, norm=self.norm)
         self._transpose_weights()
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next steps (a device scalar the captured step reads, so a
+        schedule needs no re-capture)."""
+        self.lr.fill_(float(lr))
 
     def gradients(self, x, y) -> dict:
         """Forward and backward only (no update) on a batch: the loss (float) and each weight's

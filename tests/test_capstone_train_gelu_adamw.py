@@ -294,9 +294,9 @@ def _norm_twin(g, version, blocks_cap=1024):
     return out[0]
 
 
-@pytest.mark.parametrize("n, cap", [(3, 1024), (1031, 1024), (2503, 1)])
+@pytest.mark.parametrize("n, cap", [(3, 1024), (515, 1024), (1031, 1)])
 def test_norm_twins_match_float64(n, cap):
-    """cap 1: fewer threads than chunks (625 of 4 for 256 threads), so the grid-stride loop of
+    """cap 1: fewer threads than chunks (258 of 4 for 256 threads), so the grid-stride loop of
     grad_norm_v2 runs, with a tail of 3."""
     g = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     ref = math.sqrt((g.astype(np.float64) ** 2).sum())
@@ -320,9 +320,9 @@ def _adamw64(p, g, m, v, t, lr, b1, b2, eps, wd, n_decay, max_norm):
 
 @pytest.mark.parametrize("scale, max_norm", [(1.0, 1.0), (1e-3, 1.0), (1.0, None)])
 def test_adamw_twins_match_float64_torch_order(scale, max_norm):
-    """n = 1031 (a tail of 3), n_decay = 514 (inside a chunk of 4); 3 steps; gradients whose norm
+    """n = 131 (a tail of 3), n_decay = 66 (inside a chunk of 4); 3 steps; gradients whose norm
     exceeds max_norm (clipped), stays below it, or no clipping."""
-    n, nd, lr, b1, b2, eps, wd = 1031, 514, 1e-2, 0.9, 0.95, 1e-8, 0.1
+    n, nd, lr, b1, b2, eps, wd = 131, 66, 1e-2, 0.9, 0.95, 1e-8, 0.1
     rng = np.random.default_rng(7)
     p0 = rng.standard_normal(n).astype(np.float32)
     grads = [(rng.standard_normal(n) * scale).astype(np.float32) for _ in range(3)]
@@ -347,7 +347,7 @@ def test_adamw_twins_match_float64_torch_order(scale, max_norm):
         assert np.array_equal(a, b)
     for name, got, ref in zip("pmv", results["chunk4"], (rp, rm, rv)):
         cb.check(got, ref, atol=1e-6 * np.abs(ref).max(), rtol=1e-5, name=name)
-    if max_norm is not None and scale == 1.0:                 # clipped: g scaled by ~1/32
+    if max_norm is not None and scale == 1.0:                 # clipped: g scaled by ~1/11
         assert np.abs(rm).max() < 0.1 * np.abs(grads[-1]).max() / 4
 
 

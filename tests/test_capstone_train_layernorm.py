@@ -194,12 +194,13 @@ def test_twins_refuse_a_bad_width():
 
 
 # ----------------------------------------------------------------------------- Numba twins
-@pytest.mark.parametrize("M, C, blocks", [(5, 8, None), (9, 72, 2), (5, 1032, 1), (1, 2056, None)])
+@pytest.mark.parametrize("M, C, blocks", [(5, 8, None), (9, 72, 2), (2, 1032, 1)])
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_numba_twins_match_float64(version, M, C, blocks):
     """C = 8 (one chunk), 72 (lanes past the row's end), 1032 (two warps per row, four rows per
-    block), 2056 (three warps, two row groups of a block of 192: the second past the last row);
-    blocks = 2 or 1: a row group takes several rows, as in backward v2 past its 256 blocks."""
+    block, two of them past the last row); blocks = 2 or 1: a row group takes several rows, as in
+    backward v2 past its 256 blocks. Wider rows (2056, 8192: three and eight warps) are checked on
+    the GPU only: the simulator takes half a minute per case there."""
     if version == "v1" and C > 1032:
         pytest.skip("v1's twin has nothing new at this width")
     x, w, b, r, dy, dx0 = _case(M, C, seed=M + C)

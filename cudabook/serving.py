@@ -29,10 +29,14 @@ reduction across rows, the same GEMV at every batch size, a fixed split of the k
 request's tokens do not depend on who it shared its steps with, which ``serve`` lets a test
 check bit for bit.
 
-``fused=True`` runs the step on ``kernels/decode_gemv.cu`` (the decode ladder's first step):
-LayerNorm folded into the GEMV that reads it, GELU and the residual add into the GEMV that
-writes them, RoPE and the paged append into the QKV GEMV; 7 launches per layer instead of 10,
-the same roundings.
+``fused=True`` runs the step on ``kernels/decode_gemv.cu`` (a decode-ladder step that did not
+pay): LayerNorm folded into the GEMV that reads it, GELU and the residual add into the GEMV that
+writes them, RoPE and the paged append into the QKV GEMV; 7 launches per layer instead of 10. On
+the H200 it was no faster at batch 1 and several times slower from batch 2 (every block of a
+GEMV normalises its rows again; reports/gpu-lane-2026-11-29-ch13-training.md has the numbers),
+and its RoPE may round q and k one fp16 ulp away from the unfused step's (the compiler contracts
+the rotation's products differently), so its tokens can differ from the unfused engine's. It
+stays for study, not for use.
 
 ``policy="static"`` is the baseline: requests in arrival order, ``slots`` at a time; a batch runs
 until its longest request is done, finished rows computed as padding, and the next batch waits.
@@ -258,7 +262,8 @@ class PagedGPT:
         """The same step with decode_gemv.cu's fused GEMVs: per layer, LayerNorm + QKV + RoPE +
         paged append; paged attention (two kernels); output projection + residual; LayerNorm +
         up projection + GELU; down projection + residual (7 launches where ``_step`` has 10).
-        The same roundings as ``_step``. Capturable."""
+        The roundings of ``_step`` except RoPE's (one fp16 ulp, see the module docstring).
+        Capturable."""
         k, g, cfg, pa, dg = self.dense.k, self.dense, self.cfg, self.pa, self.dg
         B, H, D = bk.B, cfg.n_head, cfg.head_dim
         k["embedding"].embedding(bk.tok, g.wte, bk.x, check_ids=False)

@@ -19,7 +19,9 @@
 //     gelu      y = half(gelu_tanh(half(s))): the MLP's up-projection with gelu_half_v1's rounding
 //     residual  r[b, n] += half(s), r (B, N) fp32: a projection back into the residual stream
 //               (add_layernorm_v1's add, done where the sum is); one writer per element
-//     rope      the QKV projection, RoPE and the paged append (paged_rope_append_v1's work): W's
+//     rope      the QKV projection, RoPE and the paged append (paged_rope_append_v1's work; its
+//               products may be contracted into fused multiply-adds differently from that kernel's,
+//               so q and k can differ from it by one fp16 ulp): W's
 //               rows are permuted (decode_gemv_launch.rope_order) so that block p's two rows are
 //               the pair (i, i + D/2) of head j = p / (D/2), with q heads, then k heads, then v
 //               heads; q is rotated into q_out (B, H, D), k rotated and v copied into the pools
@@ -29,6 +31,12 @@
 // uses: ln_rope (QKV), plain_residual (output and down projections), ln_gelu (up projection),
 // ln_store (the LM head). Launch (kernels/decode_gemv_launch.py): grid (N / 2, ceil(B / BT)),
 // 128 threads, dynamic shared memory BT K 2 bytes for the ln prologue.
+//
+// Measured (reports/): a step built on these kernels saves no time at batch 1 and loses from batch
+// 2 on: the ln prologue makes every one of the N / 2 blocks of a launch normalise its BT rows
+// again (two block sums per row, serial in the rows), work that grows with the batch while one
+// LayerNorm launch does it once. A prologue that reads statistics computed once would keep the
+// fusion's saved launch without that cost.
 #include <cuda_fp16.h>
 // common.cuh: dot8, warp_sum, block_sum, ld_stream16, gelu_tanh, rope_angle
 #include "common.cuh"

@@ -46,7 +46,8 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
            "round_up",
            "grid_1d", "grid_2d", "row_block", "need_cc", "LaunchError", "expect",
            "expect_aligned", "reference", "quant", "roofline", "baselines", "module", "Launch",
-           "need_shared", "arrays", "as_cupy", "describe", "stream_for", "tma"]
+           "need_shared", "arrays", "as_cupy", "describe", "stream_for", "tma",
+           "gpu_cells_need"]
 
 # Chapter modules load when first used (``cb.graphs``, ``from cudabook import dist``), so that
 # importing cudabook in chapter 1 neither pays for them nor runs what they set up.
@@ -102,8 +103,33 @@ def _under_pytest_without_plugin() -> bool:
     return under and os.environ.get("CUDABOOK_PYTEST_PLUGIN") != str(ppid)
 
 
+_CELLS_NEED: tuple[int, int, str] | None = None   # set by gpu_cells_need()
+
+
+def gpu_cells_need(major: int, minor: int = 0, what: str = "the cells below") -> bool:
+    """From now on, ``%%gpu`` cells run only on a GPU of compute capability >= major.minor; on an
+    older one each says it is skipped (a chapter whose every GPU cell needs, say, bf16 tensor
+    cores states it once). Returns whether this GPU qualifies (False in simulator mode)."""
+    global _CELLS_NEED
+    if not (isinstance(major, int) and isinstance(minor, int)):
+        raise TypeError(f"gpu_cells_need: major and minor are ints, got {major!r}, {minor!r}")
+    _CELLS_NEED = (major, minor, what)
+    if not env.HAS_GPU:
+        return False
+    ok = tuple(env.cc()) >= (major, minor)
+    if not ok:
+        print(f"{what} need compute capability {major}.{minor}+; this {env.info().name} is "
+              f"{env.cc()[0]}.{env.cc()[1]}: the GPU cells of this page will say they are skipped.")
+    return ok
+
+
 def _gpu_cell(line: str, cell: str):
-    """%%gpu: run the cell on a GPU; in simulator mode, say why it is skipped."""
+    """%%gpu: run the cell on a GPU; in simulator mode, or on a GPU older than what
+    ``gpu_cells_need`` asked for, say why it is skipped."""
+    if env.HAS_GPU and _CELLS_NEED is not None and tuple(env.cc()) < _CELLS_NEED[:2]:
+        print(f"skipped: {_CELLS_NEED[2]} need compute capability {_CELLS_NEED[0]}."
+              f"{_CELLS_NEED[1]}+; this GPU is {env.cc()[0]}.{env.cc()[1]}.")
+        return None
     if not env.HAS_GPU:
         what = line.strip() or "this cell (CuPy / CUDA C++ or timing)"
         if _under_pytest_without_plugin():

@@ -577,6 +577,30 @@ def test_gpu_cell_magic_runs_skips_and_raises(monkeypatch, capsys):
     assert "d" not in ip.user_ns and "skipped" in capsys.readouterr().out
 
 
+def test_gpu_cells_need_skips_the_cells_of_an_older_gpu(monkeypatch, capsys):
+    from IPython.testing.globalipapp import get_ipython
+
+    import cudabook
+
+    ip = get_ipython()
+    cudabook._register_magic()
+    monkeypatch.setattr(cudabook, "_CELLS_NEED", None)
+    monkeypatch.setattr(cudabook.env, "HAS_GPU", True)
+    monkeypatch.setattr(cudabook.env, "cc", lambda: (7, 5))
+    monkeypatch.setattr(cudabook.env, "info", lambda: type("I", (), {"name": "Tesla T4"})())
+    assert cudabook.gpu_cells_need(8, 0, "bf16 training") is False
+    assert "7.5" in capsys.readouterr().out
+    ip.run_cell("%%gpu\ne = 1")
+    assert "e" not in ip.user_ns
+    assert "skipped: bf16 training need compute capability 8.0+" in capsys.readouterr().out
+    monkeypatch.setattr(cudabook.env, "cc", lambda: (9, 0))
+    assert cudabook.gpu_cells_need(8, 0, "bf16 training") is True
+    ip.run_cell("%%gpu\ne = 1")
+    assert ip.user_ns["e"] == 1
+    with pytest.raises(TypeError):
+        cudabook.gpu_cells_need(8.0)
+
+
 def test_cuda_ptx_and_instruction_mix():
     """NVRTC compiles without a GPU; the mix finds the unrolled inner loop of the tiled matmul."""
     ptx = cb.cuda_ptx("matmul", "compute_75")

@@ -17,7 +17,7 @@ import numpy as np
 from . import env
 from .arrays import describe
 
-__all__ = ["expect", "expect_aligned", "data_ptr", "dtype_name"]
+__all__ = ["expect", "expect_aligned", "expect_one_gpu", "overlaps", "data_ptr", "dtype_name"]
 
 
 _DTYPES: dict = {}                   # dtype-like (numpy, torch, type, name) -> its name
@@ -91,3 +91,30 @@ def expect(a: Any, name: str, *, dtype=None, ndim: int | None = None,
     if contiguous and not info.contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array (a strided view would be "
                          "read as if it were dense); pass a contiguous copy")
+
+
+def expect_one_gpu(*pairs: tuple[str, Any]) -> list:
+    """The ``ArrayInfo`` of each (name, array) pair, after checking that every one lives in GPU
+    memory (TypeError naming the first on the host, and how to move it) and that all live on the
+    same GPU (ValueError naming two that do not)."""
+    infos = [describe(a, name) for name, a in pairs]
+    for info in infos:
+        if not info.on_device:
+            how = ".to('cuda')" if info.lib == "torch" else "cupy.asarray(...)"
+            raise TypeError(f"{info.name}: expected a GPU array (a torch tensor on 'cuda' or a "
+                            f"CuPy array), got a {info.lib} array on the host; move it with {how}")
+    first = infos[0] if infos else None
+    for info in infos[1:]:
+        if None not in (first.device_id, info.device_id) and first.device_id != info.device_id:
+            raise ValueError(f"{info.name} is on GPU {info.device_id}, {first.name} on GPU "
+                             f"{first.device_id}: put them on one device")
+    return infos
+
+
+def overlaps(a: Any, b: Any, nbytes: int | None = None) -> bool:
+    """Whether the memory of a and b (arrays or ``ArrayInfo``s) shares a byte: their whole
+    extents, or the ``nbytes`` from each start."""
+    x, y = (v if hasattr(v, "ptr") and hasattr(v, "on_device") else describe(v) for v in (a, b))
+    nx = nbytes if nbytes is not None else x.size * x.itemsize
+    ny = nbytes if nbytes is not None else y.size * y.itemsize
+    return x.ptr < y.ptr + ny and y.ptr < x.ptr + nx

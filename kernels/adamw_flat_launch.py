@@ -90,16 +90,6 @@ def _flat(arrays, dtypes) -> int:
     return n
 
 
-def _on_gpu(arrays) -> None:
-    """Every array of the (name, array) pairs lives on one GPU."""
-    infos = [cb.describe(a, name) for name, a in arrays]
-    for info in infos:
-        if not info.on_device:
-            raise TypeError(f"{info.name}: expected a GPU array, got one on the host; move it "
-                            "with .to('cuda')")
-    if len({info.device_id for info in infos}) > 1:
-        raise ValueError(f"{', '.join(i.name for i in infos)} must be on one GPU, got devices "
-                         f"{[i.device_id for i in infos]}")
 
 
 def _aligned(arrays, version: str) -> None:
@@ -144,7 +134,7 @@ def grad_norm(grads, out=None, version: str = "v2"):
     cb.expect(out, "out", dtype="float32", shape=(1,))
     if version == "grad_norm_v2":
         _aligned([("grads", grads, 16)], version)
-    _on_gpu([("grads", grads), ("out", out)])
+    cb.validate.expect_one_gpu(("grads", grads), ("out", out))
     with cb.arrays.launch_stream(grads):
         _norm_launch(grads, out, n, version)
     return out
@@ -208,7 +198,7 @@ def step(params, grads, m, v, shadow, state, n_decay: int, lr, beta1: float = 0.
                                  "be five separate buffers")
     extra = [("state", state)] + [(k, a) for k, a in (("lr", lr_dev), ("norm", norm))
                                   if a is not None]
-    _on_gpu(arrays + extra)
+    cb.validate.expect_one_gpu(*arrays, *extra)
     mod = cb.module("adamw_flat")
     f32 = np.float32
     with cb.arrays.launch_stream(params):

@@ -51,18 +51,6 @@ def config(version: str, n: int) -> Launch:
     return Launch((blocks,), (THREADS,), kernel=version)
 
 
-def _on_gpu(a, name: str, first=None):
-    """a's ArrayInfo, or TypeError for a host array / ValueError for another GPU than first's."""
-    info = cb.describe(a, name)
-    if not info.on_device:
-        how = ".to('cuda')" if info.lib == "torch" else "cupy.asarray(...)"
-        raise TypeError(f"{name}: expected a GPU array (a torch tensor on 'cuda' or a CuPy "
-                        f"array), got a {info.lib} array on the host; move it with {how}")
-    if first is not None and None not in (first.device_id, info.device_id) and \
-            first.device_id != info.device_id:
-        raise ValueError(f"{name} is on GPU {info.device_id}, {first.name} on GPU "
-                         f"{first.device_id}: put them on one device")
-    return info
 
 
 def _check(src, sdt: str, dst, ddt: str) -> tuple:
@@ -81,8 +69,7 @@ def _check(src, sdt: str, dst, ddt: str) -> tuple:
             raise ValueError(f"{name}: its first element is not 16-byte aligned (the kernels "
                              "move 16-byte vectors); pass a tensor that starts its storage, or "
                              ".clone() it")
-    s = _on_gpu(src, "src")
-    d = _on_gpu(dst, "dst", s)
+    s, d = cb.validate.expect_one_gpu(("src", src), ("dst", dst))
     if n and s.ptr < d.ptr + n * d.itemsize and d.ptr < s.ptr + n * s.itemsize:
         raise ValueError("dst overlaps src: the conversion does not run in place; pass a "
                          "separate dst")

@@ -51,7 +51,7 @@ def config(version: str, n: int) -> Launch:
 def _check(arrays, version: str) -> int:
     """The elements of the bf16 arrays ``arrays`` ((name, array) pairs, the first the reference
     shape), or a TypeError/ValueError naming the argument: dtype, shape, contiguity, v2's
-    alignment (the device: _on_gpu, after the op's own checks)."""
+    alignment (the device: cb.validate.expect_one_gpu, after the op's own checks)."""
     name0, a0 = arrays[0]
     cb.expect(a0, name0, dtype="bfloat16")
     shape = tuple(int(s) for s in a0.shape)
@@ -67,22 +67,8 @@ def _check(arrays, version: str) -> int:
     return infos[0].size
 
 
-def _on_gpu(arrays) -> None:
-    """Every array of the (name, array) pairs is a tensor on one GPU."""
-    infos = [cb.describe(a, name) for name, a in arrays]
-    for info in infos:
-        if not info.on_device:
-            raise TypeError(f"{info.name}: expected a bfloat16 tensor on the GPU, got one on the "
-                            "host; move it with .to('cuda')")
-    if len({info.device_id for info in infos}) > 1:
-        raise ValueError(f"{', '.join(i.name for i in infos)} must be on one GPU, got devices "
-                         f"{[i.device_id for i in infos]}")
 
 
-def _overlap(a, b, nbytes: int) -> bool:
-    """The nbytes from a's start and the nbytes from b's start share memory."""
-    pa, pb = cb.describe(a).ptr, cb.describe(b).ptr
-    return pa < pb + nbytes and pb < pa + nbytes
 
 
 def forward(h, g=None, version: str = "v2"):
@@ -94,9 +80,9 @@ def forward(h, g=None, version: str = "v2"):
     if g is None:
         g = cb.arrays.empty_like_lib(h, tuple(h.shape), "bfloat16")
     n = _check([("h", h), ("g", g)], version)
-    if _overlap(h, g, 2 * n):
+    if cb.validate.overlaps(h, g, 2 * n):
         raise ValueError("g overlaps h: pass a separate output (the backward reads h)")
-    _on_gpu([("h", h), ("g", g)])
+    cb.validate.expect_one_gpu(("h", h), ("g", g))
     if n:
         cfg = config(version, n)
         with cb.arrays.launch_stream(h):
@@ -115,11 +101,11 @@ def backward(dg, h, dh=None, version: str = "v2"):
     if dh is None:
         dh = cb.arrays.empty_like_lib(dg, tuple(dg.shape), "bfloat16")
     n = _check([("dg", dg), ("h", h), ("dh", dh)], version)
-    if _overlap(dh, h, 2 * n):
+    if cb.validate.overlaps(dh, h, 2 * n):
         raise ValueError("dh overlaps h: pass dg (in place) or a separate output")
-    if _overlap(dh, dg, 2 * n) and cb.describe(dh).ptr != cb.describe(dg).ptr:
+    if cb.validate.overlaps(dh, dg, 2 * n) and cb.describe(dh).ptr != cb.describe(dg).ptr:
         raise ValueError("dh overlaps part of dg: pass dg itself (in place) or a separate output")
-    _on_gpu([("dg", dg), ("h", h), ("dh", dh)])
+    cb.validate.expect_one_gpu(("dg", dg), ("h", h), ("dh", dh))
     if n:
         cfg = config(version, n)
         with cb.arrays.launch_stream(dg):

@@ -66,22 +66,8 @@ def _pos_int(v, name: str) -> int:
     return int(v)
 
 
-def _on_gpu(a, name: str, first=None):
-    """a's ArrayInfo, or TypeError for a host array / ValueError for another GPU than first's."""
-    info = cb.describe(a, name)
-    if not info.on_device:
-        how = ".to('cuda')" if info.lib == "torch" else "cupy.asarray(...)"
-        raise TypeError(f"{name}: expected a GPU array (a torch tensor on 'cuda' or a CuPy "
-                        f"array), got a {info.lib} array on the host; move it with {how}")
-    if first is not None and None not in (first.device_id, info.device_id) and \
-            first.device_id != info.device_id:
-        raise ValueError(f"{name} is on GPU {info.device_id}, {first.name} on GPU "
-                         f"{first.device_id}: put them on one device")
-    return info
 
 
-def _overlap(x, y) -> bool:
-    return x.ptr < y.ptr + y.size * y.itemsize and y.ptr < x.ptr + x.size * x.itemsize
 
 
 def _run(version: str, rows, rows_name: str, heads: tuple, head_names: tuple, B, T, H,
@@ -116,12 +102,12 @@ def _run(version: str, rows, rows_name: str, heads: tuple, head_names: tuple, B,
             raise ValueError(f"{name}: its first element is not 16-byte aligned (the kernels "
                              "copy 16-byte vectors); pass a tensor that starts its storage, or "
                              ".clone() it")
-    first = _on_gpu(rows, rows_name)
-    infos = [first] + [_on_gpu(a, name, first) for a, name in arrays[1:]]
+    infos = cb.validate.expect_one_gpu(*((name, a) for a, name in arrays))
+    first = infos[0]
     outs = infos[1:] if to_heads else infos[:1]
     for o in outs:
         for x in infos:
-            if x is not o and _overlap(o, x):
+            if x is not o and cb.validate.overlaps(o, x):
                 raise ValueError(f"{o.name} overlaps {x.name}: every output needs its own "
                                  "memory (the copy does not run in place)")
     for what, v in (("B*T", B * T), ("B*H", B * H), ("P*H*D", W)):

@@ -54,23 +54,8 @@ def config(version: str, rows: int, cols: int) -> Launch:
     return Launch((max(1, tiles),), BLOCKS[version], kernel=version)
 
 
-def _on_gpu(a, name: str, first=None):
-    """a's ArrayInfo, or TypeError for a host array / ValueError for another GPU than first's."""
-    info = cb.describe(a, name)
-    if not info.on_device:
-        how = ".to('cuda')" if info.lib == "torch" else "cupy.asarray(...)"
-        raise TypeError(f"{name}: expected a GPU array (a torch tensor on 'cuda' or a CuPy "
-                        f"array), got a {info.lib} array on the host; move it with {how}")
-    if first is not None and None not in (first.device_id, info.device_id) and \
-            first.device_id != info.device_id:
-        raise ValueError(f"{name} is on GPU {info.device_id}, {first.name} on GPU "
-                         f"{first.device_id}: put them on one device")
-    return info
 
 
-def _overlap(a, b) -> bool:
-    x, y = cb.describe(a), cb.describe(b)
-    return x.ptr < y.ptr + y.size * y.itemsize and y.ptr < x.ptr + x.size * x.itemsize
 
 
 def transpose(a, out=None, version: str = "v2"):
@@ -88,11 +73,11 @@ def transpose(a, out=None, version: str = "v2"):
         raise ValueError(f"a: shape {(R, C)} is empty; transpose16 needs R, C >= 1")
     if out is not None:
         cb.expect(out, "out", dtype=dt, shape=(C, R), device=False)
-    ia = _on_gpu(a, "a")
+    cb.validate.expect_one_gpu(("a", a))
     if out is None:
         out = cb.arrays.empty_like_lib(a, (C, R), dt)
-    io = _on_gpu(out, "out", ia)
-    if _overlap(a, out):
+    ia, io = cb.validate.expect_one_gpu(("a", a), ("out", out))
+    if cb.validate.overlaps(ia, io):
         raise ValueError("out overlaps a: a transpose cannot run in place; pass a separate out")
     cfg = config(version, R, C)
     with cb.arrays.launch_stream(a):

@@ -748,3 +748,13 @@ def test_policy_refuses_a_cpu_run_tag_on_a_cell_that_needs_a_gpu(tmp_path):
     finally:
         nbtools.ROOT = old
     assert len(errs) == 1 and "cell 1" in errs[0], errs
+
+
+def test_expect_one_gpu_and_overlaps():
+    from cudabook import validate
+
+    a = np.zeros(10, np.float32)
+    assert validate.overlaps(a[:5], a[3:]) and not validate.overlaps(a[:5], a[5:])
+    assert validate.overlaps(a[:2], a[4:], nbytes=20) and not validate.overlaps(a[:2], a[5:], 20)
+    with pytest.raises(TypeError, match="x: expected a GPU array .* on the host"):
+        validate.expect_one_gpu(("x", a))

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
+import sys
+import threading
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -335,11 +337,44 @@ def poisoned_memory() -> Iterator[None]:
     if isinstance(orig, _PoisonedNumpy):      # nested: already poisoned
         yield
         return
+    global _ORIG_SHARED_ARRAY
+    shared = kernelapi.FakeCUDAShared
+    orig_array = _ORIG_SHARED_ARRAY = shared.array
     kernelapi.np = _PoisonedNumpy(orig)
+    shared.array = _shared_array_locked
     try:
         yield
     finally:
         kernelapi.np = orig
+        shared.array = orig_array
+
+
+_SHARED_LOCK = threading.Lock()
+_ORIG_SHARED_ARRAY: Callable | None = None      # the simulator's, while poisoned_memory patches it
+
+
+def _shared_array_locked(self, shape, dtype, alignment=None):
+    """The simulator's ``cuda.shared.array`` (one array per block and source line, made by the
+    first thread that reaches the line), with its look-up and creation under a lock. The
+    simulator's own checks for the array and then stores it without one: two threads can both
+    find none and each make its own, and the one whose array is replaced writes where no other
+    thread reads. Filling the new array with NaN widens that window enough to fail a grader now
+    and then on a loaded machine, with a race that is the simulator's, not the student's."""
+    if shape == 0 or alignment is not None:       # dynamic shared memory, or the refusal
+        return _ORIG_SHARED_ARRAY(self, shape, dtype, alignment)
+    from numba.cuda.simulator import kernelapi
+
+    # the simulator's own types and numpy_support: their modules moved between numba-cuda releases
+    if isinstance(dtype, kernelapi.types.Type):
+        dtype = kernelapi.numpy_support.as_dtype(dtype)
+    f = sys._getframe(1)                          # the kernel's line, as the simulator keys it
+    caller = (f.f_code.co_filename, f.f_lineno)
+    with _SHARED_LOCK:
+        res = self._allocations.get(caller)
+        if res is None:
+            res = kernelapi.np.empty(shape, dtype)
+            self._allocations[caller] = res
+    return res
 
 
 @contextlib.contextmanager

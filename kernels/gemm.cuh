@@ -14,6 +14,8 @@
 //   tma_ws_gemm<...>(...)       the warp-specialised TMA loop: one producer warpgroup, two
 //                               consumer warpgroups, a ring of stages guarded by mbarriers
 //                               (hgemm_v8, v9's hgemm_tma_t, fp8gemm_v3); sm_90a
+//   tma_ws_loop<...>(...)       the same loop with the loads and the split of K given by the
+//                               caller: any operand layout (gemm_train.cu); sm_90a
 #pragma once
 #include "mma.cuh"
 
@@ -48,29 +50,23 @@ __device__ __forceinline__ void load_tile(T* tile, const T* X, int R, int K, int
     }
 }
 
-// The warp-specialised GEMM loop (sm_90a): C = A @ B^T, A (M, K) and B (N, K) of elements E read
-// by TMA through tensor maps ta, tb (128-byte swizzle, boxes of BK = 128 bytes x 128 rows of A,
-// x BN rows of B, zeros outside the matrices) into a ring of STAGES stages: As holds the
-// STAGES A tiles (128 x BK), Bs the STAGES B tiles (BN x BK), both 1024-byte aligned in dynamic
-// shared memory; full[STAGES] and empty[STAGES] are the stages' mbarriers (shared memory).
-// 384 threads = 3 warpgroups. Warpgroup 0 is the producer: after giving most of its registers
-// away (setmaxnreg.dec), one thread issues the TMA copies of A and B into stage it % STAGES;
-// full[s] completes when the stage's bytes (zero-filled ones included) have landed. Warpgroups 1
-// and 2 are consumers (setmaxnreg.inc), 64 rows of the 128-row tile each: per k-tile a consumer
-// waits on full[s], issues the stage's wgmma, stage(d, a, b) (a: its 64 rows of the A tile, b:
-// the B tile), and arrives on empty[s] once the tensor cores are done with the stage. Without
-// PROMOTE it keeps one wgmma group in flight (wgmma_wait<1>) and releases the previous stage.
-// PROMOTE: each k-tile's products start from zero in d and are waited for (wgmma_wait<0>), the
-// stage is released and d is added into fp32 registers (fp8's tensor-core accumulator is
-// shorter than fp32). PERSIST: a grid of one block per SM walks the tiles, so the producer
-// fetches the next tile while the consumers store this one; tiles are ordered GROUP tile rows
-// at a time (tile_of: L2 reuse). Each consumer thread calls make_store(c, tid) once (c: consumer
-// 0 or 1, tid: 0..127 in its warpgroup), then store(d, bm, bn) per tile (bm, bn) with its BN / 2
-// accumulators (layout: mma.cuh, wgmma accumulators).
-template <int BN, int STAGES, bool PERSIST, int GROUP, bool PROMOTE, class E, class F, class G>
-__device__ __forceinline__ void tma_ws_gemm(const TmaDesc& ta, const TmaDesc& tb, E* As, E* Bs,
-                                            unsigned long long* full, unsigned long long* empty,
-                                            int M, int N, int K, F stage, G make_store) {
+// The loop of tma_ws_gemm (below, where it is described), for any operand layout and a split of
+// K (gemm_train.cu). Tiles are taken in tile_of's order; the first `whole` of them are one work
+// unit each (all of K), the other rem = tiles - whole are cut into `splits` units each: unit
+// whole + s * rem + i is split s of tile whole + i and covers the k-tiles [s kts, min(KT,
+// (s + 1) kts)), kts = ceil(KT / splits). (whole = tiles or splits = 1: no split. A persistent
+// grid of one block per SM does the whole tiles in full waves and shares the last, partial wave's
+// tiles out in pieces: the tail of a wave costs 1 / splits of a tile.)
+// The producer calls load(sa, sb, bar, bm, bn, kt) to issue the TMA copies of k-tile kt of
+// tile (bm, bn) into the stage's A and B buffers, STAGE_BYTES in all (zero-filled bytes count);
+// each consumer thread calls make_store(c, tid) once, then store(d, bm, bn, split, i) per unit:
+// split -1 for a whole tile, else split s of the i-th split tile (i = t - whole).
+template <int BN, int STAGES, bool PERSIST, int GROUP, bool PROMOTE, class E, class L, class F,
+          class G>
+__device__ __forceinline__ void tma_ws_loop(E* As, E* Bs, unsigned long long* full,
+                                            unsigned long long* empty, int M, int N, int K,
+                                            int whole, int splits, L load, F stage,
+                                            G make_store) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = 128, BK = 128 / sizeof(E);   // k-tiles of 128 bytes
     constexpr unsigned STAGE_BYTES = (BM + BN) * BK * sizeof(E);   // zero-filled bytes count too
@@ -78,7 +74,20 @@ __device__ __forceinline__ void tma_ws_gemm(const TmaDesc& ta, const TmaDesc& tb
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
     const int tiles = tiles_m * tiles_n, KT = (K + BK - 1) / BK;
-    const int step = PERSIST ? gridDim.x : tiles;
+    whole = min(whole, tiles);
+    const int rem = tiles - whole, kts = (KT + splits - 1) / splits;
+    const int units = whole + rem * splits;
+    // unit u -> tile t (tile_of's order), its k-tiles [k0, k1), split (-1: whole)
+    auto unit = [&](int u, int& t, int& k0, int& k1, int& split) {
+        if (u < whole || splits == 1) {
+            t = u, k0 = 0, k1 = KT, split = -1;
+        } else {
+            split = (u - whole) / rem;
+            t = whole + (u - whole) % rem;
+            k0 = split * kts, k1 = min(KT, k0 + kts);
+        }
+    };
+    const int step = PERSIST ? gridDim.x : units;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full[s], 1);   // the producer's arrive (+ the TMA bytes)
@@ -91,15 +100,15 @@ __device__ __forceinline__ void tma_ws_gemm(const TmaDesc& ta, const TmaDesc& tb
         setmaxnreg_dec<40>();
         if (tid == 0) {
             int it = 0;   // stage uses so far: stage it % STAGES, its use number it / STAGES
-            for (int tile = blockIdx.x; tile < tiles; tile += step) {
-                int bm, bn;
-                tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
-                for (int kt = 0; kt < KT; kt++, it++) {
+            for (int u = blockIdx.x; u < units; u += step) {
+                int bm, bn, t, k0, k1, split;
+                unit(u, t, k0, k1, split);
+                tile_of<GROUP>(t, tiles_m, tiles_n, bm, bn);
+                for (int kt = k0; kt < k1; kt++, it++) {
                     const int s = it % STAGES, use = it / STAGES;
                     if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);   // consumers released it
                     mbar_expect_tx(&full[s], STAGE_BYTES);
-                    tma_load_2d(As + s * A_STAGE, &ta, &full[s], kt * BK, bm * BM);
-                    tma_load_2d(Bs + s * B_STAGE, &tb, &full[s], kt * BK, bn * BN);
+                    load(As + s * A_STAGE, Bs + s * B_STAGE, &full[s], bm, bn, kt);
                 }
             }
         }
@@ -108,9 +117,10 @@ __device__ __forceinline__ void tma_ws_gemm(const TmaDesc& ta, const TmaDesc& tb
         const int c = wg - 1;   // this consumer's 64 rows of the 128-row tile
         auto store = make_store(c, tid);
         int it = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += step) {
-            int bm, bn;
-            tile_of<GROUP>(tile, tiles_m, tiles_n, bm, bn);
+        for (int u = blockIdx.x; u < units; u += step) {
+            int bm, bn, t, k0, k1, split;
+            unit(u, t, k0, k1, split);
+            tile_of<GROUP>(t, tiles_m, tiles_n, bm, bn);
             float d[BN / 2], acc[PROMOTE ? BN / 2 : 1];
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
@@ -119,7 +129,7 @@ __device__ __forceinline__ void tma_ws_gemm(const TmaDesc& ta, const TmaDesc& tb
                 for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
             }
             int prev = -1;
-            for (int kt = 0; kt < KT; kt++, it++) {
+            for (int kt = k0; kt < k1; kt++, it++) {
                 const int s = it % STAGES;
                 mbar_wait(&full[s], (it / STAGES) & 1);
                 const E* a = As + s * A_STAGE + c * 64 * BK;   // this consumer's 64 rows
@@ -148,8 +158,47 @@ __device__ __forceinline__ void tma_ws_gemm(const TmaDesc& ta, const TmaDesc& tb
                 wgmma_wait<0>();
                 if (tid == 0 && prev >= 0) mbar_arrive(&empty[prev]);
             }
-            store(d, bm, bn);
+            store(d, bm, bn, split, t - whole);
         }
     }
+#endif
+}
+
+// The warp-specialised GEMM loop (sm_90a): C = A @ B^T, A (M, K) and B (N, K) of elements E read
+// by TMA through tensor maps ta, tb (128-byte swizzle, boxes of BK = 128 bytes x 128 rows of A,
+// x BN rows of B, zeros outside the matrices) into a ring of STAGES stages: As holds the
+// STAGES A tiles (128 x BK), Bs the STAGES B tiles (BN x BK), both 1024-byte aligned in dynamic
+// shared memory; full[STAGES] and empty[STAGES] are the stages' mbarriers (shared memory).
+// 384 threads = 3 warpgroups. Warpgroup 0 is the producer: after giving most of its registers
+// away (setmaxnreg.dec), one thread issues the TMA copies of A and B into stage it % STAGES;
+// full[s] completes when the stage's bytes (zero-filled ones included) have landed. Warpgroups 1
+// and 2 are consumers (setmaxnreg.inc), 64 rows of the 128-row tile each: per k-tile a consumer
+// waits on full[s], issues the stage's wgmma, stage(d, a, b) (a: its 64 rows of the A tile, b:
+// the B tile), and arrives on empty[s] once the tensor cores are done with the stage. Without
+// PROMOTE it keeps one wgmma group in flight (wgmma_wait<1>) and releases the previous stage.
+// PROMOTE: each k-tile's products start from zero in d and are waited for (wgmma_wait<0>), the
+// stage is released and d is added into fp32 registers (fp8's tensor-core accumulator is
+// shorter than fp32). PERSIST: a grid of one block per SM walks the tiles, so the producer
+// fetches the next tile while the consumers store this one; tiles are ordered GROUP tile rows
+// at a time (tile_of: L2 reuse). Each consumer thread calls make_store(c, tid) once (c: consumer
+// 0 or 1, tid: 0..127 in its warpgroup), then store(d, bm, bn) per tile (bm, bn) with its BN / 2
+// accumulators (layout: mma.cuh, wgmma accumulators).
+template <int BN, int STAGES, bool PERSIST, int GROUP, bool PROMOTE, class E, class F, class G>
+__device__ __forceinline__ void tma_ws_gemm(const TmaDesc& ta, const TmaDesc& tb, E* As, E* Bs,
+                                            unsigned long long* full, unsigned long long* empty,
+                                            int M, int N, int K, F stage, G make_store) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BM = 128, BK = 128 / sizeof(E);
+    tma_ws_loop<BN, STAGES, PERSIST, GROUP, PROMOTE>(
+        As, Bs, full, empty, M, N, K, 1 << 30, 1,
+        [&](E* sa, E* sb, unsigned long long* bar, int bm, int bn, int kt) {
+            tma_load_2d(sa, &ta, bar, kt * BK, bm * BM);
+            tma_load_2d(sb, &tb, bar, kt * BK, bn * BN);
+        },
+        stage,
+        [&](int c, int tid) {
+            auto store = make_store(c, tid);
+            return [=](const float* d, int bm, int bn, int, int) { store(d, bm, bn); };
+        });
 #endif
 }

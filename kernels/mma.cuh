@@ -269,9 +269,11 @@ __device__ __forceinline__ unsigned pack_bf162(float lo, float hi) {
 //                                       `const __grid_constant__ TmaDesc` kernel parameter
 //   mbar_init(bar, n), mbar_expect_tx(bar, bytes), mbar_arrive(bar), mbar_wait(bar, parity)
 //   fence_barrier_init(), fence_proxy_async()
+//   warpgroup_sync(id)                  bar.sync id over one warpgroup's 128 threads
 //   tma_load_2d(dst, &desc, bar, x, y)  copy the box at column x, row y of the tensor map into
 //                                       shared dst; bar's transaction count drops by its bytes
 //   bulk_load(dst, src, bytes, bar)     the same for `bytes` contiguous bytes (no tensor map)
+//   tma_store_2d(&desc, src, x, y)      shared src to the box at column x, row y (bulk group)
 //   bulk_reduce_add_f32(dst, src, bytes), bulk_commit(), bulk_wait_read<N>(), bulk_wait<N>()
 //                                       global dst += shared src (floats) by the copy engine
 //   (sm_90a only, the "a" features: compile with -arch=sm_90a / compute_90a)
@@ -280,6 +282,8 @@ __device__ __forceinline__ unsigned pack_bf162(float lo, float hi) {
 //   wgmma_fence(), wgmma_commit(), wgmma_wait<N>()
 //   wgmma_m64n{64,128,256}k16_{f16,bf16}(d, da, db)   d += A @ B: A 64x16, B given as 16 rows of
 //                                       N (K-major: B stored (N, K)), both from shared memory
+//   wgmma_m64n{64,128,256}k16_{nt,tt}_{f16,bf16}   the same with B (nt) or A and B (tt)
+//                                       MN-major (wgmma_desc_sw128_mn): a backward's layouts
 //   setmaxnreg_inc<R>(), setmaxnreg_dec<R>()   move registers between warpgroups
 //
 // wgmma accumulator layout (m64nN, f32): warp w of the warpgroup holds rows 16w..16w+15; within
@@ -309,6 +313,11 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
     asm volatile("{\n .reg .pred p;\n"
                  "WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
                  " @!p bra WAIT;\n}\n" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+// A barrier of the 128 threads of one warpgroup, named id (1..15; 0 is __syncthreads'), so
+// that one consumer warpgroup can synchronise while the producer and the other run on.
+__device__ __forceinline__ void warpgroup_sync(int id) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory");
 }
 // Make initialised barriers visible to the async proxy (TMA) before anyone uses them.
 __device__ __forceinline__ void fence_barrier_init() {
@@ -342,6 +351,13 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, unsigned bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
                  :: "l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
+}
+// The other direction of tma_load_2d: the box at column x, row y of the tensor map written from
+// shared src (laid out as the map's swizzle says); elements outside the matrix are not written.
+// Tracked by bulk groups like bulk_reduce_add_f32; order src's writes first (fence_proxy_async).
+__device__ __forceinline__ void tma_store_2d(const TmaDesc* desc, const void* src, int x, int y) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                 :: "l"(desc), "r"(x), "r"(y), "r"(smem_u32(src)) : "memory");
 }
 __device__ __forceinline__ void bulk_commit() {
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
@@ -429,14 +445,14 @@ __device__ __forceinline__ void NAME(float* d, unsigned long long da,           
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
                  : "l"(da), "l"(db) : "memory");                                  \
 }
-#define BOOK_WGMMA_M64N128K16(NAME, T)                                                  \
+#define BOOK_WGMMA_M64N128K16(NAME, T, TRANS)                                                \
 __device__ __forceinline__ void NAME(float* d, unsigned long long da,                 \
                                      unsigned long long db) {                        \
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {"          \
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"  \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, " TRANS ";\n"  \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
@@ -447,7 +463,7 @@ __device__ __forceinline__ void NAME(float* d, unsigned long long da,           
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
                  : "l"(da), "l"(db) : "memory");                                  \
 }
-#define BOOK_WGMMA_M64N256K16(NAME, T)                                                  \
+#define BOOK_WGMMA_M64N256K16(NAME, T, TRANS)                                                \
 __device__ __forceinline__ void NAME(float* d, unsigned long long da,                 \
                                      unsigned long long db) {                        \
     asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {"          \
@@ -458,7 +474,7 @@ __device__ __forceinline__ void NAME(float* d, unsigned long long da,           
                  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"  \
                  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"  \
                  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"  \
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1, 0, 0;\n"  \
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1, " TRANS ";\n"  \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
@@ -485,10 +501,23 @@ BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_bf16, "bf16", "0, 0")
 // lie in shared memory with the keys (the reduction axis) as rows.
 BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_tt_f16, "f16", "1, 1")
 BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_tt_bf16, "bf16", "1, 1")
-BOOK_WGMMA_M64N128K16(wgmma_m64n128k16_f16, "f16")
-BOOK_WGMMA_M64N128K16(wgmma_m64n128k16_bf16, "bf16")
-BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_f16, "f16")
-BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_bf16, "bf16")
+BOOK_WGMMA_M64N128K16(wgmma_m64n128k16_f16, "f16", "0, 0")
+BOOK_WGMMA_M64N128K16(wgmma_m64n128k16_bf16, "bf16", "0, 0")
+BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_f16, "f16", "0, 0")
+BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_bf16, "bf16", "0, 0")
+// The layouts of a training step's backward (gemm_train.cu): _nt: B MN-major (imm-trans-b = 1,
+// B stored (K, N), the dX = dY W product); _tt: A and B MN-major (dW = dY^T X). MN-major tiles
+// are described by wgmma_desc_sw128_mn (below).
+BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_nt_f16, "f16", "0, 1")
+BOOK_WGMMA_M64N64K16(wgmma_m64n64k16_nt_bf16, "bf16", "0, 1")
+BOOK_WGMMA_M64N128K16(wgmma_m64n128k16_nt_f16, "f16", "0, 1")
+BOOK_WGMMA_M64N128K16(wgmma_m64n128k16_nt_bf16, "bf16", "0, 1")
+BOOK_WGMMA_M64N128K16(wgmma_m64n128k16_tt_f16, "f16", "1, 1")
+BOOK_WGMMA_M64N128K16(wgmma_m64n128k16_tt_bf16, "bf16", "1, 1")
+BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_nt_f16, "f16", "0, 1")
+BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_nt_bf16, "bf16", "0, 1")
+BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_tt_f16, "f16", "1, 1")
+BOOK_WGMMA_M64N256K16(wgmma_m64n256k16_tt_bf16, "bf16", "1, 1")
 #undef BOOK_WGMMA_M64N64K16
 #undef BOOK_WGMMA_M64N128K16
 #undef BOOK_WGMMA_M64N256K16

@@ -204,10 +204,19 @@ class BookStep:
         self.m = torch.zeros(n, dtype=f32, device=dev)
         self.v = torch.zeros(n, dtype=f32, device=dev)
         self.shadow = torch.zeros(n, dtype=bf16, device=dev)
-        # transposed bf16 weights for dX = dY W (rewritten after each update)
+        # the matmul: gemm_train (Hopper: every product reads its operands where they lie) or
+        # hgemm (C = A B^T only: transposed weights kept after each update, activations
+        # transposed before each weight gradient)
+        cc = tuple(cb.launch.device().cc) if dev.type == "cuda" else (0, 0)
+        self.matmul = (versions or {}).get("matmul", "gemm_train" if cc == (9, 0) else "hgemm")
+        if self.matmul not in ("gemm_train", "hgemm"):
+            raise ValueError(f"versions['matmul']: 'gemm_train' or 'hgemm', got {self.matmul!r}")
+        if self.matmul == "gemm_train" and cc != (9, 0):
+            raise ValueError(f"versions['matmul'] = 'gemm_train' needs compute capability 9.0 "
+                             f"(wgmma); this GPU is {cc[0]}.{cc[1]}: use 'hgemm'")
         self.wT = {name: torch.empty(shape[::-1], dtype=bf16, device=dev)
                    for name, (_, shape) in self.offsets.items() if len(shape) == 2
-                   and name != "wte.weight"}
+                   and name != "wte.weight"} if self.matmul == "hgemm" else {}
         # ---------------------------------------------------------------- activations
         e = torch.empty
         self.x = [e(M, d, dtype=f32, device=dev) for _ in range(2 * L + 1)]  # residual stream
@@ -237,10 +246,11 @@ class BookStep:
         self.dk = torch.empty_like(self.dq)
         self.dv = torch.empty_like(self.dq)
         self.do = torch.empty_like(self.dq)
-        big = max(M * 4 * d, M * Vp)                             # transposed activations
-        self.tA = e(big, dtype=bf16, device=dev)
-        self.tB = e(max(M * 4 * d, M * d), dtype=bf16, device=dev)
-        self.dW = e(max(Vp * d, 4 * d * d), dtype=bf16, device=dev)   # a weight's bf16 grad
+        if self.matmul == "hgemm":
+            big = max(M * 4 * d, M * Vp)                         # transposed activations
+            self.tA = e(big, dtype=bf16, device=dev)
+            self.tB = e(max(M * 4 * d, M * d), dtype=bf16, device=dev)
+            self.dW = e(max(Vp * d, 4 * d * d), dtype=bf16, device=dev)   # a weight's bf16 grad
         self.norm = e(1, dtype=f32, device=dev)
         self.lr = torch.full((1,), hyper.lr, dtype=f32, device=dev)   # read on the device
         self.wpe0 = torch.zeros(seq, d, dtype=f32, device=dev)   # no learned positions (RoPE)
@@ -251,6 +261,13 @@ class BookStep:
         self.tgt = torch.zeros(batch, seq, dtype=torch.int64, device=dev)
         # ---------------------------------------------------------------- kernels
         self.k_ = _Kernels(cb, versions or {})
+        self.work = None
+        if self.matmul == "gemm_train":             # split-K scratch, sized once (capture-safe)
+            shapes = []
+            for n_out, k_in in ((3 * d, d), (d, d), (4 * d, d), (d, 4 * d), (Vp, d)):
+                shapes += [("nt", M, n_out, k_in, "bfloat16"), ("nn", M, k_in, n_out, "bfloat16"),
+                           ("tn", n_out, k_in, M, "float32")]
+            self.work = self.k_.gt.Workspace.for_shapes(self.params, shapes)
         self.state = self.k_.adamw.new_state(self.params)
         self._graph = None
 
@@ -285,19 +302,31 @@ class BookStep:
         return out
 
     def _transpose_weights(self) -> None:
-        for name, t in self.wT.items():
+        for name, t in self.wT.items():          # (hgemm only: gemm_train reads W as it is)
             self.k_.transpose.transpose(self.view(self.shadow, name), out=t)
 
     # ------------------------------------------------------------------------- the step
     def _mm(self, A, W, C):
-        """C = A W^T (hgemm)."""
+        """C = A W^T: a layer's forward."""
+        if self.matmul == "gemm_train":
+            return self.k_.gt.gemm(A, W, "nt", out=C, work=self.work)
         return self.k_.matmul(A, W, C)
 
+    def _mm_dx(self, dY, name: str, C):
+        """C = dY W: the gradient of a layer's input (W the bf16 weight ``name``)."""
+        if self.matmul == "gemm_train":
+            return self.k_.gt.gemm(dY, self.view(self.shadow, name), "nn", out=C, work=self.work)
+        return self.k_.matmul(dY, self.wT[name], C)
+
     def _weight_grad(self, dY, X, name: str) -> None:
-        """grad[name] = (dY^T X) as fp32 (through a bf16 product, as autocast does)."""
+        """grad[name] = dY^T X in fp32: gemm_train writes the fp32 sums straight into the
+        gradient buffer; hgemm rounds them to bf16 (as autocast's product does) and casts."""
         k = self.k_
         M = dY.shape[0]
         N, K = dY.shape[1], X.shape[1]
+        if self.matmul == "gemm_train":
+            k.gt.gemm(dY, X, "tn", out=self.view(self.grads, name)[:N], work=self.work)
+            return
         dYt = self.tA[:N * M].view(N, M)
         Xt = self.tB[:K * M].view(K, M)
         k.transpose.transpose(dY, out=dYt)
@@ -356,7 +385,7 @@ class BookStep:
         self.grads[:self.n_zeroed].zero_()
         f = 2 * L
         # LM head: dlogits (in self.logits) -> d(ln_f output), dW_head
-        self._mm(self.logits, self.wT["head.weight"], self.dy)
+        self._mm_dx(self.logits, "head.weight", self.dy)
         self._weight_grad(self.logits, self.ln[f], "head.weight")
         k.ln.backward(self.dy, self.x[f], P("ln_f.weight"), *self.stats[f], self.dx,
                       G("ln_f.weight"), G("ln_f.bias"), dx16=self.dx16, accumulate=False)
@@ -365,15 +394,15 @@ class BookStep:
             a, b = 2 * i, 2 * i + 1
             # MLP branch: x[b+1] = x[b] + fc2(gelu(fc(LN2(x[b]))))
             self._weight_grad(self.dx16, self.g[i], pre + "fc2.weight")
-            self._mm(self.dx16, self.wT[pre + "fc2.weight"], self.dbig)        # dg
+            self._mm_dx(self.dx16, pre + "fc2.weight", self.dbig)        # dg
             k.gelu.backward(self.dbig, self.h[i], self.dbig)                    # dh in place
             self._weight_grad(self.dbig, self.ln[b], pre + "fc.weight")
-            self._mm(self.dbig, self.wT[pre + "fc.weight"], self.dy)
+            self._mm_dx(self.dbig, pre + "fc.weight", self.dy)
             k.ln.backward(self.dy, self.x[b], P(pre + "ln2.weight"), *self.stats[b], self.dx,
                           G(pre + "ln2.weight"), G(pre + "ln2.bias"), dx16=self.dx16)
             # attention branch: x[b] = x[a] + proj(attn(LN1(x[a])))
             self._weight_grad(self.dx16, self.att[i], pre + "proj.weight")
-            self._mm(self.dx16, self.wT[pre + "proj.weight"], self.y)         # d(att), bf16
+            self._mm_dx(self.dx16, pre + "proj.weight", self.y)         # d(att), bf16
             k.heads.split(self.y, B, T, H, self.do)
             k.attn_bwd(self.q[i], self.k[i], self.vv[i], self.o[i], self.lse[i], self.do,
                        causal=True, out=(self.dq, self.dk, self.dv))
@@ -381,7 +410,7 @@ class BookStep:
             k.rope(self.dk, self.cos, self.sin, inverse=True)
             k.heads.merge_qkv(self.dq, self.dk, self.dv, B, T, H, self.dqkv)
             self._weight_grad(self.dqkv, self.ln[a], pre + "qkv.weight")
-            self._mm(self.dqkv, self.wT[pre + "qkv.weight"], self.dy)
+            self._mm_dx(self.dqkv, pre + "qkv.weight", self.dy)
             k.ln.backward(self.dy, self.x[a], P(pre + "ln1.weight"), *self.stats[a], self.dx,
                           G(pre + "ln1.weight"), G(pre + "ln1.bias"), dx16=self.dx16)
         k.embedding.backward(self.tok, self.dx, G("wte.weight"), self.dwpe0)
@@ -482,6 +511,7 @@ class _Kernels:
         self.adamw = load("adamw_flat")
         self.rope_mod = load("rope_train")
         self.hgemm = load("hgemm")
+        self.gt = load("gemm_train")
         self.attn = load("attention")
         fwd, bwd = self.attn.op_versions("bfloat16", cb.launch.device().cc)
         self.fwd_version = versions.get("attention", fwd)

@@ -507,18 +507,35 @@ __device__ __forceinline__ int dq_piece_index(int r, int cc) {
     const int swz = 2 * (2 * (r % 4) + (r / 8) % 2);
     return r * 64 + ((((cc >> 2) ^ swz)) << 2) + (cc & 3);
 }
-// launch: block 256, grid ceil(BH Nq D / 256). dQ (BH, Nq, D) = scale * the tiled accumulator.
+// launch: block 256, grid ceil(BH n_qt 2048 / 256), n_qt = ceil(Nq / BR). dQ (BH, Nq, D) =
+// scale * the tiled accumulator. A query tile holds BR D = 8192 floats at either head dim, 2048
+// 16-byte chunks: thread e takes chunk e % 2048 of tile e / 2048 (shifts, no 64-bit division),
+// one float4 load (a chunk's 4 floats stay together under the swizzle) and one 8-byte store of
+// 4 rounded values (4 single stores where dQ is not 8-byte aligned).
 template <typename T>
 __device__ __forceinline__ void bwd_convert_tiled(const float* __restrict__ dQacc,
                                                   T* __restrict__ dQ, int BH, int Nq, int D,
                                                   float scale) {
+    const int BR = D == 64 ? 128 : 64, n_qt = ceil_div(Nq, BR);
     const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (size_t)BH * Nq * D) return;
-    const int d = e % D, i = (e / D) % Nq, bh = e / ((size_t)D * Nq);
-    const int BR = D == 64 ? 128 : 64, n_qt = ceil_div(Nq, BR), qt = i / BR, rt = i % BR;
+    const size_t tile = e >> 11;
+    if (tile >= (size_t)BH * n_qt) return;
+    const int q = (int)(e & 2047), bh = (int)(tile / n_qt), qt = (int)(tile % n_qt);
+    const int rt = q / (D / 4), d = (q % (D / 4)) * 4, i = qt * BR + rt;
+    if (i >= Nq) return;
     const int p = D == 64 ? rt / 64 : d / 64, r = D == 64 ? rt % 64 : rt, cc = d % 64;
-    const size_t at = ((size_t)bh * n_qt + qt) * BR * D + p * 4096 + dq_piece_index(r, cc);
-    dQ[e] = Mma<T>::from_float(dQacc[at] * scale);
+    const float4 v = *reinterpret_cast<const float4*>(dQacc + tile * BR * D + p * 4096 +
+                                                      dq_piece_index(r, cc));
+    T* out = dQ + ((size_t)bh * Nq + i) * D + d;
+    if ((reinterpret_cast<size_t>(dQ) & 7) == 0) {
+        *reinterpret_cast<uint2*>(out) = make_uint2(Mma<T>::pack(v.x * scale, v.y * scale),
+                                                    Mma<T>::pack(v.z * scale, v.w * scale));
+    } else {
+        out[0] = Mma<T>::from_float(v.x * scale);
+        out[1] = Mma<T>::from_float(v.y * scale);
+        out[2] = Mma<T>::from_float(v.z * scale);
+        out[3] = Mma<T>::from_float(v.w * scale);
+    }
 }
 
 // Hopper (sm_90a). launch: block 384 = 3 warpgroups, grid (ceil(Nk / 128), BH / G) where G =

@@ -261,7 +261,7 @@ def bwd_config(version: str, BH: int, Nq: int, Nk: int, D: int, dt: str | None =
                                      kernel=f"attention_bwd_v3_preprocess_{dt}"),
                 "main": Launch((cd(Nk, BWD_V3_BC), BH // group), (384,), shared=bwd_v3_shared(D),
                                kernel=name, br=br, bc=BWD_V3_BC),
-                "convert": Launch((cd(BH * Nq * D, 256),), (256,),
+                "convert": Launch((cd(cd(Nq, br) * BH * 2048, 256),), (256,),
                                   kernel=f"attention_bwd_v3_convert_{dt}")}
     raise ValueError(f"unknown backward version {version!r} (v1, v2, v3)")
 

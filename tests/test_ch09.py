@@ -222,6 +222,8 @@ def test_bwd_v3_config_and_op_versions():
         assert main["shared"] == al.bwd_v3_shared(D) <= 227 * 1024
         assert cfg["preprocess"]["nq_pad"] == -(-1000 // br) * br
         assert cfg["convert"]["kernel"] == "attention_bwd_v3_convert_bf16"
+        # one thread per 16-byte chunk of each 8192-float query tile
+        assert cfg["convert"]["grid"] == (-(-1000 // br) * 32 * 2048 // 256,)
     src = (cb.KERNELS_DIR / "attention_backward.cu").read_text()
     for D, br in al.BWD_V3_BR.items():
         assert f"ATTN_BWD_V3(bf16, __nv_bfloat16, {D}, {br})" in src

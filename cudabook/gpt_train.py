@@ -14,20 +14,22 @@ weights, bf16 matmuls, like PyTorch's autocast; every op a kernel of ``kernels/`
     forward                                 backward (reverse order)
     embedding_train   x = wte[tok]          embedding_train   dwte += scatter(dx) (deterministic)
     layernorm_train   y = LN(x) (bf16)      layernorm_train   dx += LN'(dy), dw, db
-    hgemm             qkv = y Wqkv^T        hgemm + transpose16  dy = dqkv Wqkv, dWqkv = dqkv^T y
+    gemm_train        qkv = y Wqkv^T        gemm_train         dy = dqkv Wqkv, dWqkv = dqkv^T y
     heads, rope_train q, k, v (B H, T, D)   rope_train, heads  dqkv from dq, dk, dv
     attention         o, lse (causal)       attention (bwd)    dq, dk, dv
-    heads, hgemm      x += merge(o) Wo^T    ...
-    layernorm_train, hgemm, gelu_train, hgemm: the MLP, x += fc2(gelu(fc(LN(x))))
-    layernorm_train, hgemm  logits (bf16, vocabulary padded to a multiple of 8)
+    heads, gemm_train x += merge(o) Wo^T    ...
+    layernorm_train, gemm_train, gelu_train, gemm_train: the MLP, x += fc2(gelu(fc(LN(x))))
+    layernorm_train, gemm_train  logits (bf16, vocabulary padded to a multiple of 8)
     cross_entropy_vocab     losses and dlogits written over the logits (no second copy)
     adamw_flat        the global gradient norm, clipping and AdamW over one flat fp32 buffer,
                       writing the bf16 copy of the weights the next step's matmuls read
 
-The matmul (``kernels/hgemm.cu``) computes C = A B^T with both operands K-major. The forward
-products are of that form (x W^T); the backward's are not: dX = dY W needs W^T (transposed once
-per step, after the update), dW = dY^T X needs both activations transposed (``transpose16``).
-Those transposes are the price of a single GEMM layout; the step's time breakdown shows it.
+The matmul on Hopper is ``kernels/gemm_train.cu``: the forward's x W^T, the backward's dY W and
+dY^T X, each operand read where it lies (wgmma's transpose bits), the weight gradients written in
+fp32 straight into the gradient buffer, split-K deterministic. Elsewhere (and with
+``versions={"matmul": "hgemm"}``) it is chapter 8's ``kernels/hgemm.cu``, which computes C = A B^T
+with both operands K-major only: then W^T is kept (transposed after each update) and both
+activations of a weight gradient are transposed first (``transpose16``), the step's first version.
 
 ``TorchStep`` is the same model in PyTorch the way a practitioner trains it: fp32 weights,
 ``torch.autocast`` bf16, SDPA (cuDNN on Hopper), fused capturable AdamW, ``clip_grad_norm_``;

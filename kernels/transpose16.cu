@@ -2,8 +2,9 @@
 // moved as raw 16-bit patterns: an exact copy), in of shape (rows, cols), out of shape
 // (cols, rows): out[c * rows + r] = in[r * cols + c]. The last step of Chapter 2's fp32 ladder
 // (transpose.cu: padded tiles, more bytes in flight per thread) for 16-bit elements. The GPT
-// training step needs it because the book's hgemm computes C = A @ B^T only: a weight gradient
-// dW = dY^T X takes dY^T and X^T as its row-major operands.
+// training step needs it where it runs on chapter 8's hgemm, which computes C = A @ B^T only (a
+// weight gradient dW = dY^T X then takes dY^T and X^T as its row-major operands; on Hopper the
+// step's gemm_train reads them in place instead).
 //
 // versions, simplest first
 //   transpose16_v1  a 32 x 32 tile through shared memory, padded to 32 x 34 elements: a tile

@@ -9,6 +9,8 @@ ex09_6  Numba: sliding-window attention, tiles outside the window skipped on bot
 ex09_7  Numba: the rest of one key tile's backward, dK and its share of dQ (dS from D_i)  simulator
 ex09_8  CUDA C++ via CuPy: the whole backward of one Br x Bc tile in one block, all five     GPU
         products from shared memory (P, dP, dS; dV, dK and the tile's share of dQ)
+ex09_9  Numba: one step of FlashAttention-2's backward loop in one block: dS written,   simulator
+        dV, dK and dQ added to the sums of the earlier steps (P and dS in shared memory)
 
 Scores are S = scale * Q K^T; a partial result over a set of keys is (m, l, o) with m the max
 score, l = sum exp(s - m) and o = sum exp(s - m) v (not yet divided by l). Every grader runs
@@ -28,6 +30,14 @@ header, a ``__shared__`` tile and a barrier. On a GPU it tries square and non-sq
 product over the wrong axis has the wrong shape or, square, recognisable values), blocks of 256
 then 128 threads, and names the mistake its values match (no D_i term, no scale, P normalised over
 the tile instead of by the saved lse, ...); values of no pattern are handed to racecheck first.
+
+ex09_9 is ex09_8's tile as one step of the loop, in Numba: graded in the simulator without a GPU,
+with shared and local memory NaN-filled (``poisoned_memory``), so a missing barrier gives NaN the
+same way on every run (and ``cb.trace`` of the launch names the race). The accumulated outputs
+come holding random earlier sums; each wrong output is matched against the answers of the known
+mistakes (no D term, no scale, the wrong axis, P not from the saved lse, dV forgotten, an output
+overwritten instead of added to, a fixed stride); a whole loop over 2 x 2 tiles ends the grading,
+its sums against autograd's dQ, dK and dV. On a GPU the answer is graded again in the simulator.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ import numpy as np
 from .. import env
 from ..check import to_numpy
 from ..launch import ceil_div
+from . import _race
 from ._core import (
     GradeError,
     call,
@@ -50,17 +61,19 @@ from ._core import (
     guarded,
     need_gpu,
     passed,
+    poisoned_memory,
     sync,
     to_device,
 )
 from ._core import compile_kernel as _compile
 from ._race import explain, racecheck, simulate
-from ._static import calls, cuda_code, mentions
+from ._static import calls, cuda_code, mentions, refuse_host_code, refuse_stub
 from ._static import refuse_library as _refuse_library
+from .ch06 import _need_kernel
 
 __all__ = ["ex09_1", "ex09_2", "ex09_3", "ex09_4", "ex09_5", "ex09_6", "ex09_7", "ex09_8",
-           "attention_reference", "partial_softmax", "merge_reference", "BR", "BC",
-           "TILE_BR", "TILE_BC", "TILE_D"]
+           "ex09_9", "attention_reference", "partial_softmax", "merge_reference", "BR", "BC",
+           "TILE_BR", "TILE_BC", "TILE_D", "STEP_CASES", "STEP_THREADS", "STEP_LOOP"]
 
 BR = 16        # ex09_3, ex09_4: queries per block (one thread each)
 BC = 16        # ex09_3, ex09_4: keys per tile
@@ -1162,3 +1175,319 @@ def _race_ex09_8(kern) -> None:
         dk, dv = cupy.empty((H, Bc, D), cupy.float32), cupy.empty((H, Bc, D), cupy.float32)
         kern((H,), (128,), (q, k, v, do, lse, di, dq, dk, dv, np.int32(Br), np.int32(Bc),
                             np.int32(D), np.float32(1 / math.sqrt(D))))
+
+
+# ----------------------------------------------------------------------------- ex09.9
+#: ex09_9: single steps of the backward loop, (what, Br, Bc, D, Nq, Nk, i0, j0, big): the query
+#: tile is rows i0..i0+Br-1 of Nq queries, the key tile keys j0..j0+Bc-1 of Nk. Square first (dS Q
+#: and dS^T Q have the same shape there, and their values name the axis), then 65 pairs (one more
+#: than the first call's 64 threads: one thread takes a second pair) with d = 64, a tile wider
+#: than tall with an odd d that holds every key, one query and one key, and scores near 800
+STEP_CASES = (("a square tile of 8 queries x 8 keys, d = 16", 8, 8, 16, 20, 24, 8, 8, False),
+              ("13 queries x 5 keys (65 pairs), d = 64", 13, 5, 64, 13, 17, 0, 10, False),
+              ("3 queries x 16 keys (every key), d = 7", 3, 16, 7, 9, 16, 6, 0, False),
+              ("one query and one key, d = 1", 1, 1, 1, 1, 3, 0, 2, False),
+              ("6 queries x 9 keys, d = 8, scores near 800", 6, 9, 8, 6, 20, 0, 9, True))
+#: ex09_9: threads of the block on the first call of each case, and on the second
+STEP_THREADS = (64, 96)
+#: ex09_9: the whole backward loop (Nq, Nk, D, Br, Bc): 2 x 2 steps, the last tile of each ragged
+STEP_LOOP = (11, 13, 8, 8, 8)
+_STEP_SYNC = ("a cuda.syncthreads() after the loop that writes Ps and dSs and before the loops "
+              "that read them (outside any if, so that every thread reaches it)")
+_STEP_FORMULA = ("P[i, j] = exp(scale q_i . k_j - lse[i]), dP[i, j] = do_i . v_j, dS = P (dP - "
+                 "delta[i]); dv += P^T dO, dk += scale dS^T Q, dq += scale dS K")
+_STEP_NAN = ("holds NaN that the kernel computed: a thread read an element of Ps or dSs that no "
+             "thread had written yet (the simulator fills shared and local arrays with NaN and "
+             "runs a block's threads one at a time between barriers), or an accumulator that was "
+             "never set to 0: ")
+#: ex09_9: the rows each output is indexed by, for the index message
+_STEP_SHAPES = ("ds is (Br, Bc), dq (Br, d), dk and dv (Bc, d), with Br = q.shape[0] and "
+                "Bc = k.shape[0]")
+
+
+def _step_inputs(rng, Nq: int, Nk: int, D: int, big: bool):
+    """(q, K, V, do, scale): float32 inputs of a sequence; big: scale q.k near 800."""
+    scale = 1 / math.sqrt(D)
+    q = (rng.standard_normal((Nq, D)) * 1.5).astype(np.float32)
+    K = (rng.standard_normal((Nk, D)) * 1.5).astype(np.float32)
+    if big:                         # exp(s) is inf in float32 and float64 there
+        q[:, 0] = K[:, 0] = math.sqrt(800 / scale)
+    V = rng.standard_normal((Nk, D)).astype(np.float32)
+    do = rng.standard_normal((Nq, D)).astype(np.float32)
+    return q, K, V, do, scale
+
+
+def _step_candidates(name: str, q, k, v, do, lse, delta, scale: float, square: bool,
+                     partial_tile: bool) -> list[tuple[np.ndarray, str]]:
+    """(what the kernel wrote, or added to ``name``, under a known mistake; that mistake's hint),
+    in float64 from the float32 inputs the kernel got."""
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    lse, delta = lse.astype(np.float64)[:, None], delta.astype(np.float64)[:, None]
+    s = q @ k.T
+    with np.errstate(over="ignore", invalid="ignore"):
+        P = np.exp(scale * s - lse)
+        dP = do @ v.T
+        dS = P * (dP - delta)
+        loc = np.exp(scale * (s - s.max(1, keepdims=True)))
+        soft = loc / loc.sum(1, keepdims=True)
+        tile_d = P * (dP - (P * dP).sum(1, keepdims=True))
+    no_d = ("dS = P * dP leaves out the softmax's second term: dS[i, j] = P[i, j] (dP[i, j] - "
+            "delta[i]), with the delta passed in (rowsum(dO * O), the sum over every key)")
+    if name == "ds":
+        out = [(P * dP, no_d),
+               (np.exp(scale * s) * (dP - delta),
+                "P = exp(scale q.k) ignores the saved logsumexp: P[i, j] = exp(scale q_i . k_j - "
+                "lse[i]) is the softmax normalised over every key"),
+               (np.exp(s - lse) * (dP - delta),
+                "the scale is missing inside the exponent: the scores are scale q.k, so P[i, j] "
+                "= exp(scale * (q_i . k_j) - lse[i])"),
+               (-dS, "dS has the wrong sign: dS[i, j] = P[i, j] (dP[i, j] - delta[i])"),
+               (scale * dS, "ds holds dS times the scale: ds is dS itself, and the scale stands "
+                            "in front of the sums of dk and dq")]
+        if partial_tile:
+            out += [(soft * (dP - delta), "P was normalised over this tile's keys (a max and a "
+                                          "sum over the tile): the other tiles' keys share the "
+                                          "normalisation, which the saved lse carries: P[i, j] = "
+                                          "exp(scale q_i . k_j - lse[i]), no max and no sum"),
+                    (loc * (dP - delta), "P was taken against a maximum over this tile's keys: "
+                                         "P[i, j] = exp(scale q_i . k_j - lse[i]), with the saved "
+                                         "lse, no max"),
+                    (tile_d, "delta summed over this tile's keys (sum_j P dP): that sum needs "
+                             "every key of the row, which one tile does not see; use the delta "
+                             "passed in")]
+        if square:
+            out.append((dS.T, "ds is transposed: ds[i, j] is query i's row and key j's column "
+                              "(Br x Bc)"))
+        return out
+    if name == "dv":
+        out = [(scale * P.T @ do, "dv += P^T dO has no scale in it (the scale belongs to the sums "
+                                  "of dk and dq)"),
+               (dS.T @ do, "dv sums P, not dS: dv[j, c] += sum_i P[i, j] dO[i, c]")]
+        if square:
+            out.append((P @ do, "dV = P^T dO sums over the queries: dv[j, c] += sum_i P[i, j] "
+                                "dO[i, c]; P read as Ps[j, i] sums over the keys, the wrong "
+                                "axis"))
+        return out
+    A = q if name == "dk" else k
+    prod = (lambda X: X.T @ A) if name == "dk" else (lambda X: X @ A)
+    what = "dS^T Q" if name == "dk" else "dS K"
+    out = [(prod(dS), f"dS without the scale: the scores are scale Q K^T, so {name} += scale * "
+                      f"{what} (P = exp(scale q.k - lse) keeps its own scale as well)"),
+           (scale * scale * prod(dS), f"the scale is applied twice: {name} += scale * {what}, "
+                                      "once"),
+           (scale * prod(P * dP), no_d)]
+    if square:
+        out.append((scale * (dS @ A if name == "dk" else dS.T @ A),
+                    "dK = scale dS^T Q sums over the queries: dk[j, c] += scale sum_i dS[i, j] "
+                    "q[i, c]; dS Q (dS read as dSs[j, i]) sums over the keys, the wrong axis"
+                    if name == "dk" else
+                    "dQ = scale dS K sums over the keys: dq[i, c] += scale sum_j dS[i, j] "
+                    "k[j, c]; dS^T K (dS read as dSs[j, i]) sums over the queries, the wrong "
+                    "axis"))
+    return out
+
+
+def _step_near(got: np.ndarray, x: np.ndarray) -> bool:
+    """``got`` is a mistake's answer ``x`` (the mistakes differ by whole terms or factors)."""
+    if x.shape != got.shape or not np.isfinite(x).all() or not np.isfinite(got).all():
+        return False
+    return bool(np.allclose(got, x, rtol=1e-2, atol=1e-3 * max(float(np.abs(x).max()), 1e-30)))
+
+
+def _step_hint(ex: str, case: str, msg: str, name: str, got, base, share, cands, first_ok: bool,
+               threads: int, kernel, explain_args) -> str:
+    """The hint for a wrong ``name`` (base: what it held before, None for ds; share: the right
+    result of this step, what is added to base)."""
+    if np.isnan(got).any():
+        if name == "ds":
+            if np.isnan(got).all():
+                return ("ds is NaN everywhere: never written (is the kernel body still the "
+                        "stub?), or summed into with += (ds comes in filled with NaN: it is "
+                        "written, not added to)")
+            if first_ok:
+                return (f"right with blocks of {STEP_THREADS[0]} threads, but with {threads} "
+                        "pairs are left unwritten: stride the loops by cuda.blockDim.x, not by "
+                        "a fixed number of threads")
+            ij = tuple(int(x) for x in np.argwhere(np.isnan(got))[0])
+            return (f"{int(np.isnan(got).sum())} of {got.size} pairs never written, first "
+                    f"(i, j) = {ij}: one pair e = i * Bc + j per step of e = t, t + "
+                    "cuda.blockDim.x, ... while e < Br * Bc")
+        if env.SIM:
+            more = explain(ex, case, msg, kernel, (1,), (threads,), *explain_args)
+            traced = more.find("cb.trace of the launch")   # the race, when the trace shows one
+            return (f"{name} {_STEP_NAN}{_STEP_SYNC}"
+                    + (f"; {more[traced:]}" if traced >= 0 else ""))
+        return (f"{name} holds NaN: shared memory read before it was written (a missing "
+                f"barrier: {_STEP_SYNC}), or an accumulator never set to 0?")
+    if base is not None:
+        if np.array_equal(got, base):
+            return (f"{name} is unchanged: this step adds nothing to it"
+                    + (" (dV forgotten: dv[j, c] += sum_i P[i, j] dO[i, c])" if name == "dv"
+                       else f" ({_STEP_FORMULA})"))
+        if _step_near(got, share):
+            return (f"{name} holds only this step's share: it comes in holding the sums of the "
+                    f"earlier steps of the loop; add to it ({name}[..., c] += ...), never set it "
+                    "or start it at 0")
+    if first_ok:
+        return (f"right with blocks of {STEP_THREADS[0]} threads, wrong with {threads}: stride "
+                "the loops by cuda.blockDim.x, not by a fixed number of threads (a fixed stride "
+                "adds some elements twice, or leaves some out)")
+    inc = got if base is None else got - base
+    for cand, hint in cands:
+        if _step_near(inc, cand):
+            return hint
+    return ""
+
+
+def ex09_9(bwd_step) -> None:
+    """``bwd_step(q, k, v, do, lse, delta, ds, dq, dk, dv, scale)`` is a @cuda.jit kernel
+    launched [1, T] (any T; the grader: 64, then 96) for one step of FlashAttention-2's backward
+    loop, a tile of Br queries and Bc keys (Br, Bc <= 16, d <= 64, float32): q, do (Br, d); k, v
+    (Bc, d); lse (Br,) the logsumexp over ALL keys and delta (Br,) = rowsum(dO * O), both from
+    the forward. With P = exp(scale q k^T - lse), dP = dO V^T and dS = P (dP - delta): ds (Br,
+    Bc) = dS written (it comes NaN-filled); dv += P^T dO, dk += scale dS^T Q, dq += scale dS K
+    (they come holding earlier steps' sums). Each case of ``STEP_CASES`` twice (64, then 96
+    threads) against torch autograd in float64, shared and local memory NaN-filled in the
+    simulator; then the whole loop of ``STEP_LOOP`` against autograd's dQ, dK, dV; on a GPU the
+    answer is graded again in the simulator."""
+    ex = "ex09.9"
+    _need_kernel(ex, bwd_step)
+    refuse_stub(ex, bwd_step)
+    z2, z1 = np.zeros((2, 2), np.float32), np.zeros(2, np.float32)
+    refuse_host_code(ex, bwd_step, (z2,) * 4 + (z1, z1) + (z2,) * 4 + (np.float32(1),))
+    rng, seed = fresh_rng()
+    ok_first = set()                # cases whose first call (64 threads) passed
+    with poisoned_memory():
+        for n_case, (what, Br, Bc, D, Nq, Nk, i0, j0, big) in enumerate(STEP_CASES):
+            for rep, threads in enumerate(STEP_THREADS):
+                q, K, V, do, scale = _step_inputs(rng, Nq, Nk, D, big)
+                case = (f"{what} (queries {i0}..{i0 + Br - 1} of {Nq}, keys {j0}..{j0 + Bc - 1} "
+                        f"of {Nk}), {threads} threads (seed {seed}, call {rep + 1})")
+                first_ok = rep == 1 and n_case in ok_first
+                _step_case(ex, case, bwd_step, rng, q, K, V, do, scale, i0, Br, j0, Bc, threads,
+                           big, first_ok, n_case > 0)
+                if rep == 0:
+                    ok_first.add(n_case)
+        _step_loop(ex, bwd_step, rng, seed)
+    simulate(ex, "ex09_9", [("bwd_step", bwd_step)], hint=_STEP_SYNC)
+    passed(ex)
+
+
+def _step_launch(kernel, threads: int, args, outs, scale: float) -> None:
+    kernel[1, threads](*args, *outs, np.float32(scale))
+
+
+def _step_case(ex, case, kernel, rng, q, K, V, do, scale, i0, Br, j0, Bc, threads, big,
+               first_ok, seen_ok) -> None:
+    """One step, keys j0.. of the query tile i0..; every output checked against autograd."""
+    lse, delta, dS, _, _ = _autograd(q, K, V, do, scale)
+    qt, dot = q[i0:i0 + Br].copy(), do[i0:i0 + Br].copy()
+    kt, vt = K[j0:j0 + Bc].copy(), V[j0:j0 + Bc].copy()
+    lse32, delta32 = (x[i0:i0 + Br].astype(np.float32) for x in (lse, delta))
+    D = q.shape[1]
+    base = {"dq": rng.standard_normal((Br, D)).astype(np.float32),    # the earlier steps' sums
+            "dk": rng.standard_normal((Bc, D)).astype(np.float32),
+            "dv": rng.standard_normal((Bc, D)).astype(np.float32)}
+    q64, k64, do64 = (x.astype(np.float64) for x in (qt, kt, dot))
+    ds_ref = dS[i0:i0 + Br, j0:j0 + Bc]
+    P = np.exp(scale * q64 @ k64.T - lse[i0:i0 + Br, None])
+    share = {"ds": ds_ref, "dv": P.T @ do64, "dk": scale * ds_ref.T @ q64,
+             "dq": scale * ds_ref @ k64}
+    # float32 error is relative to the sum of the terms' magnitudes: dS is a difference of
+    # near-equal terms; scores near 800 carry rounding of 800 * 2^-24 in the exponent and in lse
+    mag_ds = P * (np.abs(do64 @ vt.astype(np.float64).T) + np.abs(delta[i0:i0 + Br, None]))
+    mag = {"ds": mag_ds, "dv": np.abs(base["dv"]) + P.T @ np.abs(do64),
+           "dk": np.abs(base["dk"]) + scale * mag_ds.T @ np.abs(q64),
+           "dq": np.abs(base["dq"]) + scale * mag_ds @ np.abs(k64)}
+    rtol = 2e-3 if big else 1e-4
+    outs = {"ds": guarded((Br, Bc))}
+    for name in ("dq", "dk", "dv"):
+        o, buf = guarded(base[name].shape)
+        o[...] = to_device(base[name])
+        outs[name] = (o, buf)
+    args = tuple(to_device(x) for x in (qt, kt, vt, dot, lse32, delta32))
+
+    def run():
+        try:
+            _step_launch(kernel, threads, args, [outs[n][0] for n in ("ds", "dq", "dk", "dv")],
+                         scale)
+        except OverflowError:       # the simulator's math.exp; a GPU gives inf
+            raise GradeError(f"{ex}: {case}: exp overflowed: {_BWD_EXP}") from None
+        except IndexError as e:
+            raise GradeError(f"{ex}: {case}: index out of range ({e}): {_STEP_SHAPES}; the "
+                             "loops stop at Br * Bc pairs, Bc * d elements of dk and dv, Br * d "
+                             "of dq") from None
+    call(ex, case, run)
+    for name, (o, buf) in outs.items():
+        if not canary_ok(buf, o.size):
+            raise GradeError(f"{ex}: {case}: wrote past the end of {name}: {_STEP_SHAPES}")
+    explain_args = (qt, kt, vt, dot, lse32, delta32, np.full((Br, Bc), np.nan, np.float32),
+                    *(base[n].copy() for n in ("dq", "dk", "dv")), np.float32(scale))
+    for name in ("ds", "dv", "dk", "dq"):
+        got = to_numpy(outs[name][0]).astype(np.float64)
+        b = base.get(name)
+        ref = share[name] if b is None else b + share[name]
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.abs(got - ref) <= 1e-6 + rtol * mag[name])
+        if not bad.any():
+            continue
+        msg = f"{ex}: {case}: {name} is wrong ({error_summary(got, ref, bad)})"
+        if big and not np.isfinite(got).all() and seen_ok:
+            raise GradeError(f"{msg}: {_BWD_EXP}")
+        cands = _step_candidates(name, qt, kt, vt, dot, lse32, delta32, scale, Br == Bc,
+                                 Bc < K.shape[0])
+        hint = _step_hint(ex, case, msg, name, got, b, share[name], cands, first_ok, threads,
+                          kernel, explain_args)
+        if not hint:
+            _step_simulator_first(ex, msg, kernel)
+            hint = f"{_STEP_FORMULA}; or a race on Ps and dSs: {_STEP_SYNC}"
+        raise GradeError(f"{msg}: {hint}")
+
+
+def _step_loop(ex: str, kernel, rng, seed: int) -> None:
+    """The whole backward as FlashAttention-2 runs it: for each key tile, every query tile, one
+    launch each, dq, dk, dv starting at 0; their sums against autograd's dQ, dK, dV."""
+    import torch
+
+    Nq, Nk, D, Br, Bc = STEP_LOOP
+    q, K, V, do, scale = _step_inputs(rng, Nq, Nk, D, False)
+    lse, delta, _, dK, dV = _autograd(q, K, V, do, scale)
+    Q = torch.tensor(q, dtype=torch.float64, requires_grad=True)
+    O = torch.softmax(scale * Q @ torch.tensor(K, dtype=torch.float64).T, -1) @ \
+        torch.tensor(V, dtype=torch.float64)
+    O.backward(torch.tensor(do, dtype=torch.float64))
+    ref = {"dq": Q.grad.numpy(), "dk": dK, "dv": dV}
+    sums = {"dq": to_device(np.zeros((Nq, D), np.float32)),
+            "dk": to_device(np.zeros((Nk, D), np.float32)),
+            "dv": to_device(np.zeros((Nk, D), np.float32))}
+    case = (f"the whole backward of Nq={Nq} queries and Nk={Nk} keys, d = {D}, in tiles of "
+            f"{Br} x {Bc}: {ceil_div(Nq, Br) * ceil_div(Nk, Bc)} steps, dq, dk and dv starting "
+            f"at 0 (seed {seed})")
+    for j0 in range(0, Nk, Bc):
+        for i0 in range(0, Nq, Br):
+            i1, j1 = min(i0 + Br, Nq), min(j0 + Bc, Nk)
+            args = tuple(to_device(np.ascontiguousarray(x)) for x in (
+                q[i0:i1], K[j0:j1], V[j0:j1], do[i0:i1], lse[i0:i1].astype(np.float32),
+                delta[i0:i1].astype(np.float32)))
+            ds, _ = guarded((i1 - i0, j1 - j0))
+            outs = (ds, sums["dq"][i0:i1], sums["dk"][j0:j1], sums["dv"][j0:j1])
+            call(ex, case, lambda: _step_launch(kernel, STEP_THREADS[0], args, outs, scale))
+    for name in ("dq", "dk", "dv"):
+        got = to_numpy(sums[name]).astype(np.float64)
+        bad = _bad(got, ref[name], 1e-3, 1e-5)
+        if bad.any():
+            raise GradeError(f"{ex}: {case}: {name} summed over the steps is not autograd's "
+                             f"({error_summary(got, ref[name], bad)}): every single step was "
+                             f"right, so look at what the kernel keeps between launches, or "
+                             f"assumes of its output's rows; {_STEP_FORMULA}")
+
+
+def _step_simulator_first(ex: str, msg: str, kernel) -> None:
+    """On a GPU, values that fit no known mistake (a race gives such values): the answer graded
+    again in the CUDA simulator first, where a missing barrier shows the same way every run."""
+    if env.SIM or not _race._enabled():
+        return
+    err = _race._simulate_run(ex, "ex09_9", [("bwd_step", kernel)])
+    if err:
+        raise GradeError(f"{msg}; graded again in the CUDA simulator (which runs a block's "
+                         f"threads one at a time between barriers): {err}")

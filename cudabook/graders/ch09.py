@@ -977,10 +977,11 @@ def _tile_rubric(ex: str, src: str) -> None:
                          f"need {_TILE_SYNC}")
 
 
-def _tile_hint(which: str, got, q, k, v, do, lse, delta, scale: float, square: bool,
-               partial_tile: bool) -> str | None:
-    """The mistake behind a wrong ``which`` (dV, dK or dQ) of one tile, when its values match
-    one, or None. Inputs are one head's float32 arrays; the candidates are in float64."""
+def _tile_terms(q, k, v, do, lse, delta, scale: float):
+    """One tile's inputs in float64 (lse and delta as columns) and the terms of its backward: the
+    scores s = q k^T, P = exp(scale s - lse), dP = do v^T, dS = P (dP - delta), and the softmax
+    over this tile's keys alone with its unnormalised numerator loc (what a kernel ignoring lse
+    would use)."""
     q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
     lse, delta = lse.astype(np.float64)[:, None], delta.astype(np.float64)[:, None]
     s = q @ k.T
@@ -990,6 +991,16 @@ def _tile_hint(which: str, got, q, k, v, do, lse, delta, scale: float, square: b
         dS = P * (dP - delta)
         loc = np.exp(scale * (s - s.max(1, keepdims=True)))
         soft = loc / loc.sum(1, keepdims=True)
+    return q, k, v, do, lse, delta, s, P, dP, dS, loc, soft
+
+
+def _tile_hint(which: str, got, q, k, v, do, lse, delta, scale: float, square: bool,
+               partial_tile: bool) -> str | None:
+    """The mistake behind a wrong ``which`` (dV, dK or dQ) of one tile, when its values match
+    one, or None. Inputs are one head's float32 arrays; the candidates are in float64."""
+    q, k, v, do, lse, delta, s, P, dP, dS, loc, soft = _tile_terms(q, k, v, do, lse, delta,
+                                                                   scale)
+    with np.errstate(over="ignore", invalid="ignore"):
         no_lse = np.exp(scale * s)
         unscaled_p = np.exp(s - lse)
 
@@ -1221,15 +1232,9 @@ def _step_candidates(name: str, q, k, v, do, lse, delta, scale: float, square: b
                      partial_tile: bool) -> list[tuple[np.ndarray, str]]:
     """(what the kernel wrote, or added to ``name``, under a known mistake; that mistake's hint),
     in float64 from the float32 inputs the kernel got."""
-    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
-    lse, delta = lse.astype(np.float64)[:, None], delta.astype(np.float64)[:, None]
-    s = q @ k.T
+    q, k, v, do, lse, delta, s, P, dP, dS, loc, soft = _tile_terms(q, k, v, do, lse, delta,
+                                                                   scale)
     with np.errstate(over="ignore", invalid="ignore"):
-        P = np.exp(scale * s - lse)
-        dP = do @ v.T
-        dS = P * (dP - delta)
-        loc = np.exp(scale * (s - s.max(1, keepdims=True)))
-        soft = loc / loc.sum(1, keepdims=True)
         tile_d = P * (dP - (P * dP).sum(1, keepdims=True))
     no_d = ("dS = P * dP leaves out the softmax's second term: dS[i, j] = P[i, j] (dP[i, j] - "
             "delta[i]), with the delta passed in (rowsum(dO * O), the sum over every key)")

@@ -217,6 +217,29 @@ class _Done:
         pass
 
 
+class _Pending:
+    """A running collective: ``wait()`` waits for torch's ``Work`` and lets go of it (the Work
+    holds the collective's buffers: an all-gather's output is a layer's full weights). A plain
+    class at module level on purpose: a class defined per call is a reference cycle (a class
+    refers to itself through ``__mro__``), so a handle whose ``wait`` closed over the Work kept
+    the Work, and the buffer, alive until Python's cyclic collector ran, long after ``release``:
+    zero3 held every layer's gathered weights of a step or more at once."""
+
+    __slots__ = ("work", "coll", "op", "what")
+
+    def __init__(self, coll: "Collectives", op: str, what: str, work: Any):
+        self.work, self.coll, self.op, self.what = work, coll, op, what
+
+    def wait(self) -> None:
+        work, self.work = self.work, None
+        if work is None:
+            return
+        try:
+            work.wait()
+        except RuntimeError as e:
+            raise self.coll._fail(self.op, self.what, e) from None
+
+
 class Collectives:
     """Sum-all-reduce, reduce-scatter and all-gather over equal shards, for one rank, counting
     the bytes it sends as a ring does (``sent``, by op). ``algo="native"``: torch.distributed
@@ -246,18 +269,7 @@ class Collectives:
                          "ranks disagree on the buffer sizes")
 
     def _wrap(self, op: str, what: str, work: Any) -> Any:
-        if work is None:
-            return _Done()
-        outer = self
-
-        class _Handle:
-            def wait(self) -> None:
-                try:
-                    work.wait()
-                except RuntimeError as e:
-                    raise outer._fail(op, what, e) from None
-
-        return _Handle()
+        return _Done() if work is None else _Pending(self, op, what, work)
 
     def all_reduce(self, t: torch.Tensor, what: str = "a buffer") -> None:
         """Sum ``t`` over the ranks, in place."""
@@ -609,6 +621,7 @@ class _ShardedLinear(torch.autograd.Function):
     def forward(ctx, x, anchor, eng, u):
         w, b = eng.weights(u, backward=False)
         y = F.linear(x, w, b)
+        del w, b                                      # views of the gathered buffer
         eng.release(u)
         ctx.save_for_backward(x)
         ctx.eng, ctx.u = eng, u
@@ -621,11 +634,13 @@ class _ShardedLinear(torch.autograd.Function):
         w, b = eng.weights(u, backward=True)
         g2, x2 = gy.reshape(-1, gy.shape[-1]), x.reshape(-1, x.shape[-1])   # (T, out), (T, in)
         gx = (g2 @ w).view(x.shape) if ctx.needs_input_grad[0] else None      # (T, in)
+        has_b = b is not None
+        del w, b                                      # views of the gathered buffer: let it go
         eng.release(u)                                # the weights go before dW is made
         buf = eng.grad_buffer(u)                      # (padded,) zeros
         gs = eng.layout.views(buf, u)                 # dW (out, in) [, db (out,)] in buf
         torch.mm(g2.t(), x2, out=gs[0])               # dW = gy^T x: (out, in)
-        if b is not None:
+        if has_b:
             torch.sum(g2, 0, out=gs[1])
         eng.grad_ready(u, buf)
         return gx, None, None, None

@@ -28,7 +28,9 @@
 //                        (a producer warpgroup, mbarriers); two consumer warpgroups own 64 keys
 //                        each; S^T, dP^T from shared memory, dV and dK with P^T and dS^T straight
 //                        from registers, dQ = dS K from dS^T in shared memory (both operands
-//                        MN-major). Grouped-query heads: a block sums dK, dV over its group
+//                        MN-major). Grouped-query heads: a block sums dK, dV over its group.
+//                        At D = 128, dV's product is issued as soon as P^T is ready and runs
+//                        while dS^T is computed (EARLY_DV); at D = 64 that order spills and loses
 //
 // work (non-causal): 10 Nq Nk D flops (five products: S, dP, dV, dK, dQ); causal about half.
 // Each version's kernels sit inside #if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_vN):
@@ -556,7 +558,8 @@ __device__ __forceinline__ void bwd_convert_tiled(const float* __restrict__ dQac
 //   S^T = K_c Q^T, dP^T = V_c dO^T             wgmma, both operands in shared (K-major)
 //   P^T = exp2(S^T scale_log2 - lse_log2),  dS^T = P^T * (dP^T - Di)     (registers)
 //   dV_c += P^T dO,  dK_c += dS^T Q            wgmma, A from registers, B = dO, Q as they lie
-//                                              (N-major: no transpose)
+//                                              (N-major: no transpose); EARLY_DV: dV is issued
+//                                              before dS^T is computed, and runs during it
 //   dS^T -> shared (16 bits), both consumers meet (named barrier 1)
 //   dQ_i += dS K                               wgmma, A = dS^T and B = K both MN-major in shared;
 //                                              D = 64 (BR = 128): consumer c takes query rows
@@ -572,7 +575,7 @@ __device__ __forceinline__ void bwd_convert_tiled(const float* __restrict__ dQac
 // Causal: the block's first query tile is the one holding query k0 (query i sees keys j <= i),
 // and only tiles that cross the diagonal, or the ragged ends, pay for the mask. Query rows past
 // Nq read lse = +inf (P = 0); key rows past Nk are masked; neither is stored.
-template <typename T, int D, int BR, int ST, bool BULK>
+template <typename T, int D, int BR, int ST, bool BULK, bool EARLY_DV>
 __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc& tk,
                                                 const TmaDesc& tv, const TmaDesc& tdo,
                                                 const float* __restrict__ lse2,
@@ -660,9 +663,42 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
     for (int i = 0; i < D / 2; i++) dv[i] = dk[i] = 0.f;
     mbar_wait(&kvbar, 0);
 
+    float dq[32];
+    // dq holds tile itq's 64 x 64 piece of dQ: into this consumer's shared buffer for the copy
+    // engine (or, _atomic, straight into the accumulator). Lanes t and t ^ 1 trade halves so
+    // that an even lane holds 4 neighbouring columns of its row rl and an odd lane those of row
+    // rl + 8 (columns 8 j + 4 (t / 2) .. of the piece)
+    auto store_dq = [&](int itq) {
+        const int bh = bhk * group + itq / per_head, q0 = (qt0 + itq % per_head) * BR;
+        const int rl = 16 * warp + g + 8 * (t & 1), cl = 4 * (t / 2);
+        // dq_piece_index(rl, 8 j + cl) = rl 64 + 8 (j ^ f) + cl with f = swz(rl) / 2
+        const int f = 2 * (rl % 4) + (rl / 8) % 2;
+        float* piece = (BULK ? dQs + c * 4096
+                             : dQacc + ((size_t)bh * n_qt + q0 / BR) * BR * D + c * 4096) +
+                       rl * 64 + cl;
+        if (BULK && itq > 0) mbar_wait(&dq_empty[c], (itq - 1) & 1);   // the last one was read
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            // even t keeps its row-rl pair and takes its neighbour's; odd t the row-rl+8 ones
+            const float s0 = (t & 1) ? dq[4 * j] : dq[4 * j + 2];
+            const float s1 = (t & 1) ? dq[4 * j + 1] : dq[4 * j + 3];
+            const float o0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+            const float o1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            const float4 v = (t & 1) ? make_float4(o0, o1, dq[4 * j + 2], dq[4 * j + 3])
+                                     : make_float4(dq[4 * j], dq[4 * j + 1], o0, o1);
+            float4* at = reinterpret_cast<float4*>(piece + 8 * (j ^ f));
+            if constexpr (BULK) *at = v;
+            else atomicAdd(at, v);                // _atomic: straight into global memory
+        }
+        if constexpr (BULK) {
+            fence_proxy_async();                  // the stores, before the copy engine reads
+            mbar_arrive(&dq_full[c]);
+        }
+    };
+
     for (int it = 0; it < n_it; it++) {
         const int s = it % ST, b = it & 1;
-        const int bh = bhk * group + it / per_head, q0 = (qt0 + it % per_head) * BR;
+        const int q0 = (qt0 + it % per_head) * BR;
         const T* Qt = Qs + s * BR * D;
         const T* dOt = dOs + s * BR * D;
         T* dSt = dSs + b * BC * BR;
@@ -698,9 +734,20 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
                 st[4 * j + e] = p;
             }
         }
-        wgmma_wait<0>();                          // dP^T is done
-        pin_all<BR / 2>(dpt);
         unsigned pa[KR][4], da[KR][4];            // P^T and dS^T as 16-bit A fragments
+        if constexpr (EARLY_DV) {                 // dV += P^T dO runs while dS^T is computed
+#pragma unroll
+            for (int kk = 0; kk < KR; kk++) acc_to_a<T>(pa[kk], &st[8 * kk], &st[8 * kk + 4]);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KR; kk++)
+                wg_rs<D, T>(dv, pa[kk], wgmma_desc_sw128_mn(dOt + kk * 16 * 64, BR * 64 * sizeof(T)));
+            wgmma_commit();
+            wgmma_wait<1>();                      // dP^T is done (dV may still run)
+        } else {
+            wgmma_wait<0>();                      // dP^T is done
+        }
+        pin_all<BR / 2>(dpt);
 #pragma unroll
         for (int j = 0; j < NR; j++) {
             const float2 d2 = *reinterpret_cast<const float2*>(&di_s[s][8 * j + 2 * t]);
@@ -710,13 +757,15 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
         }
 #pragma unroll
         for (int kk = 0; kk < KR; kk++) {
-            acc_to_a<T>(pa[kk], &st[8 * kk], &st[8 * kk + 4]);
+            if constexpr (!EARLY_DV) acc_to_a<T>(pa[kk], &st[8 * kk], &st[8 * kk + 4]);
             acc_to_a<T>(da[kk], &dpt[8 * kk], &dpt[8 * kk + 4]);
         }
-        wgmma_fence();                            // dV += P^T dO, dK += dS^T Q
+        wgmma_fence();                            // (dV += P^T dO), dK += dS^T Q
+        if constexpr (!EARLY_DV) {
 #pragma unroll
-        for (int kk = 0; kk < KR; kk++)
-            wg_rs<D, T>(dv, pa[kk], wgmma_desc_sw128_mn(dOt + kk * 16 * 64, BR * 64 * sizeof(T)));
+            for (int kk = 0; kk < KR; kk++)
+                wg_rs<D, T>(dv, pa[kk], wgmma_desc_sw128_mn(dOt + kk * 16 * 64, BR * 64 * sizeof(T)));
+        }
 #pragma unroll
         for (int kk = 0; kk < KR; kk++)
             wg_rs<D, T>(dk, da[kk], wgmma_desc_sw128_mn(Qt + kk * 16 * 64, BR * 64 * sizeof(T)));
@@ -737,7 +786,6 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
         pin_all<4 * KR>(&pa[0][0]);
         pin_all<4 * KR>(&da[0][0]);
         named_sync(1);                            // both consumers' halves of dS^T are in place
-        float dq[32];
 #pragma unroll
         for (int i = 0; i < 32; i++) dq[i] = 0.f;
         // D = 64: rows 64 c .. of dQ_i (panel c of dS^T), all 64 columns of K;
@@ -753,33 +801,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
         wgmma_wait<0>();
         pin_all<32>(dq);
         mbar_arrive(&empty[s]);                   // Q_i, dO_i, lse_i, Di_i are free
-        // this consumer's 64 x 64 piece of dQ_i, as float4: lanes t and t ^ 1 trade halves so
-        // that an even lane holds 4 neighbouring columns of its row rl and an odd lane those of
-        // row rl + 8 (columns 8 j + 4 (t / 2) .. of the piece)
-        const int rl = 16 * warp + g + 8 * (t & 1), cl = 4 * (t / 2);
-        // dq_piece_index(rl, 8 j + cl) = rl 64 + 8 (j ^ f) + cl with f = swz(rl) / 2
-        const int f = 2 * (rl % 4) + (rl / 8) % 2;
-        float* piece = (BULK ? dQs + c * 4096
-                             : dQacc + ((size_t)bh * n_qt + q0 / BR) * BR * D + c * 4096) +
-                       rl * 64 + cl;
-        if (BULK && it > 0) mbar_wait(&dq_empty[c], (it - 1) & 1);   // the last one was read
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            // even t keeps its row-rl pair and takes its neighbour's; odd t the row-rl+8 ones
-            const float s0 = (t & 1) ? dq[4 * j] : dq[4 * j + 2];
-            const float s1 = (t & 1) ? dq[4 * j + 1] : dq[4 * j + 3];
-            const float o0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-            const float o1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-            const float4 v = (t & 1) ? make_float4(o0, o1, dq[4 * j + 2], dq[4 * j + 3])
-                                     : make_float4(dq[4 * j], dq[4 * j + 1], o0, o1);
-            float4* at = reinterpret_cast<float4*>(piece + 8 * (j ^ f));
-            if constexpr (BULK) *at = v;
-            else atomicAdd(at, v);                // _atomic: straight into global memory
-        }
-        if constexpr (BULK) {
-            fence_proxy_async();                  // the stores, before the copy engine reads
-            mbar_arrive(&dq_full[c]);
-        }
+        store_dq(it);
     }
     // dK = scale dS^T Q and dV, rows k0 + kr (+ 8), summed over the group's heads
 #pragma unroll
@@ -799,19 +821,27 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
 #endif
 }
 
-#define ATTN_BWD_V3_KERNEL(NAME, T, D, BR, BULK)                                                 \
+#define ATTN_BWD_V3_KERNEL(NAME, T, D, BR, BULK, EARLY_DV)                                       \
     extern "C" __global__ void __launch_bounds__(384, 1) NAME(                                   \
         const __grid_constant__ TmaDesc tq, const __grid_constant__ TmaDesc tk,                  \
         const __grid_constant__ TmaDesc tv, const __grid_constant__ TmaDesc tdo,                 \
         const float* lse2, const float* Di, float* dQacc, T* dK, T* dV, int Nq, int Nk,          \
         float scale, int causal, int group) {                                                    \
-        flash_bwd_wgmma<T, D, BR, 2, BULK>(tq, tk, tv, tdo, lse2, Di, dQacc, dK, dV, Nq, Nk,     \
-                                           scale, causal, group);                                \
+        flash_bwd_wgmma<T, D, BR, 2, BULK, EARLY_DV>(tq, tk, tv, tdo, lse2, Di, dQacc, dK, dV,   \
+                                                     Nq, Nk, scale, causal, group);              \
     }
-#define ATTN_BWD_V3(TN, T, D, BR) ATTN_BWD_V3_KERNEL(attention_bwd_v3_##TN##_d##D, T, D, BR, true)
+// EARLY_DV per head dimension: on at D = 128 only (tools/dev/ch09_hopper.py --sched times both at
+// both; ATTN_BWD_EARLY_DV = 0 or 1 overrides the choice, for that comparison)
+#ifdef ATTN_BWD_EARLY_DV
+#define ATTN_BWD_EDV(D, X) (ATTN_BWD_EARLY_DV != 0)
+#else
+#define ATTN_BWD_EDV(D, X) X
+#endif
+#define ATTN_BWD_V3(TN, T, D, BR, EDV)                                                           \
+    ATTN_BWD_V3_KERNEL(attention_bwd_v3_##TN##_d##D, T, D, BR, true, ATTN_BWD_EDV(D, EDV))
 // the same kernel adding dQ with float4 atomics from the consumers: the lesson's comparison
-#define ATTN_BWD_V3_ATOMIC(TN, T, D, BR)                                                         \
-    ATTN_BWD_V3_KERNEL(attention_bwd_v3_atomic_##TN##_d##D, T, D, BR, false)
+#define ATTN_BWD_V3_ATOMIC(TN, T, D, BR, EDV)                                                    \
+    ATTN_BWD_V3_KERNEL(attention_bwd_v3_atomic_##TN##_d##D, T, D, BR, false, ATTN_BWD_EDV(D, EDV))
 #define ATTN_BWD_V3_TYPE(TN, T)                                                                  \
     extern "C" __global__ void attention_bwd_v3_preprocess_##TN(                                 \
         const T* O, const T* dO, const float* lse, float* Di, float* lse2, int BH, int Nq,       \
@@ -825,10 +855,10 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
 #if !defined(CB_ONLY) || defined(CB_ONLY_attention_bwd_v3)
 ATTN_BWD_V3_TYPE(f16, __half)
 ATTN_BWD_V3_TYPE(bf16, __nv_bfloat16)
-ATTN_BWD_V3(f16, __half, 64, 128)
-ATTN_BWD_V3(bf16, __nv_bfloat16, 64, 128)
-ATTN_BWD_V3(f16, __half, 128, 64)
-ATTN_BWD_V3(bf16, __nv_bfloat16, 128, 64)
-ATTN_BWD_V3_ATOMIC(bf16, __nv_bfloat16, 64, 128)
-ATTN_BWD_V3_ATOMIC(bf16, __nv_bfloat16, 128, 64)
+ATTN_BWD_V3(f16, __half, 64, 128, false)
+ATTN_BWD_V3(bf16, __nv_bfloat16, 64, 128, false)
+ATTN_BWD_V3(f16, __half, 128, 64, true)
+ATTN_BWD_V3(bf16, __nv_bfloat16, 128, 64, true)
+ATTN_BWD_V3_ATOMIC(bf16, __nv_bfloat16, 64, 128, false)
+ATTN_BWD_V3_ATOMIC(bf16, __nv_bfloat16, 128, 64, true)
 #endif

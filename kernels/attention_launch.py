@@ -275,17 +275,22 @@ def flops(BH: int, Nq: int, Nk: int, D: int, causal: bool = False,
 
 
 # ============================================================================== launchers
-def module(which: str, version: str | None = None):
+def module(which: str, version: str | None = None, early_dv: bool | None = None):
     """kernels/attention_{forward,backward}.cu through cb.module (once per process, kept in the
     kernel cache): the whole file, or ``version``'s kernels alone (the file's step guards; the
-    entry points compile that way). The forward is built for sm_90a on a Hopper GPU."""
+    entry points compile that way). The forward is built for sm_90a on a Hopper GPU.
+    ``early_dv`` (backward): attention_bwd_v3's order of products at both head dimensions (True:
+    dV issued before dS^T is computed; None: the file's own choice per head dimension)."""
     if which not in ("forward", "backward"):
         raise ValueError(f"module: which is 'forward' or 'backward', got {which!r}")
     if which == "forward":
+        if early_dv is not None:
+            raise ValueError("module: early_dv is an option of the backward")
         step = () if version is None else f"attention_{_fwd_version(version)}"
         return cb.module("attention_forward", only=step, a_features=True)
     step = () if version is None else f"attention_bwd_{_bwd_version(version)}"
-    return cb.module("attention_backward", only=step, a_features=True)
+    opts = () if early_dv is None else (f"-DATTN_BWD_EARLY_DV={int(bool(early_dv))}",)
+    return cb.module("attention_backward", opts, only=step, a_features=True)
 
 
 def _fwd_version(version: str) -> str:
@@ -390,7 +395,7 @@ def forward(q, k, v, causal: bool = False, version: str = "v3", scale: float | N
 
 def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
              scale: float | None = None, out: tuple | None = None, optin: int | None = None,
-             dq_atomic: bool = False):
+             dq_atomic: bool = False, early_dv: bool | None = None):
     """(dq, dk, dv) of softmax(scale q k^T) v given the forward's o and lse and the gradient do
     of o: v1 float32, v2 and v3 (Hopper) float16/bfloat16. ``out = (dq, dk, dv)`` gives the
     outputs. v3 takes grouped-query heads (dk, dv shaped like k, v: summed over each group).
@@ -398,7 +403,10 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
     ``optin``: plan v2's tiles for a GPU that lets a block have this many bytes of shared memory
     (default: this GPU's limit; a smaller GPU's runs its tiles here, for the sanitizer).
     ``dq_atomic`` (v3, bfloat16): dQ added with float4 atomics from the consumer warpgroups
-    instead of the copy engine's reductions (the lesson's comparison)."""
+    instead of the copy engine's reductions (the lesson's comparison). ``early_dv`` (v3): issue
+    dV's product before dS^T is computed (True) or after (False) at every head dimension; None
+    (default): the kernel file's choice, True at D = 128 and False at D = 64 (the lesson's
+    comparison of the two orders)."""
     version = _bwd_version(version)
     BH, Nq, Nk, D = check_qkv(q, k, v, BWD_DTYPES[version],
                               gqa=version in GQA_VERSIONS["backward"])
@@ -425,7 +433,9 @@ def backward(q, k, v, o, lse, do, causal: bool = False, version: str = "v2",
             _NOTED.add(main["kernel"])
             print(f"note: {main['fallback']}")
     s = 1 / math.sqrt(D) if scale is None else float(scale)
-    mod = cb.module("attention_backward", only=f"attention_bwd_{version}", a_features=True)
+    if early_dv is not None and version != "v3":
+        raise ValueError("early_dv is an option of attention_bwd_v3 only")
+    mod = module("backward", version, early_dv)
     if out is None:
         out = tuple(cb.arrays.empty_like_lib(q, tuple(a.shape), dt) for a in (q, k, v))
     dq, dk, dv = out

@@ -225,8 +225,8 @@ def test_bwd_v3_config_and_op_versions():
         # one thread per 16-byte chunk of each 8192-float query tile
         assert cfg["convert"]["grid"] == (-(-1000 // br) * 32 * 2048 // 256,)
     src = (cb.KERNELS_DIR / "attention_backward.cu").read_text()
-    for D, br in al.BWD_V3_BR.items():
-        assert f"ATTN_BWD_V3(bf16, __nv_bfloat16, {D}, {br})" in src
+    for D, br in al.BWD_V3_BR.items():          # dV issued early at D = 128 only
+        assert f"ATTN_BWD_V3(bf16, __nv_bfloat16, {D}, {br}, {str(D == 128).lower()})" in src
     assert "193 KiB at D = 64" in src and al.bwd_v3_shared(64) // 1024 == 193
     names = al.kernel_names("backward")
     assert "attention_bwd_v3_f16_d128" in names and "attention_bwd_v3_preprocess_bf16" in names
@@ -621,6 +621,33 @@ def test_hopper_bwd_v3(dt, shape, D, causal):
     al.backward(q, k, v, o, lo, do, causal, "v3", out=grads)
     for gr, r in zip(grads, (dQ, dK, dV)):
         assert _rel(gr, r) < 2 * tol
+
+
+@gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_hopper_bwd_v3_both_orders(D):
+    """attention_bwd_v3 compiled with dV's product before dS^T (early_dv=True) and after it
+    (False) gives the default's dK and dV bit for bit (the same products, the same order of
+    additions) and its dQ to the last bits (dQ's additions across blocks are unordered); v2
+    refuses the option."""
+    import torch
+
+    if al.hopper_problem(cb.cc()):
+        pytest.skip("attention_bwd_v3 needs compute capability 9.0")
+    g = torch.Generator(device="cuda").manual_seed(D)
+    q, do = (torch.randn(6, 333, D, generator=g, device="cuda", dtype=torch.bfloat16)
+             for _ in range(2))
+    k, v = (torch.randn(3, 517, D, generator=g, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    o, lse = al.forward(q, k, v, True, "v4")
+    want = al.backward(q, k, v, o, lse, do, True, "v3")
+    for early in (True, False):
+        dq, dk, dv = al.backward(q, k, v, o, lse, do, True, "v3", early_dv=early)
+        assert torch.equal(dk, want[1]) and torch.equal(dv, want[2])
+        assert _rel(dq, want[0].double()) < 1e-5
+    with pytest.raises(ValueError, match="early_dv is an option of attention_bwd_v3"):
+        al.backward(q, k.repeat_interleave(2, 0), v.repeat_interleave(2, 0), o, lse, do, True,
+                    "v2", early_dv=True)
 
 
 @gpu

@@ -6,6 +6,7 @@ PyTorch SDPA's cuDNN backend (forward and backward) in the same run.
     python tools/dev/ch09_hopper.py                # checks + timings (H100 / H200 only)
     python tools/dev/ch09_hopper.py --no-check     # timings only
     python tools/dev/ch09_hopper.py --quick        # small checks, one timing configuration
+    python tools/dev/ch09_hopper.py --sched        # attention_bwd_v3 with EARLY_DV on and off
     python tools/dev/ch09_hopper.py --diag         # timing only: attention_bwd_v3 with parts
                                                    # removed (wrong numbers), to see their cost
 
@@ -41,6 +42,7 @@ log = Log("ch09_hopper.log")
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 TOL = {"f16": 5e-3, "bf16": 2e-2}      # relative Frobenius error (bwd: twice)
 SUMMARY: list[str] = []
+BWD = ("v3",)                          # the Hopper backward versions checked
 
 
 def reference(q, k, v, do, causal, heads, group):
@@ -86,21 +88,22 @@ def check_case(BHkv, group, Nq, Nk, D, causal, dt) -> bool:
         log(f"  v4 raised {type(e).__name__}: {e}")
     ok &= good
     log(f"{'ok  ' if good else 'FAIL'} fwd v4 {tag}  O {eo:.1e}  lse {el:.1e}")
-    try:
-        o, lo = al.forward(q, k, v, causal, "v4")
-        grads = (nan_like(q), nan_like(k), nan_like(v))
-        al.backward(q, k, v, o, lo, do, causal, "v3", out=grads)
-        torch.cuda.synchronize()
-        errs = [rel(grads[0][heads], dQ), rel(grads[1][kvh], dK), rel(grads[2][kvh], dV)]
-        good = all(e < 2 * TOL[dt] for e in errs)
-    except Exception as e:  # noqa: BLE001
-        log(traceback.format_exc())
-        errs = [math.inf] * 3
-        good = False
-        log(f"  bwd v3 raised {type(e).__name__}: {e}")
-    ok &= good
-    log(f"{'ok  ' if good else 'FAIL'} bwd v3 {tag}  dQ {errs[0]:.1e}  dK {errs[1]:.1e}  "
-        f"dV {errs[2]:.1e}")
+    o, lo = al.forward(q, k, v, causal, "v4")
+    for ver in BWD:
+        try:
+            grads = (nan_like(q), nan_like(k), nan_like(v))
+            al.backward(q, k, v, o, lo, do, causal, ver, out=grads)
+            torch.cuda.synchronize()
+            errs = [rel(grads[0][heads], dQ), rel(grads[1][kvh], dK), rel(grads[2][kvh], dV)]
+            good = all(e < 2 * TOL[dt] for e in errs)
+        except Exception as e:  # noqa: BLE001
+            log(traceback.format_exc())
+            errs = [math.inf] * 3
+            good = False
+            log(f"  bwd {ver} raised {type(e).__name__}: {e}")
+        ok &= good
+        log(f"{'ok  ' if good else 'FAIL'} bwd {ver} {tag}  dQ {errs[0]:.1e}  dK {errs[1]:.1e}  "
+            f"dV {errs[2]:.1e}")
     return ok
 
 
@@ -253,11 +256,69 @@ def diagnose() -> None:
         SUMMARY.append("  ".join(line))
 
 
+def schedules() -> None:
+    """attention_bwd_v3 compiled with dV's product issued before dS^T is computed (EARLY_DV = 1)
+    and after it (0), at both head dimensions, checked against the committed kernel and timed
+    beside it and cuDNN, bf16 B=8 H=16 N=4096 and B=2 N=16384."""
+    from cudabook.compile import arch_options, inline_source, kernel_path
+
+    base = inline_source(kernel_path("attention_backward"))
+    mods = {}
+    for edv in (0, 1):
+        try:
+            mods[edv] = cb.compile_source(base, arch_options(True) + (
+                "-DCB_ONLY", "-DCB_ONLY_attention_bwd_v3", f"-DATTN_BWD_EARLY_DV={edv}"),
+                name=f"early_dv_{edv}")
+        except Exception as e:  # noqa: BLE001
+            log(f"EARLY_DV={edv}: compile failed: {e}")
+    for edv, mod in mods.items():
+        for D in (64, 128):
+            name = f"attention_bwd_v3_bf16_d{D}"
+            r = al.resources(mod, name)
+            log(f"EARLY_DV={edv} {name}: {r['registers']} registers, {r['local_bytes']} local")
+    SUMMARY.append("attention_bwd_v3 with EARLY_DV = 0 / 1, bf16, TFLOP/s (ratio to cuDNN)")
+    for (B, N) in ((8, 4096), (2, 16384)):
+        for D in (64, 128):
+            for causal in (False, True):
+                g = torch.Generator(device="cuda").manual_seed(D + causal)
+                q, k, v, do = (torch.randn(B, 16, N, D, generator=g, device="cuda",
+                                           dtype=torch.bfloat16) for _ in range(4))
+                o, lse = al.forward(q, k, v, causal, "v4")
+                fb = al.flops(B * 16, N, N, D, causal, backward=True)
+                run = lambda: al.backward(q, k, v, o, lse, do, causal, "v3")  # noqa: E731
+                want = run()
+                line = [f"B={B} N={N:5d} D={D:3d} causal={int(causal)}"]
+                cud = bench_one("SDPA cudnn bwd", sdpa_bwd(q, k, v, do, causal), fb) or 0
+                v3 = bench_one("bwd v3", run, fb) or 0
+                line.append(f"cudnn {cud:.0f} v3 {v3:.0f} ({v3 / cud:.3f})")
+                for edv, mod in mods.items():
+                    orig = cb.module
+
+                    def patched(fname, *a, mod=mod, orig=orig, **kw):
+                        return mod if fname == "attention_backward" else orig(fname, *a, **kw)
+                    cb.module = patched
+                    try:
+                        errs = [rel(a_, b_) for a_, b_ in zip(run(), want)]
+                        val = bench_one(f"EARLY_DV={edv}", run, fb) or 0
+                    except Exception as e:  # noqa: BLE001
+                        log(f"EARLY_DV={edv}: {type(e).__name__}: {e}")
+                        errs, val = [math.inf] * 3, 0
+                    finally:
+                        cb.module = orig
+                    bad = "" if max(errs) < 1e-3 else f" WRONG (vs v3 {max(errs):.1e})"
+                    line.append(f"EARLY_DV={edv} {val:.0f} ({val / cud:.3f}){bad}")
+                SUMMARY.append("  ".join(line))
+                log(SUMMARY[-1])
+                del q, k, v, do, o, lse, want
+                torch.cuda.empty_cache()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--diag", action="store_true")
+    ap.add_argument("--sched", action="store_true")
     a = ap.parse_args()
     if not cb.HAS_GPU or al.hopper_problem(cb.launch.device().cc):
         sys.exit("ch09_hopper: needs an H100 or H200 (compute capability 9.0)")
@@ -270,6 +331,10 @@ def main() -> int:
             if f"_{ver}_" in name:
                 r = al.resources(m, name)
                 log(f"{name:34s} {r['registers']:4d} registers {r['local_bytes']:4d} local bytes")
+    if a.sched:
+        schedules()
+        log("\n".join(["", "==== summary", *SUMMARY]))
+        return 0
     if a.diag:
         diagnose()
         log("\n".join(["", "==== summary", *SUMMARY]))

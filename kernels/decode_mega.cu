@@ -1,0 +1,702 @@
+// decode_mega.cu: a whole decode step of chapter 7's GPT in ONE persistent kernel (Chapter 12,
+// the decode ladder's megakernel). Batch B in {1, 2, 4, 8}, fp16 weights, fp32 residual stream.
+//
+//   The model (cudabook/gpt.py): token embedding, n_layer pre-norm blocks
+//   x += proj(attn(RoPE(qkv(LN1(x))))); x += fc2(gelu_tanh(fc(LN2(x)))), final LN, untied LM head.
+//   No Linear has a bias; LayerNorms have gamma and beta; RoPE is half-split (pairs (i, i + D/2)).
+//   Weights as cudabook.decoder.KernelGPT holds them: W (N, K) fp16 row-major (nn.Linear's
+//   layout), LayerNorm parameters fp32. Caches kc, vc (n_layer, B, H, L, D) fp16.
+//
+//   decode_mega_v1  the straightforward megakernel. Grid = SMs x blocks per SM (all resident:
+//                   the launcher checks the driver's occupancy), 256 threads. Between phases a
+//                   grid-wide barrier (an arrival counter and a generation word, below). Per
+//                   layer five phases:
+//                   1. every block normalises x itself (LN1: warp b does batch row b, from L2)
+//                      into shared memory, then its warps compute rows of the QKV GEMV; a warp
+//                      owns a RoPE pair of rows (i, i + D/2) of a head, so the epilogue rotates q
+//                      and k at the position read from the GPU, writes q (B, H, D) and appends
+//                      k, v to the cache at that position;                         barrier
+//                   2. attention of the new query over keys 0..pos, split over B H S tasks
+//                      (S splits of the keys per head, a block per task); each task writes its
+//                      (m, l, o) partial and the last block to finish a head (an atomic ticket)
+//                      combines the S partials into the head's output a (B, d) fp16;  barrier
+//                   3. a (B, d) into shared memory, output projection, x += half(sum);  barrier
+//                   4. LN2 per block, fc GEMV, f = half(gelu(half(sum)));           barrier
+//                   5. f (B, 4d) into shared memory, fc2 GEMV, x += half(sum);       barrier
+//                   then the final LN per block, the LM head GEMV (logits (B, vocab) fp16) with
+//                   a running argmax per warp, a per-block argmax, and the last block to finish
+//                   (a ticket) writes the greedy token, history[b, pos + 1] and pos + 1: the next
+//                   replay of a captured graph decodes the next token with no host work.
+//                   GEMV: a warp owns whole weight rows (NR rows at once, all their 16-byte
+//                   loads issued before the first multiply-add), the input rows in shared memory,
+//                   fp32 sums in a fixed order (dot8), a warp-shuffle sum; rows are dealt to the
+//                   grid's warps round-robin (row r to global warp r mod warps).
+//   decode_mega_v2  v1 plus an L2 prefetch of the next phases' weights before each barrier
+//                   (cp.async.bulk.prefetch.L2 on sm_90, prefetch.global.L2 lines before), so
+//                   HBM keeps streaming while blocks wait; the LM head takes 4 rows per warp at
+//                   once (v1: 2).
+//
+// Rounding follows the book's separate kernels (KernelGPT.step): every GEMV output is rounded to
+// fp16 where that kernel stores fp16 (qkv, attention output, dx, the GELU input and output,
+// logits), the residual stream stays fp32, attention in fp32 in the exp2 domain. Sums are in a
+// different order, so logits differ from the book step's by fp32 rounding and the occasional fp16
+// ulp it moves.
+//
+// The grid barrier (grid_barrier below): thread 0 of each block reads the generation g
+// (ld.acquire.gpu), fences (__threadfence: the block's writes, ordered before by
+// __syncthreads, become visible: release), adds 1 to the counter; the last to arrive sets the
+// counter back to 0 and publishes g + 1 (st.release.gpu); the others spin on ld.acquire.gpu
+// until the generation moves, then fence. The words return to (0, g + 1) after every barrier,
+// so the kernel needs no host reset between launches and a graph replays it as it is. A spin
+// that lasts more than MEGA_TIMEOUT_NS (blocks not co-resident) sets an error bit and the
+// kernel leaves instead of hanging; the launcher reads the bit and resets the words. Data
+// written inside the launch (x, q, a, f, the cache rows, partials) is read with ld.global.cg
+// (L2, never a stale L1 line); weights with ld_stream16 (read-only path, no L1 allocation).
+//
+// Launch (kernels/decode_mega_launch.py): grid (SMs x blocks per SM), 256 threads, dynamic
+// shared memory B 4d 2 bytes (the fc2 input, the largest GEMV input); static shared memory for
+// attention's scores (MEGA_KSMAX floats) and partial outputs. Compiled per (B, d) with
+// -DMEGA_B, -DMEGA_D (defaults 1, 768 for a compile without them). Head dimension 64, d a
+// multiple of 128 up to 1024. No Numba twin: a grid-wide barrier inside one launch has no
+// counterpart in the simulator (its blocks run one after another).
+#include <cuda_fp16.h>
+// common.cuh: dot8, warp_sum, block_sum, block_max, ld_stream16, gelu_tanh, rope_angle, ArgMax,
+// argmax_before
+#include "common.cuh"
+
+#ifndef MEGA_B
+#define MEGA_B 1
+#endif
+#ifndef MEGA_D
+#define MEGA_D 768
+#endif
+
+#define MEGA_THREADS 256
+#define MEGA_WARPS (MEGA_THREADS / 32)
+#define MEGA_HD 64                          // head dimension
+#define MEGA_KSMAX 1024                     // keys of one attention split (scores in shared)
+#define MEGA_TIMEOUT_NS 2000000000ull       // a barrier wait this long means: not co-resident
+
+// sync words (uint32): arrival counter, generation, error bits, the LM head's ticket
+#define MEGA_COUNT 0
+#define MEGA_GEN 1
+#define MEGA_ERR 2
+#define MEGA_TICKET 3
+// error bits
+#define MEGA_ERR_TIMEOUT 1
+#define MEGA_ERR_POS 2
+#define MEGA_ERR_TOKEN 4
+// phases (the `phases` mask; all = 63; the others time one part alone, with wrong results)
+#define MEGA_PH_QKV 1
+#define MEGA_PH_ATT 2
+#define MEGA_PH_PROJ 4
+#define MEGA_PH_FC 8
+#define MEGA_PH_FC2 16
+#define MEGA_PH_HEAD 32
+// GEMV epilogues
+#define MEGA_EPI_RESID 0
+#define MEGA_EPI_GELU 1
+#define MEGA_EPI_HEAD 2
+
+// ----------------------------------------------------------------------------- memory order
+__device__ __forceinline__ unsigned mg_ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void mg_st_release(unsigned* p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long mg_now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Every block of the grid has reached this point, and every write made before it is visible to
+// every block after it. Returns false (in every thread of the block) when the wait timed out or
+// another block reported a timeout: the caller leaves the kernel.
+__device__ __forceinline__ bool grid_barrier(unsigned* sync, unsigned nblocks) {
+    __shared__ int ok;
+    __syncthreads();                                // the block's phase is done
+    if (threadIdx.x == 0) {
+        int good = 1;
+        const unsigned g = mg_ld_acquire(sync + MEGA_GEN);     // before arriving: it cannot move
+        __threadfence();                                      // release the block's writes
+        const unsigned arrived = atomicAdd(sync + MEGA_COUNT, 1u);
+        if (arrived == nblocks - 1) {
+            atomicExch(sync + MEGA_COUNT, 0u);                 // ready for the next barrier
+            mg_st_release(sync + MEGA_GEN, g + 1u);            // after the reset, for everyone
+        } else {
+            const unsigned long long t0 = mg_now_ns();
+            unsigned spins = 0;
+            while (mg_ld_acquire(sync + MEGA_GEN) == g) {
+                if (++spins % 256 == 0) {
+                    if (mg_ld_acquire(sync + MEGA_ERR) & MEGA_ERR_TIMEOUT) { good = 0; break; }
+                    if (mg_now_ns() - t0 > MEGA_TIMEOUT_NS) {
+                        atomicOr(sync + MEGA_ERR, (unsigned)MEGA_ERR_TIMEOUT);
+                        good = 0;
+                        break;
+                    }
+                }
+            }
+        }
+        __threadfence();                                      // acquire the others' writes
+        ok = good;
+    }
+    __syncthreads();
+    const int r = ok;
+    return r != 0;
+}
+
+// Warm the L2 with [base, base + bytes): this block's 1/gridDim.x share (the L2 is shared by all
+// SMs, so which block asks for which part does not matter). bytes and base multiples of 16.
+__device__ __forceinline__ void mg_prefetch(const void* base, unsigned long long bytes) {
+    const unsigned long long G = gridDim.x;
+    unsigned long long per = (bytes + G - 1) / G;
+    per = (per + 4095ull) & ~4095ull;
+    const unsigned long long lo = blockIdx.x * per;
+    const unsigned long long hi = lo + per < bytes ? lo + per : bytes;
+    const char* p = reinterpret_cast<const char*>(base);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (unsigned long long o = lo + threadIdx.x * 4096ull; o < hi; o += MEGA_THREADS * 4096ull) {
+        const unsigned n = (unsigned)(hi - o < 4096ull ? hi - o : 4096ull);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(n) : "memory");
+    }
+#else
+    for (unsigned long long o = lo + threadIdx.x * 128ull; o < hi; o += MEGA_THREADS * 128ull)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+#endif
+}
+
+// ----------------------------------------------------------------------------- LayerNorm
+// xs[b, :] = half(LayerNorm(row b) * gamma + beta) for b < B, warp b doing row b (DM / 128
+// float4 per lane, two-pass mean and variance from registers). The row is x[b] (fp32, written in
+// this launch: read from L2) or, for layer 0, the embedding row wte[tok[b]] (fp16), which
+// x_init (when not null) also receives as the residual stream's first value.
+template <int B, int DM>
+__device__ __forceinline__ void mg_layernorm(const float* x, const __half* __restrict__ wte,
+                                             const int* tok, const float* __restrict__ gamma,
+                                             const float* __restrict__ beta, float eps,
+                                             __half* xs, float* x_init) {
+    constexpr int NK = DM / 128;
+    const int lane = threadIdx.x & 31, b = threadIdx.x >> 5;
+    if (b >= B) return;
+    float v[NK][4];
+    if (wte != nullptr) {
+        const __half* row = wte + (size_t)__ldcg(tok + b) * DM;
+#pragma unroll
+        for (int k = 0; k < NK; ++k) {
+            const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + 128 * k + 4 * lane));
+            const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
+            const float2 a = __half22float2(h2[0]), c = __half22float2(h2[1]);
+            v[k][0] = a.x; v[k][1] = a.y; v[k][2] = c.x; v[k][3] = c.y;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < NK; ++k) {
+            const float4 f = __ldcg(reinterpret_cast<const float4*>(x + (size_t)b * DM + 128 * k +
+                                                                    4 * lane));
+            v[k][0] = f.x; v[k][1] = f.y; v[k][2] = f.z; v[k][3] = f.w;
+        }
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NK; ++k) sum += (v[k][0] + v[k][1]) + (v[k][2] + v[k][3]);
+    const float mean = warp_sum(sum) / DM;
+    float sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NK; ++k)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sq += (v[k][e] - mean) * (v[k][e] - mean);
+    const float rstd = rsqrtf(warp_sum(sq) / DM + eps);
+#pragma unroll
+    for (int k = 0; k < NK; ++k) {
+        const int i = 128 * k + 4 * lane;
+        const float4 g = __ldg(reinterpret_cast<const float4*>(gamma + i));
+        const float4 be = __ldg(reinterpret_cast<const float4*>(beta + i));
+        __half2 lo = __floats2half2_rn((v[k][0] - mean) * rstd * g.x + be.x,
+                                       (v[k][1] - mean) * rstd * g.y + be.y);
+        __half2 hi = __floats2half2_rn((v[k][2] - mean) * rstd * g.z + be.z,
+                                       (v[k][3] - mean) * rstd * g.w + be.w);
+        __half2* dst = reinterpret_cast<__half2*>(xs + (size_t)b * DM + i);
+        dst[0] = lo;
+        dst[1] = hi;
+        if (x_init != nullptr)
+            *reinterpret_cast<float4*>(x_init + (size_t)b * DM + i) =
+                make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
+    }
+}
+
+// xs (B, K) fp16 = src (B, K), written in this launch by other blocks (read from L2)
+template <int B, int K>
+__device__ __forceinline__ void mg_stage(const __half* src, __half* xs) {
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(xs);
+    for (int i = threadIdx.x; i < B * K / 8; i += MEGA_THREADS) d[i] = __ldcg(s + i);
+}
+
+// ----------------------------------------------------------------------------- GEMV rows
+// s[r][b] = sum_k W[rows[r], k] xs[b, k] for NR rows of W (N, K) fp16, in every lane of the
+// warp. Each lane reads 16-byte pieces c = lane + 32 i of a row (CPL of them per row and pass,
+// all NR CPL loads issued before the first multiply-add), fp32 sums in element order (dot8),
+// then a shuffle sum.
+template <int B, int NR, int K>
+__device__ __forceinline__ void mg_dot(const __half* __restrict__ W, const int (&rows)[NR],
+                                       const __half* xs, float (&s)[NR][B]) {
+    constexpr int NC = K / 8;                       // 16-byte pieces per row
+    constexpr int CPL0 = (NC + 31) / 32;            // pieces per lane in all
+    constexpr int CPL = CPL0 < 6 ? CPL0 : 6;        // per pass (registers: NR CPL uint4)
+    const int lane = threadIdx.x & 31;
+    const uint4* xv = reinterpret_cast<const uint4*>(xs);
+    float acc[NR][B];
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int b = 0; b < B; ++b) acc[r][b] = 0.0f;
+#pragma unroll 1
+    for (int c0 = 0; c0 < NC; c0 += 32 * CPL) {
+        uint4 w[NR][CPL];
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) {
+            const int c = c0 + lane + 32 * i;
+#pragma unroll
+            for (int r = 0; r < NR; ++r)
+                w[r][i] = c < NC ? ld_stream16(W + (size_t)rows[r] * K + 8 * c)
+                                 : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) {
+            const int c = c0 + lane + 32 * i;
+            if (c < NC) {
+#pragma unroll
+                for (int b = 0; b < B; ++b) {
+                    const uint4 xx = xv[b * NC + c];
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) acc[r][b] = dot8(w[r][i], xx, acc[r][b]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int b = 0; b < B; ++b) s[r][b] = warp_sum(acc[r][b]);
+}
+
+// nv (1..NR) rows r0, r0 + TW, ... of W through mg_dot and the epilogue EPI:
+//   RESID  x[b, row] += half(s)               (N = the residual's width)
+//   GELU   out[b, row] = half(gelu(half(s)))
+//   HEAD   out[b, row] = half(s), and best[b] = the first largest logit so far (rows ascend)
+template <int B, int NR, int K, int EPI>
+__device__ __forceinline__ void mg_rows(const __half* __restrict__ W, int r0, int TW, int nv,
+                                        const __half* xs, int N, float* x, __half* out,
+                                        ArgMax (&best)[B]) {
+    if constexpr (NR > 1) {
+        if (nv < NR) {
+            mg_rows<B, NR - 1, K, EPI>(W, r0, TW, nv, xs, N, x, out, best);
+            return;
+        }
+    }
+    int rows[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) rows[r] = r0 + r * TW;
+    float s[NR][B];
+    mg_dot<B, NR, K>(W, rows, xs, s);
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            const __half h = __float2half_rn(s[r][b]);
+            if (EPI == MEGA_EPI_HEAD) {
+                const float v = __half2float(h);
+                if (v > best[b].v) best[b] = ArgMax{v, rows[r]};
+            }
+            if (lane != b) continue;                 // lane b writes batch row b
+            const size_t o = (size_t)b * N + rows[r];
+            if (EPI == MEGA_EPI_RESID) x[o] = __ldcg(x + o) + __half2float(h);
+            if (EPI == MEGA_EPI_GELU) out[o] = __float2half_rn(gelu_tanh(__half2float(h)));
+            if (EPI == MEGA_EPI_HEAD) out[o] = h;
+        }
+}
+
+// all N rows of W, row r to global warp r mod TW, NR at a time
+template <int B, int NR, int K, int EPI>
+__device__ __forceinline__ void mg_gemv(const __half* __restrict__ W, int N, const __half* xs,
+                                        float* x, __half* out, ArgMax (&best)[B]) {
+    const int TW = gridDim.x * MEGA_WARPS;
+    const int gw = blockIdx.x * MEGA_WARPS + (threadIdx.x >> 5);
+    for (int r = gw; r < N; r += NR * TW) {
+        const int left = (N - 1 - r) / TW + 1;      // rows r, r + TW, ... below N
+        mg_rows<B, NR, K, EPI>(W, r, TW, left < NR ? left : NR, xs, N, x, out, best);
+    }
+}
+
+// ----------------------------------------------------------------------------- phase 1: QKV
+// W (3 d, d): q heads, then k heads, then v heads. Task p = a pair (i, i + 32) of head j; a warp
+// takes tasks gw and gw + TW together (both pairs' loads in flight).
+template <int B, int DM>
+__device__ __forceinline__ void mg_qkv_task(const __half* __restrict__ W, int p0, int np,
+                                            int TW, const __half* xs, int pos, int L,
+                                            float log2_base, __half* q, __half* kc_l,
+                                            __half* vc_l) {
+    constexpr int H = DM / MEGA_HD, D = MEGA_HD, HALF = D / 2;
+    const int lane = threadIdx.x & 31;
+    int rows[4];
+    float s[4][B];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        const int p = t < np ? p0 + t * TW : p0;
+        rows[2 * t] = (p / HALF) * D + p % HALF;
+        rows[2 * t + 1] = rows[2 * t] + HALF;
+    }
+    if (np == 2) {
+        mg_dot<B, 4, DM>(W, rows, xs, s);
+    } else {
+        int r2[2] = {rows[0], rows[1]};
+        float s2[2][B];
+        mg_dot<B, 2, DM>(W, r2, xs, s2);
+#pragma unroll
+        for (int b = 0; b < B; ++b) { s[0][b] = s2[0][b]; s[1][b] = s2[1][b]; }
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        if (t >= np) break;
+        const int p = p0 + t * TW, j = p / HALF, i = p % HALF;
+        float cs = 1.0f, sn = 0.0f;
+        if (j < 2 * H) rope_angle(pos, i, D, log2_base, &cs, &sn);
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            if (lane != b) continue;
+            const float x1 = __half2float(__float2half_rn(s[2 * t][b]));
+            const float x2 = __half2float(__float2half_rn(s[2 * t + 1][b]));
+            __half ya, yb;
+            if (j < 2 * H) {                        // q or k: rotated at the position
+                ya = __float2half(x1 * cs - x2 * sn);
+                yb = __float2half(x2 * cs + x1 * sn);
+            } else {
+                ya = __float2half(x1);
+                yb = __float2half(x2);
+            }
+            if (j < H) {
+                const size_t o = ((size_t)b * H + j) * D;
+                q[o + i] = ya;
+                q[o + i + HALF] = yb;
+            } else {                                // the cache row at pos: (b, head, pos, :)
+                const int hh = j < 2 * H ? j - H : j - 2 * H;
+                __half* c = j < 2 * H ? kc_l : vc_l;
+                const size_t o = (((size_t)b * H + hh) * L + pos) * D;
+                c[o + i] = ya;
+                c[o + i + HALF] = yb;
+            }
+        }
+    }
+}
+
+template <int B, int DM>
+__device__ __forceinline__ void mg_qkv(const __half* __restrict__ W, const __half* xs, int pos,
+                                       int L, float log2_base, __half* q, __half* kc_l,
+                                       __half* vc_l) {
+    constexpr int NP = 3 * DM / 2;                   // pairs: 3 H heads x D/2
+    const int TW = gridDim.x * MEGA_WARPS;
+    const int gw = blockIdx.x * MEGA_WARPS + (threadIdx.x >> 5);
+    for (int p = gw; p < NP; p += 2 * TW)
+        mg_qkv_task<B, DM>(W, p, p + TW < NP ? 2 : 1, TW, xs, pos, L, log2_base, q, kc_l, vc_l);
+}
+
+// ----------------------------------------------------------------------------- phase 2
+// Attention of q (B, H, D) over keys 0..n-1 of this layer's caches (B, H, L, D). Task
+// (b, h, s) = block-sized work: split s holds keys [s cs, (s + 1) cs), cs = ceil(n / S) <=
+// MEGA_KSMAX (the launcher picks S so). A thread per key for the scores (8 16-byte loads of its
+// K row), exp2 with the block's max, then threads (key group g, 8 columns c) sum p_j v_j and the
+// groups are added in shared memory. The partial (o[D], m, l) goes to part[(b H + h) S + s];
+// the last of the S tasks of (b, h) to finish (atomic ticket cnt[b H + h], back to 0 after)
+// combines them: a[b, h D + e] = sum_s 2^(m_s - M) o_s[e] / sum_s 2^(m_s - M) l_s.
+template <int B, int DM>
+__device__ __forceinline__ void mg_attention(const __half* q, const __half* kc_l,
+                                             const __half* vc_l, int L, int n, int S,
+                                             float scale_log2, float* part, unsigned* cnt,
+                                             __half* a) {
+    constexpr int H = DM / MEGA_HD, D = MEGA_HD, NG = MEGA_THREADS / 8;
+    __shared__ float qs[D];
+    __shared__ float sc[MEGA_KSMAX];
+    __shared__ float ored[NG][D];
+    __shared__ float red[BLOCK_REDUCE_SMEM];
+    __shared__ int last;
+    const int t = threadIdx.x;
+    const int cs = (n + S - 1) / S;
+    for (int task = blockIdx.x; task < B * H * S; task += gridDim.x) {
+        const int s = task % S, bh = task / S;
+        const int k0 = min(n, s * cs), k1 = min(n, k0 + cs);
+        if (t < D) qs[t] = __half2float(__ldcg(q + (size_t)bh * D + t)) * scale_log2;
+        __syncthreads();
+        const __half* K = kc_l + (size_t)bh * L * D;
+        const __half* V = vc_l + (size_t)bh * L * D;
+        float m = -INFINITY;
+        for (int j = k0 + t; j < k1; j += MEGA_THREADS) {
+            const uint4* kr = reinterpret_cast<const uint4*>(K + (size_t)j * D);
+            uint4 raw[D / 8];
+#pragma unroll
+            for (int c = 0; c < D / 8; ++c) raw[c] = __ldcg(kr + c);
+            float acc = 0.0f;
+#pragma unroll
+            for (int c = 0; c < D / 8; ++c) {
+                const __half2* k2 = reinterpret_cast<const __half2*>(&raw[c]);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const float2 kv = __half22float2(k2[u]);
+                    const int e = 8 * c + 2 * u;
+                    acc += qs[e] * kv.x + qs[e + 1] * kv.y;
+                }
+            }
+            sc[j - k0] = acc;
+            m = fmaxf(m, acc);
+        }
+        m = block_max(m, red);                     // its barriers also publish sc[]
+        float l = 0.0f;
+        for (int j = t; j < k1 - k0; j += MEGA_THREADS) {
+            const float pj = exp2f(sc[j] - m);
+            sc[j] = pj;
+            l += pj;
+        }
+        l = block_sum(l, red);                     // and the probabilities
+        const int g = t >> 3, c = t & 7;
+        float o[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = 0.0f;
+        for (int j = k0 + g; j < k1; j += NG) {
+            const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(V + (size_t)j * D) + c);
+            const float pj = sc[j - k0];
+            const __half2* v2 = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const float2 vv = __half22float2(v2[u]);
+                o[2 * u] += pj * vv.x;
+                o[2 * u + 1] += pj * vv.y;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ored[g][8 * c + e] = o[e];
+        __syncthreads();
+        float* pp = part + (size_t)task * (D + 2);  // task = bh S + s
+        if (t < D) {
+            float acc = 0.0f;
+            for (int gg = 0; gg < NG; ++gg) acc += ored[gg][t];
+            pp[t] = acc;
+            if (t == 0) {
+                pp[D] = m;
+                pp[D + 1] = l;
+            }
+        }
+        __syncthreads();                           // the partial is written by this block
+        if (t == 0) {
+            __threadfence();                       // ... and visible before the ticket
+            const unsigned prev = atomicAdd(cnt + bh, 1u);
+            last = prev == (unsigned)(S - 1);
+            if (last) atomicExch(cnt + bh, 0u);    // ready for the next layer
+        }
+        __syncthreads();
+        if (last) {
+            __threadfence();                       // the other tasks' partials, acquired
+            if (t < D) {
+                const float* pb = part + (size_t)bh * S * (D + 2);
+                float M = -INFINITY;
+                for (int k = 0; k < S; ++k) M = fmaxf(M, __ldcg(pb + (size_t)k * (D + 2) + D));
+                float num = 0.0f, den = 0.0f;
+                for (int k = 0; k < S; ++k) {
+                    const float mk = __ldcg(pb + (size_t)k * (D + 2) + D);
+                    if (mk == -INFINITY) continue;   // an empty split weighs nothing
+                    const float wk = exp2f(mk - M);
+                    num += wk * __ldcg(pb + (size_t)k * (D + 2) + t);
+                    den += wk * __ldcg(pb + (size_t)k * (D + 2) + D + 1);
+                }
+                const int b = bh / H, h = bh % H;
+                a[(size_t)b * DM + h * D + t] = __float2half(num / den);
+            }
+        }
+        __syncthreads();                           // qs, sc, ored, last free for the next task
+    }
+}
+
+// ----------------------------------------------------------------------------- the step
+// lp: (n_layer, 8) device pointers per layer: ln1 gamma, ln1 beta, ln2 gamma, ln2 beta (fp32,
+// d), W_qkv (3d, d), W_proj (d, d), W_fc (4d, d), W_fc2 (d, 4d) (fp16). x (B, d) fp32; q
+// (B, H, D), a (B, d), f (B, 4d) fp16 scratch; part (B H S, D + 2) fp32; cnt (B H) uint32
+// zeros; amax_v, amax_i (grid, B); sync (4) uint32 zeros; logits (B, vocab) fp16; tok (B) and
+// pos (1) int32 in and out; history (B, hist_len) int32 or null.
+template <int B, int DM, bool PF, int NRH>
+__device__ __forceinline__ void decode_mega_body(
+    const unsigned long long* __restrict__ lp, const __half* __restrict__ wte,
+    const __half* __restrict__ head, const float* __restrict__ lnf_g,
+    const float* __restrict__ lnf_b, __half* kc, __half* vc, float* x, __half* q, __half* a,
+    __half* f, float* part, unsigned* cnt, float* amax_v, int* amax_i, unsigned* sync,
+    __half* logits, int* tok, int* pos, int* history, int hist_len, int n_layer, int L,
+    int vocab, int S, float eps, float log2_base, float scale_log2, int phases,
+    unsigned long long pf_cap) {
+    static_assert(B >= 1 && B <= MEGA_WARPS, "a warp per batch row normalises x");
+    static_assert(DM % 128 == 0 && DM <= 1024, "d: a multiple of 128, at most 1024");
+    constexpr int H = DM / MEGA_HD;
+    extern __shared__ uint4 mg_dyn[];
+    __half* xs = reinterpret_cast<__half*>(mg_dyn);    // (B, <= 4d) fp16: the GEMV's input
+    __shared__ float wbv[MEGA_WARPS][B];
+    __shared__ int wbi[MEGA_WARPS][B];
+    __shared__ int last;
+    const unsigned G = gridDim.x;
+    const int t = threadIdx.x;
+
+    if (__ldcg(sync + MEGA_ERR) != 0u) return;     // an earlier step failed: wait for a reset
+    const int p = __ldcg(pos);                     // every block reads pos and tok here, before
+    int bad = p < 0 || p >= L ? MEGA_ERR_POS : 0;  // the first barrier; the last block writes
+#pragma unroll                                     // them after the last one
+    for (int b = 0; b < B; ++b) {
+        const int tk = __ldcg(tok + b);
+        if (tk < 0 || tk >= vocab) bad |= MEGA_ERR_TOKEN;
+    }
+    if (bad) {                                     // the same decision in every block
+        if (blockIdx.x == 0 && t == 0) atomicOr(sync + MEGA_ERR, (unsigned)bad);
+        return;
+    }
+    ArgMax best[B];                                // the LM head's running argmax per batch row
+#pragma unroll
+    for (int b = 0; b < B; ++b) best[b] = ArgMax{-INFINITY, 0x7fffffff};
+    const size_t layer_cache = (size_t)B * H * L * MEGA_HD;
+
+    for (int layer = 0; layer < n_layer; ++layer) {
+        const unsigned long long* P = lp + (size_t)layer * 8;
+        const float* g1 = reinterpret_cast<const float*>(P[0]);
+        const float* b1 = reinterpret_cast<const float*>(P[1]);
+        const float* g2 = reinterpret_cast<const float*>(P[2]);
+        const float* b2 = reinterpret_cast<const float*>(P[3]);
+        const __half* Wqkv = reinterpret_cast<const __half*>(P[4]);
+        const __half* Wproj = reinterpret_cast<const __half*>(P[5]);
+        const __half* Wfc = reinterpret_cast<const __half*>(P[6]);
+        const __half* Wfc2 = reinterpret_cast<const __half*>(P[7]);
+        __half* kc_l = kc + layer * layer_cache;
+        __half* vc_l = vc + layer * layer_cache;
+
+        // 1. LN1 (layer 0: of the embedding row; block 0 also writes it to x) + QKV + RoPE + append
+        if (phases & MEGA_PH_QKV) {
+            if (layer == 0)
+                mg_layernorm<B, DM>(nullptr, wte, tok, g1, b1, eps, xs,
+                                    blockIdx.x == 0 ? x : nullptr);
+            else
+                mg_layernorm<B, DM>(x, nullptr, nullptr, g1, b1, eps, xs, nullptr);
+            __syncthreads();
+            mg_qkv<B, DM>(Wqkv, xs, p, L, log2_base, q, kc_l, vc_l);
+            if (PF) {
+                mg_prefetch(Wproj, (unsigned long long)DM * DM * 2);
+                mg_prefetch(Wfc, (unsigned long long)4 * DM * DM * 2);
+            }
+        }
+        if (!grid_barrier(sync, G)) return;
+        // 2. attention over keys 0..p
+        if (phases & MEGA_PH_ATT)
+            mg_attention<B, DM>(q, kc_l, vc_l, L, p + 1, S, scale_log2, part, cnt, a);
+        if (PF) mg_prefetch(Wfc2, (unsigned long long)4 * DM * DM * 2);
+        if (!grid_barrier(sync, G)) return;
+        // 3. output projection, x += half(a W_proj^T)
+        if (phases & MEGA_PH_PROJ) {
+            mg_stage<B, DM>(a, xs);
+            __syncthreads();
+            mg_gemv<B, 2, DM, MEGA_EPI_RESID>(Wproj, DM, xs, x, nullptr, best);
+        }
+        if (!grid_barrier(sync, G)) return;
+        // 4. LN2 + fc + GELU
+        if (phases & MEGA_PH_FC) {
+            mg_layernorm<B, DM>(x, nullptr, nullptr, g2, b2, eps, xs, nullptr);
+            __syncthreads();
+            mg_gemv<B, 4, DM, MEGA_EPI_GELU>(Wfc, 4 * DM, xs, nullptr, f, best);
+            if (PF) {
+                if (layer + 1 < n_layer)
+                    mg_prefetch(reinterpret_cast<const void*>(lp[(size_t)(layer + 1) * 8 + 4]),
+                                (unsigned long long)3 * DM * DM * 2);
+                else {
+                    const unsigned long long hb = (unsigned long long)vocab * DM * 2;
+                    mg_prefetch(head, hb < pf_cap ? hb : pf_cap);
+                }
+            }
+        }
+        if (!grid_barrier(sync, G)) return;
+        // 5. fc2, x += half(f W_fc2^T)
+        if (phases & MEGA_PH_FC2) {
+            mg_stage<B, 4 * DM>(f, xs);
+            __syncthreads();
+            mg_gemv<B, 2, 4 * DM, MEGA_EPI_RESID>(Wfc2, DM, xs, x, nullptr, best);
+        }
+        if (!grid_barrier(sync, G)) return;
+    }
+    if (!(phases & MEGA_PH_HEAD)) return;
+
+    // final LN, LM head with a running argmax, the greedy token, pos + 1
+    mg_layernorm<B, DM>(x, nullptr, nullptr, lnf_g, lnf_b, eps, xs, nullptr);
+    __syncthreads();
+    mg_gemv<B, NRH, DM, MEGA_EPI_HEAD>(head, vocab, xs, nullptr, logits, best);
+    const int lane = t & 31, warp = t >> 5;
+    if (lane == 0) {
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            wbv[warp][b] = best[b].v;
+            wbi[warp][b] = best[b].i;
+        }
+    }
+    __syncthreads();
+    if (t < B) {                                   // this block's first largest logit of row t
+        ArgMax m = {-INFINITY, 0x7fffffff};
+        for (int w = 0; w < MEGA_WARPS; ++w)
+            if (argmax_before(wbv[w][t], wbi[w][t], m.v, m.i)) m = ArgMax{wbv[w][t], wbi[w][t]};
+        amax_v[(size_t)blockIdx.x * B + t] = m.v;
+        amax_i[(size_t)blockIdx.x * B + t] = m.i;
+    }
+    __syncthreads();
+    if (t == 0) {
+        __threadfence();
+        const unsigned prev = atomicAdd(sync + MEGA_TICKET, 1u);
+        last = prev == G - 1;
+        if (last) atomicExch(sync + MEGA_TICKET, 0u);
+    }
+    __syncthreads();
+    if (last) {                                    // every block's argmax is in: the token
+        __threadfence();
+        if (t < B) {
+            ArgMax m = {-INFINITY, 0x7fffffff};
+            for (unsigned k = 0; k < G; ++k) {
+                const float v = __ldcg(amax_v + (size_t)k * B + t);
+                const int i = __ldcg(amax_i + (size_t)k * B + t);
+                if (argmax_before(v, i, m.v, m.i)) m = ArgMax{v, i};
+            }
+            tok[t] = m.i;
+            if (history != nullptr && p + 1 < hist_len) history[(size_t)t * hist_len + p + 1] = m.i;
+        }
+        if (t == 0) pos[0] = p + 1;
+    }
+}
+
+#define MEGA_ARGS                                                                              \
+    const unsigned long long *__restrict__ lp, const __half *__restrict__ wte,                  \
+        const __half *__restrict__ head, const float *__restrict__ lnf_g,                      \
+        const float *__restrict__ lnf_b, __half *kc, __half *vc, float *x, __half *q,          \
+        __half *a, __half *f, float *part, unsigned *cnt, float *amax_v, int *amax_i,          \
+        unsigned *sync, __half *logits, int *tok, int *pos, int *history, int hist_len,        \
+        int n_layer, int L, int vocab, int S, float eps, float log2_base, float scale_log2,    \
+        int phases, unsigned long long pf_cap
+#define MEGA_PASS                                                                              \
+    lp, wte, head, lnf_g, lnf_b, kc, vc, x, q, a, f, part, cnt, amax_v, amax_i, sync, logits,   \
+        tok, pos, history, hist_len, n_layer, L, vocab, S, eps, log2_base, scale_log2, phases,  \
+        pf_cap
+
+#if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v1)
+extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v1(MEGA_ARGS) {
+    decode_mega_body<MEGA_B, MEGA_D, false, 2>(MEGA_PASS);
+}
+#endif
+
+#if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v2)
+extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v2(MEGA_ARGS) {
+    decode_mega_body<MEGA_B, MEGA_D, true, 4>(MEGA_PASS);
+}
+#endif
+#undef MEGA_PASS
+#undef MEGA_ARGS

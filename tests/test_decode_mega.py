@@ -1,0 +1,181 @@
+"""The decode megakernel (kernels/decode_mega.cu): its refusals and launch record on the CPU; on a
+GPU (cc 8.0+) its logits against the book's step and a float64 PyTorch reference at positions 0,
+1, 2, 511 and ragged ones, batch 1 and 8, graph replay against launches, greedy tokens against
+the book's engine, and the error word."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cudabook as cb
+from cudabook import gpt
+
+gpu = pytest.mark.gpu
+dm = cb.load_launch("decode_mega")
+
+
+# ----------------------------------------------------------------------------- CPU
+def test_config_is_one_block_per_sm_with_the_fc2_input_in_shared_memory():
+    cfg = dm.config(gpt.GPT2_SMALL, 1, 1024, "v1", sms=132)
+    assert cfg.grid == (132,) and cfg.block == (dm.THREADS,) and cfg.kernel == "decode_mega_v1"
+    assert cfg.shared == 1 * 4 * 768 * 2
+    assert cfg.options == ("-DMEGA_B=1", "-DMEGA_D=768")
+    assert cfg.splits == 11                       # 132 blocks / 12 heads
+    c8 = dm.config(gpt.GPT2_SMALL, 8, 4096, sms=132, blocks_per_sm=2)
+    assert c8.grid == (264,) and c8.kernel == "decode_mega_v2" and c8.shared == 8 * 3072 * 2
+    assert c8.splits == max(-(-264 // 96), 4096 // dm.KSMAX)
+
+
+@pytest.mark.parametrize("batch, match", [(3, "pad the batch to 4"), (0, "got 0"),
+                                          (16, "got 16")])
+def test_refuses_batches_it_is_not_compiled_for(batch, match):
+    with pytest.raises(cb.LaunchError, match=match):
+        dm.check_model(gpt.GPT2_SMALL, batch, 1024)
+
+
+@pytest.mark.parametrize("cfg, match", [
+    (gpt.GPTConfig(d=256, n_head=8), "head dimension 64"),
+    (gpt.GPTConfig(d=192, n_head=3), "multiple of 128"),
+    (gpt.GPTConfig(d=1280, n_head=20), "up to 1024"),
+    (gpt.GPTConfig(d=250, n_head=4), "not a multiple of n_head"),
+])
+def test_refuses_shapes_with_the_reason(cfg, match):
+    with pytest.raises(cb.LaunchError, match=match):
+        dm.check_model(cfg, 1, 64)
+
+
+def test_refuses_a_cache_too_short_and_unknown_versions():
+    with pytest.raises(cb.LaunchError, match="at least 2"):
+        dm.check_model(gpt.TINY, 1, 1)
+    with pytest.raises(ValueError, match="unknown version"):
+        dm.config(gpt.TINY, 1, 64, "v9")
+    with pytest.raises(TypeError, match="batch must be an int"):
+        dm.check_model(gpt.TINY, 1.0, 64)
+
+
+def test_entry_point_checks_shapes_before_touching_cuda():
+    model = gpt.build(gpt.GPTConfig(vocab=32, d=256, n_head=8, n_layer=1, ctx=16))
+    with pytest.raises(cb.LaunchError, match="head dimension 64"):
+        dm.megakernel(model)
+    tiny = gpt.build(gpt.GPTConfig(vocab=32, d=128, n_head=2, n_layer=1, ctx=16))
+    with pytest.raises(cb.LaunchError, match="pad the batch to 8"):
+        dm.megakernel(tiny, batch=5)
+    with pytest.raises(TypeError, match="gpt.GPT model or a decoder.KernelGPT"):
+        dm.megakernel(object())
+    if not cb.HAS_GPU:
+        with pytest.raises(cb.LaunchError, match="needs a CUDA GPU"):
+            dm.megakernel(tiny, batch=1)
+
+
+def test_phase_mask_names_every_phase_once():
+    bits = list(dm.PHASES.values())
+    assert sorted(bits) == [1 << i for i in range(6)] and sum(bits) == dm.ALL_PHASES
+
+
+# ----------------------------------------------------------------------------- GPU
+@pytest.fixture(scope="module")
+def small():
+    """GPT-2-small shapes, fp16, random weights; a float64 copy of those fp16 weights for the
+    reference."""
+    import copy
+
+    import torch
+
+    if cb.env.cc() < dm.MIN_CC:
+        pytest.skip(f"decode_mega needs compute capability {dm.MIN_CC}")
+    model = gpt.build(gpt.GPT2_SMALL, 0, "cuda", torch.float16)
+    model64 = copy.deepcopy(model).double()
+    return model, model64
+
+
+def _pair(model, batch, version, length=1024):
+    from cudabook import decoder
+
+    mk = dm.megakernel(model, batch=batch, length=length, version=version)
+    book = decoder.KernelGPT(model, batch=batch, length=length, share=mk.run)
+    return mk, book
+
+
+def _assert_close(e, what):
+    assert e["mega_vs_ref"] <= 2 * e["book_vs_ref"] + 1e-3, (
+        f"{what}: the megakernel's logits are {e['mega_vs_ref']:.3g} from float64, the book's "
+        f"step {e['book_vs_ref']:.3g} (positions {e['positions']}); mega-book "
+        f"{e['mega_vs_book']:.3g}: a wrong index, a missing barrier or a stale read?")
+
+
+@gpu
+@pytest.mark.parametrize("version", dm.VERSIONS)
+def test_logits_from_position_0_and_after_511_and_ragged_prompts(small, version):
+    model, model64 = small
+    mk, book = _pair(model, 1, version)
+    e = dm.compare(mk, book, model64, None, steps=3, start=464)
+    assert e["positions"] == [0, 1, 2]
+    _assert_close(e, f"{version} at positions 0, 1, 2")
+    rng = np.random.default_rng(1)
+    for T in (511, 37):
+        e = dm.compare(mk, book, model64, rng.integers(0, 50257, (1, T)), steps=2)
+        assert e["positions"] == [T, T + 1]
+        _assert_close(e, f"{version} after a prompt of {T}")
+
+
+@gpu
+def test_batch_8_rows_each_match(small):
+    model, model64 = small
+    mk, book = _pair(model, 8, "v2")
+    prompt = np.random.default_rng(2).integers(0, 50257, (8, 45))
+    _assert_close(dm.compare(mk, book, model64, prompt, steps=2), "batch 8")
+
+
+@gpu
+def test_graph_replays_are_the_launches_bit_for_bit(small):
+    import cupy as cp
+
+    model, _ = small
+    mk, _ = _pair(model, 1, "v2")
+    mk.run.prefill(np.arange(100, 140))
+    state = [a.copy() for a in (mk.run.kc, mk.run.vc, mk.run.tok, mk.run.pos)]
+    eager = []
+    for _ in range(4):
+        mk.step()
+        eager.append((mk.run.logits.copy(), int(mk.run.tok[0])))
+    for a, b in zip((mk.run.kc, mk.run.vc, mk.run.tok, mk.run.pos), state):
+        a[...] = b
+    g = mk.capture()
+    for i in range(4):
+        g()
+        assert bool((mk.run.logits == eager[i][0]).all()) and int(mk.run.tok[0]) == eager[i][1], \
+            f"replay {i} differs from launch {i}"
+    assert int(mk.run.pos[0]) == 44 and mk.errors() is None
+    cp.cuda.Device().synchronize()
+
+
+@gpu
+@pytest.mark.parametrize("cfg", ["tiny", "small"])
+def test_greedy_tokens_are_the_book_engines(small, cfg):
+    import torch
+
+    model = small[0] if cfg == "small" else gpt.build(gpt.TINY, 0, "cuda", torch.float16)
+    mk, book = _pair(model, 1, "v2", length=model.cfg.ctx)
+    prompt = np.random.default_rng(3).integers(0, model.cfg.vocab, 20)
+    r = dm.greedy_agreement(mk, book, prompt, 32)
+    if not r["same"]:
+        assert r["book_top2_gap"] <= 4e-3, (
+            f"tokens part at step {r['first_difference']} where the book's top two logits are "
+            f"{r['book_top2_gap']:.3g} apart (not a near tie): {r['mega']} vs {r['book']}")
+
+
+@gpu
+def test_a_position_past_the_cache_sets_the_error_word_and_reset_clears_it(small):
+    model, _ = small
+    mk, _ = _pair(model, 1, "v1", length=64)
+    mk.run.prefill(np.arange(5))
+    mk.run.pos[...] = 64
+    mk.step()
+    assert "outside the cache" in (mk.errors() or "")
+    mk.run.pos[...] = 5
+    mk.step()                                     # still refused until reset
+    assert int(mk.run.pos[0]) == 5
+    mk.reset()
+    mk.step()
+    assert int(mk.run.pos[0]) == 6 and mk.errors() is None

@@ -6,7 +6,7 @@ PyTorch SDPA's cuDNN backend (forward and backward) in the same run.
     python tools/dev/ch09_hopper.py                # checks + timings (H100 / H200 only)
     python tools/dev/ch09_hopper.py --no-check     # timings only
     python tools/dev/ch09_hopper.py --quick        # small checks, one timing configuration
-    python tools/dev/ch09_hopper.py --sched        # attention_bwd_v3 with EARLY_DV on and off
+    python tools/dev/ch09_hopper.py --sched        # attention_bwd_v3 with early_dv on and off
     python tools/dev/ch09_hopper.py --diag         # timing only: attention_bwd_v3 with parts
                                                    # removed (wrong numbers), to see their cost
 
@@ -257,26 +257,15 @@ def diagnose() -> None:
 
 
 def schedules() -> None:
-    """attention_bwd_v3 compiled with dV's product issued before dS^T is computed (EARLY_DV = 1)
-    and after it (0), at both head dimensions, checked against the committed kernel and timed
+    """attention_bwd_v3 compiled with dV's product issued before dS^T is computed (early_dv=True)
+    and after it (False), at both head dimensions, checked against the committed kernel and timed
     beside it and cuDNN, bf16 B=8 H=16 N=4096 and B=2 N=16384."""
-    from cudabook.compile import arch_options, inline_source, kernel_path
-
-    base = inline_source(kernel_path("attention_backward"))
-    mods = {}
-    for edv in (0, 1):
-        try:
-            mods[edv] = cb.compile_source(base, arch_options(True) + (
-                "-DCB_ONLY", "-DCB_ONLY_attention_bwd_v3", f"-DATTN_BWD_EARLY_DV={edv}"),
-                name=f"early_dv_{edv}")
-        except Exception as e:  # noqa: BLE001
-            log(f"EARLY_DV={edv}: compile failed: {e}")
-    for edv, mod in mods.items():
+    for edv in (False, True):
+        mod = al.module("backward", "v3", early_dv=edv)
         for D in (64, 128):
-            name = f"attention_bwd_v3_bf16_d{D}"
-            r = al.resources(mod, name)
-            log(f"EARLY_DV={edv} {name}: {r['registers']} registers, {r['local_bytes']} local")
-    SUMMARY.append("attention_bwd_v3 with EARLY_DV = 0 / 1, bf16, TFLOP/s (ratio to cuDNN)")
+            r = al.resources(mod, f"attention_bwd_v3_bf16_d{D}")
+            log(f"early_dv={edv} D={D}: {r['registers']} registers, {r['local_bytes']} local")
+    SUMMARY.append("attention_bwd_v3 with early_dv False / True, bf16, TFLOP/s (ratio to cuDNN)")
     for (B, N) in ((8, 4096), (2, 16384)):
         for D in (64, 128):
             for causal in (False, True):
@@ -285,28 +274,19 @@ def schedules() -> None:
                                            dtype=torch.bfloat16) for _ in range(4))
                 o, lse = al.forward(q, k, v, causal, "v4")
                 fb = al.flops(B * 16, N, N, D, causal, backward=True)
-                run = lambda: al.backward(q, k, v, o, lse, do, causal, "v3")  # noqa: E731
+
+                def run(edv=None):
+                    return al.backward(q, k, v, o, lse, do, causal, "v3", early_dv=edv)
                 want = run()
                 line = [f"B={B} N={N:5d} D={D:3d} causal={int(causal)}"]
                 cud = bench_one("SDPA cudnn bwd", sdpa_bwd(q, k, v, do, causal), fb) or 0
                 v3 = bench_one("bwd v3", run, fb) or 0
                 line.append(f"cudnn {cud:.0f} v3 {v3:.0f} ({v3 / cud:.3f})")
-                for edv, mod in mods.items():
-                    orig = cb.module
-
-                    def patched(fname, *a, mod=mod, orig=orig, **kw):
-                        return mod if fname == "attention_backward" else orig(fname, *a, **kw)
-                    cb.module = patched
-                    try:
-                        errs = [rel(a_, b_) for a_, b_ in zip(run(), want)]
-                        val = bench_one(f"EARLY_DV={edv}", run, fb) or 0
-                    except Exception as e:  # noqa: BLE001
-                        log(f"EARLY_DV={edv}: {type(e).__name__}: {e}")
-                        errs, val = [math.inf] * 3, 0
-                    finally:
-                        cb.module = orig
+                for edv in (False, True):
+                    errs = [rel(a_, b_) for a_, b_ in zip(run(edv), want)]
+                    val = bench_one(f"early_dv={edv}", lambda edv=edv: run(edv), fb) or 0
                     bad = "" if max(errs) < 1e-3 else f" WRONG (vs v3 {max(errs):.1e})"
-                    line.append(f"EARLY_DV={edv} {val:.0f} ({val / cud:.3f}){bad}")
+                    line.append(f"early_dv={edv} {val:.0f} ({val / cud:.3f}){bad}")
                 SUMMARY.append("  ".join(line))
                 log(SUMMARY[-1])
                 del q, k, v, do, o, lse, want

@@ -289,7 +289,7 @@ def schedules() -> None:
                     line.append(f"early_dv={edv} {val:.0f} ({val / cud:.3f}){bad}")
                 SUMMARY.append("  ".join(line))
                 log(SUMMARY[-1])
-                del q, k, v, do, o, lse, want
+                q = k = v = do = o = lse = want = None
                 torch.cuda.empty_cache()
 
 

@@ -35,6 +35,24 @@
 //                   (cp.async.bulk.prefetch.L2 on sm_90, prefetch.global.L2 lines before), so
 //                   HBM keeps streaming while blocks wait; the LM head takes 4 rows per warp at
 //                   once (v1: 2).
+//   decode_mega_v3  v2 with cheaper synchronisation and attention:
+//                   - the grid barrier is one word (grid_barrier_flip: one atom.release.gpu add
+//                     per block whose total flips the top bit, an ld.acquire.gpu poll with
+//                     __nanosleep backoff): no fence of its own, no reset, no generation
+//                     published after the last arrival;
+//                   - attention keeps every warp busy (8 lanes a key, 4 keys a thread, so 128
+//                     keys a pass, all their K and V loads issued before the first dot product,
+//                     an online softmax per key slot) and at most one task per block
+//                     (S = grid / (B H));
+//                     no ticket and no last-block combine: the proj phase's prologue combines
+//                     the S partials of every head (mg_combine), with v2's formula and order;
+//                   - phase 1 prefetches this layer's keys and values 0..pos-1 to L2 (written
+//                     by earlier steps, so they need not wait for the barrier);
+//                   - fc2 (K = 4d): a row a warp at a time with 12 16-byte loads a lane in
+//                     flight (v2: 2 rows, 6 loads a lane a pass).
+//                   The barrier count (5 a layer) is v2's. a is rounded to fp16 from partials
+//                   summed in another order than v2's, so logits may differ from v2's by fp16
+//                   ulps.
 //
 // Rounding follows the book's separate kernels (KernelGPT.step): every GEMV output is rounded to
 // fp16 where that kernel stores fp16 (qkv, attention output, dx, the GELU input and output,
@@ -54,7 +72,8 @@
 // (L2, never a stale L1 line); weights with ld_stream16 (read-only path, no L1 allocation).
 //
 // Launch (kernels/decode_mega_launch.py): grid (SMs x blocks per SM), 256 threads, dynamic
-// shared memory B 4d 2 bytes (the fc2 input, the largest GEMV input); static shared memory for
+// shared memory B 4d 2 bytes (the fc2 input, the largest GEMV input; v3: at least B d 2 + 4 B H
+// (S + 1), the proj input and mg_combine's weights behind it); static shared memory for
 // attention's scores (MEGA_KSMAX floats) and partial outputs. Compiled per (B, d) with
 // -DMEGA_B, -DMEGA_D (defaults 1, 768 for a compile without them). Head dimension 64, d a
 // multiple of 128 up to 1024. No Numba twin: a grid-wide barrier inside one launch has no
@@ -151,6 +170,58 @@ __device__ __forceinline__ bool grid_barrier(unsigned* sync, unsigned nblocks) {
     return r != 0;
 }
 
+__device__ __forceinline__ unsigned mg_atom_add_release(unsigned* p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v)
+                 : "memory");
+    return old;
+}
+
+// v3's grid barrier, the one cooperative groups' grid.sync() uses, with a timeout: one word.
+// Thread 0 of block 0 adds 2^31 - (nblocks - 1), every other block 1, with one
+// atom.release.gpu (the block's writes, ordered before it by __syncthreads, are released by the
+// add itself: no separate fence); the word's top bit flips exactly when the last block's add
+// lands, and its low 31 bits come back to what they were (0 after reset()): no reset, no second
+// word, and nobody has to publish a generation after the last arrival (one L2 round trip fewer
+// than grid_barrier). Thread 0 polls with ld.acquire.gpu until the bit differs from the one its
+// add returned; after 64 polls it sleeps between polls; every 1024 polls it looks at the error
+// word and the clock (read only then: the fast path never reads %globaltimer).
+__device__ __forceinline__ bool grid_barrier_flip(unsigned* sync, unsigned nblocks) {
+    __shared__ int ok;
+    __syncthreads();                                // the block's phase is done
+    if (threadIdx.x == 0) {
+        int good = 1;
+        const unsigned add = blockIdx.x == 0 ? 0x80000000u - (nblocks - 1u) : 1u;
+        const unsigned old = mg_atom_add_release(sync + MEGA_COUNT, add);
+        unsigned spins = 0;
+        unsigned long long t0 = 0;
+        while (((mg_ld_acquire(sync + MEGA_COUNT) ^ old) & 0x80000000u) == 0u) {
+            ++spins;
+            if (spins > 64) __nanosleep(spins < 4096 ? 20 : 200);
+            if ((spins & 1023u) == 0u) {
+                if (mg_ld_acquire(sync + MEGA_ERR) & MEGA_ERR_TIMEOUT) { good = 0; break; }
+                const unsigned long long now = mg_now_ns();
+                if (t0 == 0) t0 = now;
+                else if (now - t0 > MEGA_TIMEOUT_NS) {
+                    atomicOr(sync + MEGA_ERR, (unsigned)MEGA_ERR_TIMEOUT);
+                    good = 0;
+                    break;
+                }
+            }
+        }
+        ok = good;
+    }
+    __syncthreads();
+    const int r = ok;
+    return r != 0;
+}
+
+template <bool FLIP>
+__device__ __forceinline__ bool mg_barrier(unsigned* sync, unsigned nblocks) {
+    if constexpr (FLIP) return grid_barrier_flip(sync, nblocks);
+    else return grid_barrier(sync, nblocks);
+}
+
 // Warm the L2 with [base, base + bytes): this block's 1/gridDim.x share (the L2 is shared by all
 // SMs, so which block asks for which part does not matter). bytes and base multiples of 16.
 __device__ __forceinline__ void mg_prefetch(const void* base, unsigned long long bytes) {
@@ -243,12 +314,12 @@ __device__ __forceinline__ void mg_stage(const __half* src, __half* xs) {
 // warp. Each lane reads 16-byte pieces c = lane + 32 i of a row (CPL of them per row and pass,
 // all NR CPL loads issued before the first multiply-add), fp32 sums in element order (dot8),
 // then a shuffle sum.
-template <int B, int NR, int K>
+template <int B, int NR, int K, int MAXC = 6>
 __device__ __forceinline__ void mg_dot(const __half* __restrict__ W, const int (&rows)[NR],
                                        const __half* xs, float (&s)[NR][B]) {
     constexpr int NC = K / 8;                       // 16-byte pieces per row
     constexpr int CPL0 = (NC + 31) / 32;            // pieces per lane in all
-    constexpr int CPL = CPL0 < 6 ? CPL0 : 6;        // per pass (registers: NR CPL uint4)
+    constexpr int CPL = CPL0 < MAXC ? CPL0 : MAXC;  // per pass (registers: NR CPL uint4)
     const int lane = threadIdx.x & 31;
     const uint4* xv = reinterpret_cast<const uint4*>(xs);
     float acc[NR][B];
@@ -290,13 +361,13 @@ __device__ __forceinline__ void mg_dot(const __half* __restrict__ W, const int (
 //   RESID  x[b, row] += half(s)               (N = the residual's width)
 //   GELU   out[b, row] = half(gelu(half(s)))
 //   HEAD   out[b, row] = half(s), and best[b] = the first largest logit so far (rows ascend)
-template <int B, int NR, int K, int EPI>
+template <int B, int NR, int K, int EPI, int MAXC = 6>
 __device__ __forceinline__ void mg_rows(const __half* __restrict__ W, int r0, int TW, int nv,
                                         const __half* xs, int N, float* x, __half* out,
                                         ArgMax (&best)[B]) {
     if constexpr (NR > 1) {
         if (nv < NR) {
-            mg_rows<B, NR - 1, K, EPI>(W, r0, TW, nv, xs, N, x, out, best);
+            mg_rows<B, NR - 1, K, EPI, MAXC>(W, r0, TW, nv, xs, N, x, out, best);
             return;
         }
     }
@@ -304,7 +375,7 @@ __device__ __forceinline__ void mg_rows(const __half* __restrict__ W, int r0, in
 #pragma unroll
     for (int r = 0; r < NR; ++r) rows[r] = r0 + r * TW;
     float s[NR][B];
-    mg_dot<B, NR, K>(W, rows, xs, s);
+    mg_dot<B, NR, K, MAXC>(W, rows, xs, s);
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < NR; ++r)
@@ -324,14 +395,14 @@ __device__ __forceinline__ void mg_rows(const __half* __restrict__ W, int r0, in
 }
 
 // all N rows of W, row r to global warp r mod TW, NR at a time
-template <int B, int NR, int K, int EPI>
+template <int B, int NR, int K, int EPI, int MAXC = 6>
 __device__ __forceinline__ void mg_gemv(const __half* __restrict__ W, int N, const __half* xs,
                                         float* x, __half* out, ArgMax (&best)[B]) {
     const int TW = gridDim.x * MEGA_WARPS;
     const int gw = blockIdx.x * MEGA_WARPS + (threadIdx.x >> 5);
     for (int r = gw; r < N; r += NR * TW) {
         const int left = (N - 1 - r) / TW + 1;      // rows r, r + TW, ... below N
-        mg_rows<B, NR, K, EPI>(W, r, TW, left < NR ? left : NR, xs, N, x, out, best);
+        mg_rows<B, NR, K, EPI, MAXC>(W, r, TW, left < NR ? left : NR, xs, N, x, out, best);
     }
 }
 
@@ -521,13 +592,232 @@ __device__ __forceinline__ void mg_attention(const __half* q, const __half* kc_l
     }
 }
 
+// ----------------------------------------------------------------------------- v3 attention
+// Warm the L2 with the keys and values 0..n-1 of every (b, h) of this layer (n rows of 128
+// bytes from (b H + h) L D): they were written by earlier steps, so phase 1 can ask for them
+// before the barrier that attention waits on. The row at pos (written in phase 1) is not asked.
+template <int B, int DM>
+__device__ __forceinline__ void mg_prefetch_kv(const __half* kc_l, const __half* vc_l, int L,
+                                               int n) {
+    constexpr int BH = B * (DM / MEGA_HD), D = MEGA_HD;
+    const unsigned gt = blockIdx.x * MEGA_THREADS + threadIdx.x, GT = gridDim.x * MEGA_THREADS;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned nch = ((unsigned)n * D * 2u + 4095u) / 4096u;    // 4 KiB pieces per (b, h)
+    for (unsigned c = gt; c < 2u * BH * nch; c += GT) {
+        const unsigned which = c / (BH * nch), r = c % (BH * nch), bh = r / nch, k = r % nch;
+        const char* base = reinterpret_cast<const char*>((which ? vc_l : kc_l) +
+                                                         (size_t)bh * L * D);
+        const unsigned lo = k * 4096u, bytes = (unsigned)n * D * 2u;
+        const unsigned sz = bytes - lo < 4096u ? bytes - lo : 4096u;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + lo), "r"(sz)
+                     : "memory");
+    }
+#else
+    for (unsigned c = gt; c < 2u * BH * (unsigned)n; c += GT) {    // a 128-byte row each
+        const unsigned which = c / (BH * n), r = c % (BH * n), bh = r / n, j = r % n;
+        const __half* row = (which ? vc_l : kc_l) + ((size_t)bh * L + j) * D;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row));
+    }
+#endif
+}
+
+// Merge the softmax state (m, l, o[8]) with another (m2, l2, o2) (exp2 domain; -inf: empty).
+__device__ __forceinline__ void mg_merge(float& m, float& l, float (&o)[8], float m2, float l2,
+                                         const float (&o2)[8]) {
+    const float M = fmaxf(m, m2);
+    const float a = m == -INFINITY ? 0.0f : exp2f(m - M);
+    const float b = m2 == -INFINITY ? 0.0f : exp2f(m2 - M);
+    l = l * a + l2 * b;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = o[e] * a + o2[e] * b;
+    m = M;
+}
+
+// v3's attention: task (b, h, s) per block as in mg_attention (split s holds keys [s cs,
+// (s + 1) cs), cs = ceil(n / S), no limit on cs), but with every warp busy: 8 lanes hold one key
+// (lane c of the 8: columns 8c..8c+7, one 16-byte load of K and one of V), a warp 4 keys, the
+// block 32 key slots; each thread takes KPT keys a pass (slot, slot + 32, ...) and issues all
+// their K and V loads before the first dot product. Scores by a 3-step shuffle inside the 8
+// lanes; each slot keeps an online softmax (m, l, o[8 columns]); the 4 slots of a warp merge by
+// shuffles, the 8 warps in shared memory. The partial (o[D], m, l) goes to part[(b H + h) S + s]
+// as in mg_attention; nothing combines here: the proj phase does (mg_combine), after the barrier.
+template <int B, int DM>
+__device__ __forceinline__ void mg_attention_v3(const __half* q, const __half* kc_l,
+                                                const __half* vc_l, int L, int n, int S,
+                                                float scale_log2, float* part) {
+    constexpr int H = DM / MEGA_HD, D = MEGA_HD, KPT = 4, SLOTS = 4 * MEGA_WARPS;
+    __shared__ float wm[MEGA_WARPS], wl[MEGA_WARPS];
+    __shared__ float wo[MEGA_WARPS][D];
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5, c = lane & 7;
+    const int slot = w * 4 + (lane >> 3);
+    const int cs = (n + S - 1) / S;
+    for (int task = blockIdx.x; task < B * H * S; task += gridDim.x) {
+        const int s = task % S, bh = task / S;
+        const int k0 = min(n, s * cs), k1 = min(n, k0 + cs);
+        const uint4* K = reinterpret_cast<const uint4*>(kc_l + (size_t)bh * L * D) + c;
+        const uint4* V = reinterpret_cast<const uint4*>(vc_l + (size_t)bh * L * D) + c;
+        const uint4 qraw = __ldcg(reinterpret_cast<const uint4*>(q + (size_t)bh * D) + c);
+        float qf[8];
+        {
+            const __half2* q2 = reinterpret_cast<const __half2*>(&qraw);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const float2 f = __half22float2(q2[u]);
+                qf[2 * u] = f.x * scale_log2;
+                qf[2 * u + 1] = f.y * scale_log2;
+            }
+        }
+        float m = -INFINITY, l = 0.0f, o[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = 0.0f;
+#pragma unroll 1
+        for (int j0 = k0; j0 < k1; j0 += KPT * SLOTS) {   // the same trip count in every lane
+            uint4 kr[KPT], vr[KPT];
+#pragma unroll
+            for (int u = 0; u < KPT; ++u) {
+                const int j = j0 + slot + u * SLOTS;
+                kr[u] = j < k1 ? __ldcg(K + (size_t)j * (D / 8)) : make_uint4(0u, 0u, 0u, 0u);
+                vr[u] = j < k1 ? __ldcg(V + (size_t)j * (D / 8)) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int u = 0; u < KPT; ++u) {
+                const __half2* k2 = reinterpret_cast<const __half2*>(&kr[u]);
+                float acc = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 kv = __half22float2(k2[e]);
+                    acc += qf[2 * e] * kv.x + qf[2 * e + 1] * kv.y;
+                }
+                acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+                acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+                acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+                if (j0 + slot + u * SLOTS < k1) {
+                    const float M = fmaxf(m, acc);
+                    const float a = exp2f(m - M), pj = exp2f(acc - M);   // m = -inf: a = 0
+                    const __half2* v2 = reinterpret_cast<const __half2*>(&vr[u]);
+                    l = l * a + pj;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float2 vv = __half22float2(v2[e]);
+                        o[2 * e] = o[2 * e] * a + pj * vv.x;
+                        o[2 * e + 1] = o[2 * e + 1] * a + pj * vv.y;
+                    }
+                    m = M;
+                }
+            }
+        }
+#pragma unroll
+        for (int off = 8; off < 32; off *= 2) {            // the warp's 4 slots
+            float o2[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) o2[e] = __shfl_xor_sync(0xffffffffu, o[e], off);
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
+            const float l2 = __shfl_xor_sync(0xffffffffu, l, off);
+            mg_merge(m, l, o, m2, l2, o2);
+        }
+        if (lane < 8) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) wo[w][8 * c + e] = o[e];
+            if (lane == 0) {
+                wm[w] = m;
+                wl[w] = l;
+            }
+        }
+        __syncthreads();
+        if (t < D) {                                        // the 8 warps, in shared memory
+            float M = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < MEGA_WARPS; ++k) M = fmaxf(M, wm[k]);
+            float acc = 0.0f, den = 0.0f;
+#pragma unroll
+            for (int k = 0; k < MEGA_WARPS; ++k) {
+                const float wk = wm[k] == -INFINITY ? 0.0f : exp2f(wm[k] - M);
+                acc += wk * wo[k][t];
+                den += wk * wl[k];
+            }
+            float* pp = part + (size_t)task * (D + 2);
+            pp[t] = acc;
+            if (t == 0) {
+                pp[D] = M;
+                pp[D + 1] = den;
+            }
+        }
+        __syncthreads();                                    // wm, wl, wo free for the next task
+    }
+}
+
+// The proj phase's prologue in v3: xs (B, d) fp16 = the attention output, combined from the S
+// partials of every (b, h) (written before the barrier by other blocks: read from L2), with
+// mg_attention's formula and order: a = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s. First
+// the weights 2^(m_s - M) and the denominators of all B H heads into shared memory ws (B H S +
+// B H floats), then each thread's outputs idx = t, t + 256, ... (idx = (b H + h) D + e, which
+// is also a's offset b d + h D + e), NC outputs at a time with KU partials of each in flight.
+template <int B, int DM>
+__device__ __forceinline__ void mg_combine(const float* part, int S, __half* xs, float* ws) {
+    constexpr int H = DM / MEGA_HD, D = MEGA_HD, BH = B * H;
+    constexpr int NI = (B * DM + MEGA_THREADS - 1) / MEGA_THREADS;   // outputs per thread
+    constexpr int NC = NI < 16 ? NI : 16;                            // outputs per batch
+    constexpr int KU = NC >= 24 ? 1 : 24 / NC;                       // splits per batch
+    const int t = threadIdx.x;
+    float* den = ws + BH * S;
+    for (int i = t; i < BH * S; i += MEGA_THREADS)
+        ws[i] = __ldcg(part + (size_t)i * (D + 2) + D);               // m_s for now
+    __syncthreads();
+    for (int bh = t; bh < BH; bh += MEGA_THREADS) {
+        float M = -INFINITY;
+        for (int k = 0; k < S; ++k) M = fmaxf(M, ws[bh * S + k]);
+        float dn = 0.0f;
+        for (int k = 0; k < S; ++k) {
+            const float mk = ws[bh * S + k];
+            const float wk = mk == -INFINITY ? 0.0f : exp2f(mk - M);   // an empty split: 0
+            dn += wk * __ldcg(part + ((size_t)bh * S + k) * (D + 2) + D + 1);
+            ws[bh * S + k] = wk;
+        }
+        den[bh] = dn;
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int i0 = 0; i0 < NI; i0 += NC) {                            // NC outputs at a time
+        float num[NC];
+#pragma unroll
+        for (int i = 0; i < NC; ++i) num[i] = 0.0f;
+        for (int k0 = 0; k0 < S; k0 += KU) {
+            float ov[NC][KU];
+#pragma unroll
+            for (int i = 0; i < NC; ++i) {
+                const int idx = t + (i0 + i) * MEGA_THREADS;
+#pragma unroll
+                for (int u = 0; u < KU; ++u) {
+                    const int k = k0 + u;
+                    ov[i][u] = i0 + i < NI && idx < B * DM && k < S
+                                   ? __ldcg(part + ((size_t)(idx / D) * S + k) * (D + 2) + idx % D)
+                                   : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < NC; ++i) {
+                const int idx = t + (i0 + i) * MEGA_THREADS;
+#pragma unroll
+                for (int u = 0; u < KU; ++u)
+                    if (i0 + i < NI && idx < B * DM && k0 + u < S)
+                        num[i] += ws[(idx / D) * S + k0 + u] * ov[i][u];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NC; ++i) {
+            const int idx = t + (i0 + i) * MEGA_THREADS;
+            if (i0 + i < NI && idx < B * DM) xs[idx] = __float2half(num[i] / den[idx / D]);
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------- the step
 // lp: (n_layer, 8) device pointers per layer: ln1 gamma, ln1 beta, ln2 gamma, ln2 beta (fp32,
 // d), W_qkv (3d, d), W_proj (d, d), W_fc (4d, d), W_fc2 (d, 4d) (fp16). x (B, d) fp32; q
 // (B, H, D), a (B, d), f (B, 4d) fp16 scratch; part (B H S, D + 2) fp32; cnt (B H) uint32
 // zeros; amax_v, amax_i (grid, B); sync (4) uint32 zeros; logits (B, vocab) fp16; tok (B) and
 // pos (1) int32 in and out; history (B, hist_len) int32 or null.
-template <int B, int DM, bool PF, int NRH>
+template <int B, int DM, bool PF, int NRH, bool V3 = false>
 __device__ __forceinline__ void decode_mega_body(
     const unsigned long long* __restrict__ lp, const __half* __restrict__ wte,
     const __half* __restrict__ head, const float* __restrict__ lnf_g,
@@ -586,24 +876,28 @@ __device__ __forceinline__ void decode_mega_body(
                 mg_layernorm<B, DM>(x, nullptr, nullptr, g1, b1, eps, xs, nullptr);
             __syncthreads();
             mg_qkv<B, DM>(Wqkv, xs, p, L, log2_base, q, kc_l, vc_l);
+            if (V3) mg_prefetch_kv<B, DM>(kc_l, vc_l, L, p);
             if (PF) {
                 mg_prefetch(Wproj, (unsigned long long)DM * DM * 2);
                 mg_prefetch(Wfc, (unsigned long long)4 * DM * DM * 2);
             }
         }
-        if (!grid_barrier(sync, G)) return;
+        if (!mg_barrier<V3>(sync, G)) return;
         // 2. attention over keys 0..p
-        if (phases & MEGA_PH_ATT)
-            mg_attention<B, DM>(q, kc_l, vc_l, L, p + 1, S, scale_log2, part, cnt, a);
+        if (phases & MEGA_PH_ATT) {
+            if (V3) mg_attention_v3<B, DM>(q, kc_l, vc_l, L, p + 1, S, scale_log2, part);
+            else mg_attention<B, DM>(q, kc_l, vc_l, L, p + 1, S, scale_log2, part, cnt, a);
+        }
         if (PF) mg_prefetch(Wfc2, (unsigned long long)4 * DM * DM * 2);
-        if (!grid_barrier(sync, G)) return;
-        // 3. output projection, x += half(a W_proj^T)
+        if (!mg_barrier<V3>(sync, G)) return;
+        // 3. output projection, x += half(a W_proj^T) (v3: a combined from the partials first)
         if (phases & MEGA_PH_PROJ) {
-            mg_stage<B, DM>(a, xs);
+            if (V3) mg_combine<B, DM>(part, S, xs, reinterpret_cast<float*>(xs + B * DM));
+            else mg_stage<B, DM>(a, xs);
             __syncthreads();
             mg_gemv<B, 2, DM, MEGA_EPI_RESID>(Wproj, DM, xs, x, nullptr, best);
         }
-        if (!grid_barrier(sync, G)) return;
+        if (!mg_barrier<V3>(sync, G)) return;
         // 4. LN2 + fc + GELU
         if (phases & MEGA_PH_FC) {
             mg_layernorm<B, DM>(x, nullptr, nullptr, g2, b2, eps, xs, nullptr);
@@ -619,14 +913,17 @@ __device__ __forceinline__ void decode_mega_body(
                 }
             }
         }
-        if (!grid_barrier(sync, G)) return;
+        if (!mg_barrier<V3>(sync, G)) return;
         // 5. fc2, x += half(f W_fc2^T)
         if (phases & MEGA_PH_FC2) {
             mg_stage<B, 4 * DM>(f, xs);
             __syncthreads();
-            mg_gemv<B, 2, 4 * DM, MEGA_EPI_RESID>(Wfc2, DM, xs, x, nullptr, best);
+            if (V3)                                // d rows, about one a warp: 1 a pass, and
+                mg_gemv<B, 1, 4 * DM, MEGA_EPI_RESID, 12>(Wfc2, DM, xs, x, nullptr, best);
+            else                                   // 12 loads a lane in flight (v2: 2, 6)
+                mg_gemv<B, 2, 4 * DM, MEGA_EPI_RESID>(Wfc2, DM, xs, x, nullptr, best);
         }
-        if (!grid_barrier(sync, G)) return;
+        if (!mg_barrier<V3>(sync, G)) return;
     }
     if (!(phases & MEGA_PH_HEAD)) return;
 
@@ -696,6 +993,11 @@ extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v1(MEG
 #if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v2)
 extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v2(MEGA_ARGS) {
     decode_mega_body<MEGA_B, MEGA_D, true, 4>(MEGA_PASS);
+}
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v3)
+extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v3(MEGA_ARGS) {
+    decode_mega_body<MEGA_B, MEGA_D, true, 4, true>(MEGA_PASS);
 }
 #endif
 #undef MEGA_PASS

@@ -11,7 +11,8 @@
 
   VERSIONS, WHAT, MIN_CC, BATCHES, THREADS, HEAD_DIM, MAX_D, KSMAX, PHASES, ALL_PHASES
   check_model(cfg, batch, length)                   the shape refusals (no GPU needed)
-  splits(cfg, batch, length, grid)                  attention's splits of the keys per head
+  splits(cfg, batch, length, grid, version)         attention's splits of the keys per head
+  shared_bytes(cfg, batch, S, version)              dynamic shared memory a block
   config(cfg, batch, length, version, sms, blocks_per_sm) -> Launch
   megakernel(source, batch, length, version, blocks_per_sm) -> MegaStep     the entry point
   reference_logits(model64, prompt, feed, length)   float64 logits of the model's own forward
@@ -46,13 +47,16 @@ import cudabook as cb
 from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 
 __all__ = ["VERSIONS", "WHAT", "MIN_CC", "BATCHES", "THREADS", "HEAD_DIM", "MAX_D", "KSMAX",
-           "PHASES", "ALL_PHASES", "check_model", "splits", "config", "megakernel", "MegaStep",
-           "reference_logits", "compare", "greedy_agreement", "sanitize_targets"]
+           "PHASES", "ALL_PHASES", "check_model", "splits", "shared_bytes", "config", "megakernel",
+           "MegaStep", "reference_logits", "compare", "greedy_agreement", "sanitize_targets"]
 
-VERSIONS = ("decode_mega_v1", "decode_mega_v2")
+VERSIONS = ("decode_mega_v1", "decode_mega_v2", "decode_mega_v3")
 WHAT = {"decode_mega_v1": "one persistent kernel, grid barriers between the phases",
         "decode_mega_v2": "v1 + L2 prefetch of the next phases' weights across barriers, "
-                          "4 LM-head rows per warp"}
+                          "4 LM-head rows per warp",
+        "decode_mega_v3": "v2 + a one-word grid barrier (release add, acquire poll), attention "
+                          "with every warp busy and no last-block combine (the proj phase "
+                          "combines), the layer's K/V prefetched to L2 before the barrier"}
 MIN_CC = (8, 0)
 BATCHES = (1, 2, 4, 8)          # compiled per batch (-DMEGA_B)
 THREADS = 256                   # MEGA_THREADS
@@ -62,7 +66,7 @@ KSMAX = 1024                    # MEGA_KSMAX: keys of one attention split
 PHASES = {"qkv": 1, "attention": 2, "proj": 4, "fc": 8, "fc2": 16, "head": 32}
 ALL_PHASES = 63
 ERRORS = {1: "a grid barrier timed out (the blocks were not all resident: another kernel on the "
-             "GPU, MPS or a smaller partition?)",
+             "GPU, this step launched on two streams at once, MPS or a smaller partition?)",
           2: "the position is outside the cache", 4: "a token is outside the vocabulary "
                                                      "(2^31 - 1: the last logits were NaN)"}
 
@@ -96,24 +100,39 @@ def check_model(cfg, batch: int, length: int) -> None:
         raise LaunchError(f"a cache of {length} positions: at least 2 are needed")
 
 
-def splits(cfg, batch: int, length: int, grid: int) -> int:
-    """S: enough (batch, head, split) tasks for every block, and at most KSMAX keys a split."""
+def splits(cfg, batch: int, length: int, grid: int, version: str = "decode_mega_v2") -> int:
+    """S: enough (batch, head, split) tasks for every block, and at most KSMAX keys a split
+    (v1, v2: a split's scores sit in shared memory). v3 keeps no scores (an online softmax), so
+    it takes at most one task per block: S = grid // (batch heads), at least 1."""
+    if version_name(VERSIONS, version, "decode_mega") == "decode_mega_v3":
+        return max(1, grid // (batch * cfg.n_head))
     return max(ceil_div(grid, batch * cfg.n_head), ceil_div(length, KSMAX))
+
+
+def shared_bytes(cfg, batch: int, S: int, version: str) -> int:
+    """Dynamic shared memory: the fc2 input (batch, 4d) fp16; v3 also needs, in the proj phase,
+    the input (batch, d) fp16 and the combine's weights and denominators (batch H (S + 1)
+    floats) side by side."""
+    fc2 = batch * 4 * cfg.d * 2
+    if version_name(VERSIONS, version, "decode_mega") != "decode_mega_v3":
+        return fc2
+    return max(fc2, batch * cfg.d * 2 + 4 * batch * cfg.n_head * (S + 1))
 
 
 def config(cfg, batch: int, length: int, version: str = "decode_mega_v2", sms: int = 132,
            blocks_per_sm: int = 1) -> Launch:
-    """grid (sms x blocks_per_sm), THREADS threads, batch 4d fp16 of dynamic shared memory (the
-    fc2 input); ``splits`` S and the compile options (-DMEGA_B, -DMEGA_D) as fields."""
+    """grid (sms x blocks_per_sm), THREADS threads, ``shared_bytes`` of dynamic shared memory
+    (the fc2 input; v3 at least the combine's too); ``splits`` S and the compile options
+    (-DMEGA_B, -DMEGA_D) as fields."""
     version = version_name(VERSIONS, version, "decode_mega")
     check_model(cfg, batch, length)
     sms, bps = _int(sms, "sms"), _int(blocks_per_sm, "blocks_per_sm")
     if sms < 1 or bps < 1:
         raise LaunchError(f"sms = {sms}, blocks_per_sm = {bps}: both must be >= 1")
     grid = sms * bps
-    return Launch((grid,), (THREADS,), shared=batch * 4 * cfg.d * 2, kernel=version,
-                  splits=splits(cfg, batch, length, grid),
-                  options=(f"-DMEGA_B={batch}", f"-DMEGA_D={cfg.d}"))
+    S = splits(cfg, batch, length, grid, version)
+    return Launch((grid,), (THREADS,), shared=shared_bytes(cfg, batch, S, version),
+                  kernel=version, splits=S, options=(f"-DMEGA_B={batch}", f"-DMEGA_D={cfg.d}"))
 
 
 def megakernel(source, batch: int | None = None, length: int | None = None,
@@ -266,12 +285,22 @@ class MegaStep:
 
     def capture(self, phases: int = ALL_PHASES):
         """The step as a CUDA graph (``cudabook.graphs.capture``); its warm-up step is undone
-        (tok and pos restored: the first replay writes the same cache row again)."""
+        (tok and pos restored: the first replay writes the same cache row again).
+
+        The device is synchronised first: ``graphs.capture`` runs the warm-up step on a new
+        non-blocking stream, which does not wait for work still queued on the current stream.
+        Steps launched just before (or a prefill) would otherwise run at the same time as the
+        warm-up step: two grids on one barrier word (where two blocks fit an SM both are
+        resident, their arrivals mix and a barrier times out) and on the same tok, pos and
+        cache."""
+        import cupy as cp
+
         from cudabook import graphs
 
         self._room(1)
         run = self.run
         tok, pos = run.tok.copy(), run.pos.copy()
+        cp.cuda.Device().synchronize()
         g = graphs.capture(lambda: self.step(phases), warmup=1)
         run.tok[...] = tok
         run.pos[...] = pos
@@ -308,7 +337,8 @@ class MegaStep:
         """Microseconds per step of: the whole step, the barriers alone (no phase), and each
         phase alone with every barrier (its cost = that minus the barriers). Each captured as a
         graph and replayed ``repeat`` times between CUDA events; pos, tok, history and the
-        residual are restored after each (the cache keeps what the replays wrote)."""
+        residual are restored after each (the cache keeps what the replays wrote). In v3 the
+        attention combine runs in the proj phase (its prologue), so "proj" includes it."""
         import cupy as cp
 
         run = self.run

@@ -11,11 +11,18 @@ checked against the book's step and float64, then timed against the book's graph
    per token, (c) / (a), and the memory bound (decoder.step_bytes at the measured copy
    bandwidth); every timed step validated after timing;
 4. with --phases, each phase alone with every barrier, and the barriers alone (MegaStep.
-   phase_times); with --variants, v2 at 2 blocks per SM (refused where it does not fit).
+   phase_times); with --variants, v2 at 2 blocks per SM (refused where it does not fit);
+5. a summary table: us per token and the ratio to the baseline for each version and batch, and
+   the phase breakdowns.
 
-A part that fails prints its error and the rest still runs; --out writes everything as JSON.
+A part that fails prints its error and the rest still runs; --out writes everything as JSON. A
+step whose error word is set (or whose token after timing is not its largest logit's) gets no
+timing: the error word is cleared and checked before a version is timed and checked after.
+--checks quick keeps, at batch 1 only, the comparison after a prompt of 511, the greedy tokens
+and the graph replays.
 
-    PYTHONPATH=. python tools/dev/ch12_mega.py [--ctx 512] [--batch 1 8] [--no-compile]
+    PYTHONPATH=. python tools/dev/ch12_mega.py [--ctx 512] [--batch 1 8] [--versions v2 v3]
+                                               [--checks full|quick] [--no-compile]
                                                [--phases] [--variants] [--out mega.json]
 """
 
@@ -51,10 +58,35 @@ def part(name: str):
     return wrap
 
 
+def summary(res: dict, versions: tuple) -> None:
+    """One table: us per token and the ratio of speeds to the baseline (torch.compile + CUDA
+    graph, else the captured PyTorch step) of every version and batch timed; then each phase
+    breakdown (phase cost = its time alone minus the barriers alone)."""
+    print("\n=== 5. summary")
+    for bkey, row in res.get("timing", {}).items():
+        base_name = "torch_compile_graph" if "torch_compile_graph" in row else "torch_graph"
+        base = row.get(base_name)
+        print(f"{bkey}, {res['ctx']} cached positions; baseline {base_name}"
+              f"{f' {base:.1f} us' if base else ' (not timed)'}; memory bound "
+              f"{row.get('bound_us', float('nan')):.1f} us")
+        for k in (*versions, "book_graph", "torch_graph", "torch_compile_graph"):
+            if k in row:
+                ratio = f"{base / row[k]:5.2f}x" if base else "  -  "
+                print(f"  {k:>22} {row[k]:8.1f} us/token  {ratio} of the baseline's speed")
+            elif k in versions:
+                print(f"  {k:>22}   failed: no timing")
+    for version, t in res.get("phases", {}).items():
+        bar = t["barriers only"]
+        parts = ", ".join(f"{k} {t[k] - bar:.1f}" for k in t if k not in ("step", "barriers only"))
+        print(f"  {version} B=1 phases (us): step {t['step']:.1f}, barriers {bar:.1f}; {parts}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ctx", type=int, default=512, help="cached positions when timed")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--versions", nargs="+", default=None, help="default: all")
+    ap.add_argument("--checks", choices=("full", "quick"), default="full")
     ap.add_argument("--steps", type=int, default=32, help="greedy tokens compared")
     ap.add_argument("--n", type=int, default=100, help="timed steps")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
@@ -74,6 +106,9 @@ def main() -> int:
     from cudabook import decoder, gpt
 
     dm = cb.load_launch("decode_mega")
+    versions = tuple(dict.fromkeys(cb.launch.version_name(dm.VERSIONS, v, "decode_mega")
+                                   for v in (a.versions or dm.VERSIONS)))
+    quick = a.checks == "quick"
     L = gpt.GPT2_SMALL.ctx
     if not 1 <= a.ctx <= L - a.n - 8:
         print(f"--ctx {a.ctx}: the timed steps must fit the cache of {L} (ctx <= {L - a.n - 8})")
@@ -96,7 +131,7 @@ def main() -> int:
 
     @part("1. compile and launch records")
     def _compile():
-        for version in dm.VERSIONS:
+        for version in versions:
             for B in a.batch:
                 try:
                     t1 = time.perf_counter()
@@ -120,14 +155,17 @@ def main() -> int:
 
     @part("2. logits against the book's step and float64")
     def _check():
-        for version in dm.VERSIONS:
+        for version in versions:
             for B in a.batch:
                 if (B, version) not in mks:
                     continue
                 mk, book = mks[(B, version)]
-                cases = [("positions 0, 1, 2", None, 3)] if B == 1 else []
-                cases += [("after 511", rng.integers(0, 50257, (B, 511)), 2),
-                          ("after 37 (ragged)", rng.integers(0, 50257, (B, 37)), 3)]
+                if quick and B != 1:
+                    continue
+                cases = [("positions 0, 1, 2", None, 3)] if B == 1 and not quick else []
+                cases += [("after 511", rng.integers(0, 50257, (B, 511)), 2)]
+                if not quick:
+                    cases += [("after 37 (ragged)", rng.integers(0, 50257, (B, 37)), 3)]
                 for name, prompt, steps in cases:
                     try:
                         e = dm.compare(mk, book, model64, prompt, steps, start=464)
@@ -148,11 +186,17 @@ def main() -> int:
 
     @part(f"2b. {a.steps} greedy tokens, megakernel graph against the book's graph")
     def _greedy():
-        for version in dm.VERSIONS:
+        for version in versions:
             if (1, version) not in mks:
                 continue
             mk, book = mks[(1, version)]
-            r = dm.greedy_agreement(mk, book, rng.integers(0, 50257, 20), a.steps)
+            try:
+                r = dm.greedy_agreement(mk, book, rng.integers(0, 50257, 20), a.steps)
+            except Exception as ex:  # noqa: BLE001
+                print(f"FAILED {version}: {type(ex).__name__}: {ex}")
+                RESULTS["errors"].append(f"greedy {version}: {ex}")
+                mk.reset()
+                continue
             RESULTS["checks"][f"{version}_greedy"] = r
             if r["same"]:
                 print(f"ok   {version}: the same {a.steps} tokens: {r['mega'][0][:12]} ...")
@@ -163,7 +207,7 @@ def main() -> int:
 
     @part("2c. graph replays against launches, bit for bit")
     def _replay():
-        for version in dm.VERSIONS:
+        for version in versions:
             if (1, version) not in mks:
                 continue
             mk, _ = mks[(1, version)]
@@ -182,7 +226,13 @@ def main() -> int:
                 g()
                 same.append(bool((run.logits == eager[i][0]).all()) and
                             bool((run.tok == eager[i][1]).all()))
-            mk.check()
+            try:
+                mk.check()
+            except cb.CheckError as ex:
+                print(f"FAILED {ex}")
+                RESULTS["errors"].append(f"replay {version}: {ex}")
+                mk.reset()
+                continue
             print(f"{'ok  ' if all(same) else 'BAD '}{version}: replays equal launches: {same}; "
                   f"graph nodes {g.nodes}")
             RESULTS["checks"][f"{version}_replay"] = same
@@ -204,12 +254,13 @@ def main() -> int:
             ids = rng.integers(0, 50257, (B, a.ctx))
             bound = decoder.step_bytes(model, B, a.ctx)["total"] / gbs / 1e3
             row["bound_us"] = bound
-            for version in dm.VERSIONS:
+            for version in versions:
                 if (B, version) not in mks:
                     continue
                 try:
                     mk, _ = mks[(B, version)]
                     run = mk.run
+                    mk.reset()                      # an earlier part's failure is not this one's
                     run.prefill(ids)
                     g = mk.capture()
                     tok0 = run.tok.copy()
@@ -218,10 +269,15 @@ def main() -> int:
                         run.pos[...] = a.ctx
                         run.tok[...] = tok0
 
-                    row[version] = timed(g, reset, a.n)
-                    g()
+                    reset()
+                    g()                             # validated before timing
+                    mk.check()
+                    decoder.check_next_token(run.logits, run.tok, f"{version} before timing")
+                    us = timed(g, reset, a.n)
+                    g()                             # and after
                     mk.check()
                     decoder.check_next_token(run.logits, run.tok, f"{version} after timing")
+                    row[version] = us               # recorded only once both checks passed
                 except Exception as e:  # noqa: BLE001
                     print(f"FAILED {version}: {type(e).__name__}: {e}")
                     RESULTS["errors"].append(f"time {version} B={B}: {e}")
@@ -236,10 +292,11 @@ def main() -> int:
                     book.pos[...] = a.ctx
                     book.tok[...] = tokb
 
-                row["book_graph"] = timed(gb, reset_b, a.n)
-                row["book_graph_nodes"] = gb.nodes
+                us = timed(gb, reset_b, a.n)
                 gb()
                 decoder.check_next_token(book.logits, book.tok, "book step after timing")
+                row["book_graph"] = us
+                row["book_graph_nodes"] = gb.nodes
                 del book
             except Exception as e:  # noqa: BLE001
                 print(f"FAILED book graph: {type(e).__name__}: {e}")
@@ -258,9 +315,10 @@ def main() -> int:
                     def reset_t(sd=sd):
                         sd.reset(a.ctx)
 
-                    row[name] = timed(fn, reset_t, a.n)
+                    us = timed(fn, reset_t, a.n)
                     fn()
                     decoder.check_next_token(sd.logits, sd.tok.view(-1), f"{name} after timing")
+                    row[name] = us
                     reset_t()
                 except Exception as e:  # noqa: BLE001
                     print(f"FAILED {name}: {type(e).__name__}: {e}")
@@ -269,7 +327,7 @@ def main() -> int:
             torch.cuda.empty_cache()
             base_name = "torch_compile_graph" if "torch_compile_graph" in row else "torch_graph"
             base = row.get(base_name)
-            for k in (*dm.VERSIONS, "book_graph", "torch_graph", "torch_compile_graph"):
+            for k in (*versions, "book_graph", "torch_graph", "torch_compile_graph"):
                 if k not in row:
                     continue
                 us = row[k]
@@ -279,10 +337,14 @@ def main() -> int:
             RESULTS["timing"][f"B{B}"] = row
 
     if a.phases:
-        for version in dm.VERSIONS:
+        for version in versions:
+            if (1, version) not in mks:
+                continue
+
             @part(f"4. {version} phase by phase, batch 1, at {a.ctx} positions")
             def _phases():
                 mk, _ = mks[(1, version)]
+                mk.reset()
                 mk.run.prefill(rng.integers(0, 50257, (1, a.ctx)))
                 t = mk.phase_times()
                 bar = t["barriers only"]
@@ -315,6 +377,7 @@ def main() -> int:
             print(f"v2, 2 blocks per SM (grid {mk.launch.grid[0]}): {us:.1f} us/token")
             RESULTS["variants"] = {"bps2_us": us}
 
+    summary(RESULTS, versions)
     cp.cuda.Device().synchronize()
     print(f"\n{len(RESULTS['errors'])} failures" + (":\n  " + "\n  ".join(RESULTS["errors"])
                                                     if RESULTS["errors"] else ""))

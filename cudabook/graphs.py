@@ -72,14 +72,19 @@ def capture(fn: Callable[[], Any], *, warmup: int = 1, stream: Any = None) -> Ca
     """Capture the launches of one call of ``fn()`` into a CUDA graph (CuPy stream capture).
 
     ``fn`` runs ``warmup`` times first (compiles kernels, fills caches and memory pools), then
-    once under capture on ``stream`` (a new non-blocking stream by default). Refuses a graph with
-    no nodes: ``fn`` launched nothing on the capturing stream.
+    once under capture on ``stream`` (a new non-blocking stream by default). The capturing stream
+    first waits for the work already queued on the caller's current stream, so the warm-up runs
+    after it, not beside it (a non-blocking stream is not ordered with the others by itself).
+    Refuses a graph with no nodes: ``fn`` launched nothing on the capturing stream.
     """
     if not env.HAS_GPU:
         raise RuntimeError("capture needs a CUDA GPU (simulator mode)")
     import cupy
 
     s = stream or cupy.cuda.Stream(non_blocking=True)
+    caller = cupy.cuda.get_current_stream()
+    if s != caller:
+        s.wait_event(caller.record())
     with s:
         for _ in range(warmup):
             fn()

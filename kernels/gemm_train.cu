@@ -167,20 +167,22 @@ gemm_train_t(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc
             unsigned char* cs = Cs + c * BN * 128;       // this consumer's staging tile
             return [=](float* d, int bm, int bn, int split, int idx) {
                 const int r0 = bm * BM + lr, c0 = bn * BN + 2 * t;
+                auto put = [&]() {                       // C from registers, ragged edges skipped
+#pragma unroll
+                    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const int r = r0 + 8 * h, col = c0 + 8 * j;
+                            if (r < M && col < N)
+                                gt_put<F32, T>(C, (size_t)r * N + col, d[4 * j + 2 * h],
+                                               d[4 * j + 2 * h + 1]);
+                        }
+                };
                 if (!SPLIT || split < 0) {               // a whole tile: C straight away
-                    if constexpr (EPI) {
+                    if constexpr (EPI)
                         gt_store_tma<BN, T>(pc, cs, d, bm * BM + c * 64, bn * BN, c, tid);
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                            for (int h = 0; h < 2; h++) {
-                                const int r = r0 + 8 * h, col = c0 + 8 * j;
-                                if (r < M && col < N)
-                                    gt_put<F32, T>(C, (size_t)r * N + col, d[4 * j + 2 * h],
-                                                   d[4 * j + 2 * h + 1]);
-                            }
-                    }
+                    else
+                        put();
                     return;
                 }
                 if constexpr (!SPLIT) return;
@@ -217,15 +219,7 @@ gemm_train_t(const __grid_constant__ TmaDesc ta, const __grid_constant__ TmaDesc
                             d[4 * j + 2 * h + 1] = s ? d[4 * j + 2 * h + 1] + v.y : v.y;
                         }
                 }
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int r = r0 + 8 * h, col = c0 + 8 * j;
-                        if (r < M && col < N)
-                            gt_put<F32, T>(C, (size_t)r * N + col, d[4 * j + 2 * h],
-                                           d[4 * j + 2 * h + 1]);
-                    }
+                put();
                 if (tid == 0) *ticket = 0;      // ready for the next launch
             };
         });

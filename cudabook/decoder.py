@@ -304,7 +304,6 @@ class KernelGPT:
         layers, the arguments of ``step``) captured alone as a CUDA graph and replayed
         ``repeat`` times between CUDA events. The state a group changes (x, pos, tok, history)
         is restored afterwards."""
-        import cupy as cp
 
         from . import graphs
 
@@ -333,16 +332,8 @@ class KernelGPT:
         }
         saved = [a.copy() for a in (self.x, self.pos, self.tok, self.history)]
         out = {}
-        t0, t1 = cp.cuda.Event(), cp.cuda.Event()
         for name, fn in groups.items():
-            g = graphs.capture(fn, warmup=1)
-            g()
-            t0.record()
-            for _ in range(repeat):
-                g()
-            t1.record()
-            t1.synchronize()
-            out[name] = 1e3 * cp.cuda.get_elapsed_time(t0, t1) / repeat
+            out[name] = graphs.capture(fn, warmup=1).replay_us(repeat)
             for a, b in zip((self.x, self.pos, self.tok, self.history), saved):
                 a[...] = b
         return out

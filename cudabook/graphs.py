@@ -64,6 +64,20 @@ class CapturedGraph:
 
         cupy.cuda.get_current_stream().synchronize()
 
+    def replay_us(self, repeat: int = 50) -> float:
+        """Microseconds per replay on the current stream: one replay to warm up, then
+        ``repeat`` back to back between two CUDA events (GPU time, no host gaps counted)."""
+        import cupy
+
+        t0, t1 = cupy.cuda.Event(), cupy.cuda.Event()
+        self()
+        t0.record()
+        for _ in range(repeat):
+            self()
+        t1.record()
+        t1.synchronize()
+        return 1e3 * cupy.cuda.get_elapsed_time(t0, t1) / repeat
+
     def __repr__(self) -> str:
         return f"CapturedGraph({self.nodes if self.nodes is not None else '?'} nodes)"
 

@@ -285,7 +285,6 @@ class PagedGPT:
         op: every group (that op for all layers) captured alone as a CUDA graph and replayed
         ``repeat`` times between CUDA events (``KernelGPT.op_times``' method). The state a group
         changes (x, tok and the pool rows the append writes again) is restored afterwards."""
-        import cupy as cp
 
         from . import graphs
 
@@ -329,17 +328,7 @@ class PagedGPT:
                 "sampling": groups["sampling"],
             }
         saved = (bk.x.copy(), bk.tok.copy(), self.k_pool.copy(), self.v_pool.copy())
-        out = {}
-        t0, t1 = cp.cuda.Event(), cp.cuda.Event()
-        for name, fn in groups.items():
-            gr = graphs.capture(fn, warmup=1)
-            gr()
-            t0.record()
-            for _ in range(repeat):
-                gr()
-            t1.record()
-            t1.synchronize()
-            out[name] = 1e3 * cp.cuda.get_elapsed_time(t0, t1) / repeat
+        out = {name: graphs.capture(fn, warmup=1).replay_us(repeat) for name, fn in groups.items()}
         for a, b in zip((bk.x, bk.tok, self.k_pool, self.v_pool), saved):
             a[...] = b
         return out

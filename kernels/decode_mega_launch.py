@@ -339,23 +339,14 @@ class MegaStep:
         graph and replayed ``repeat`` times between CUDA events; pos, tok, history and the
         residual are restored after each (the cache keeps what the replays wrote). In v3 the
         attention combine runs in the proj phase (its prologue), so "proj" includes it."""
-        import cupy as cp
 
         run = self.run
         self._room(repeat + 2)
         saved = [a.copy() for a in (run.pos, run.tok, run.history, self.x)]
         masks = {"step": ALL_PHASES, "barriers only": 0, **PHASES}
         out = {}
-        t0, t1 = cp.cuda.Event(), cp.cuda.Event()
         for name, mask in masks.items():
-            g = self.capture(mask)
-            g()
-            t0.record()
-            for _ in range(repeat):
-                g()
-            t1.record()
-            t1.synchronize()
-            out[name] = 1e3 * cp.cuda.get_elapsed_time(t0, t1) / repeat
+            out[name] = self.capture(mask).replay_us(repeat)
             for a, b in zip((run.pos, run.tok, run.history, self.x), saved):
                 a[...] = b
         self.check()

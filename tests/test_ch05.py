@@ -343,6 +343,9 @@ def test_capture_and_replay():
     with pytest.raises(RuntimeError, match="the graph is empty"):
         cb.graphs.capture(lambda: None)
     assert cb.graphs.wall_us(g, repeat=5) > 0
+    x.fill(1)
+    assert g.replay_us(repeat=2) > 0       # one warm-up replay and two timed: x doubled 30 times
+    assert float(x[0]) == 2.0 ** 30
 
 
 # ============================================================================ graders

@@ -663,9 +663,42 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
     for (int i = 0; i < D / 2; i++) dv[i] = dk[i] = 0.f;
     mbar_wait(&kvbar, 0);
 
+    float dq[32];
+    // dq holds tile itq's 64 x 64 piece of dQ: into this consumer's shared buffer for the copy
+    // engine (or, _atomic, straight into the accumulator). Lanes t and t ^ 1 trade halves so
+    // that an even lane holds 4 neighbouring columns of its row rl and an odd lane those of row
+    // rl + 8 (columns 8 j + 4 (t / 2) .. of the piece)
+    auto store_dq = [&](int itq) {
+        const int bh = bhk * group + itq / per_head, q0 = (qt0 + itq % per_head) * BR;
+        const int rl = 16 * warp + g + 8 * (t & 1), cl = 4 * (t / 2);
+        // dq_piece_index(rl, 8 j + cl) = rl 64 + 8 (j ^ f) + cl with f = swz(rl) / 2
+        const int f = 2 * (rl % 4) + (rl / 8) % 2;
+        float* piece = (BULK ? dQs + c * 4096
+                             : dQacc + ((size_t)bh * n_qt + q0 / BR) * BR * D + c * 4096) +
+                       rl * 64 + cl;
+        if (BULK && itq > 0) mbar_wait(&dq_empty[c], (itq - 1) & 1);   // the last one was read
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            // even t keeps its row-rl pair and takes its neighbour's; odd t the row-rl+8 ones
+            const float s0 = (t & 1) ? dq[4 * j] : dq[4 * j + 2];
+            const float s1 = (t & 1) ? dq[4 * j + 1] : dq[4 * j + 3];
+            const float o0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+            const float o1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            const float4 v = (t & 1) ? make_float4(o0, o1, dq[4 * j + 2], dq[4 * j + 3])
+                                     : make_float4(dq[4 * j], dq[4 * j + 1], o0, o1);
+            float4* at = reinterpret_cast<float4*>(piece + 8 * (j ^ f));
+            if constexpr (BULK) *at = v;
+            else atomicAdd(at, v);                // _atomic: straight into global memory
+        }
+        if constexpr (BULK) {
+            fence_proxy_async();                  // the stores, before the copy engine reads
+            mbar_arrive(&dq_full[c]);
+        }
+    };
+
     for (int it = 0; it < n_it; it++) {
         const int s = it % ST, b = it & 1;
-        const int bh = bhk * group + it / per_head, q0 = (qt0 + it % per_head) * BR;
+        const int q0 = (qt0 + it % per_head) * BR;
         const T* Qt = Qs + s * BR * D;
         const T* dOt = dOs + s * BR * D;
         T* dSt = dSs + b * BC * BR;
@@ -753,7 +786,6 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
         pin_all<4 * KR>(&pa[0][0]);
         pin_all<4 * KR>(&da[0][0]);
         named_sync(1);                            // both consumers' halves of dS^T are in place
-        float dq[32];
 #pragma unroll
         for (int i = 0; i < 32; i++) dq[i] = 0.f;
         // D = 64: rows 64 c .. of dQ_i (panel c of dS^T), all 64 columns of K;
@@ -769,33 +801,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TmaDesc& tq, const TmaDesc
         wgmma_wait<0>();
         pin_all<32>(dq);
         mbar_arrive(&empty[s]);                   // Q_i, dO_i, lse_i, Di_i are free
-        // this consumer's 64 x 64 piece of dQ_i, as float4: lanes t and t ^ 1 trade halves so
-        // that an even lane holds 4 neighbouring columns of its row rl and an odd lane those of
-        // row rl + 8 (columns 8 j + 4 (t / 2) .. of the piece)
-        const int rl = 16 * warp + g + 8 * (t & 1), cl = 4 * (t / 2);
-        // dq_piece_index(rl, 8 j + cl) = rl 64 + 8 (j ^ f) + cl with f = swz(rl) / 2
-        const int f = 2 * (rl % 4) + (rl / 8) % 2;
-        float* piece = (BULK ? dQs + c * 4096
-                             : dQacc + ((size_t)bh * n_qt + q0 / BR) * BR * D + c * 4096) +
-                       rl * 64 + cl;
-        if (BULK && it > 0) mbar_wait(&dq_empty[c], (it - 1) & 1);   // the last one was read
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            // even t keeps its row-rl pair and takes its neighbour's; odd t the row-rl+8 ones
-            const float s0 = (t & 1) ? dq[4 * j] : dq[4 * j + 2];
-            const float s1 = (t & 1) ? dq[4 * j + 1] : dq[4 * j + 3];
-            const float o0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-            const float o1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-            const float4 v = (t & 1) ? make_float4(o0, o1, dq[4 * j + 2], dq[4 * j + 3])
-                                     : make_float4(dq[4 * j], dq[4 * j + 1], o0, o1);
-            float4* at = reinterpret_cast<float4*>(piece + 8 * (j ^ f));
-            if constexpr (BULK) *at = v;
-            else atomicAdd(at, v);                // _atomic: straight into global memory
-        }
-        if constexpr (BULK) {
-            fence_proxy_async();                  // the stores, before the copy engine reads
-            mbar_arrive(&dq_full[c]);
-        }
+        store_dq(it);
     }
     // dK = scale dS^T Q and dV, rows k0 + kr (+ 8), summed over the group's heads
 #pragma unroll

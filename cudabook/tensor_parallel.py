@@ -59,7 +59,7 @@ from torch import nn
 
 __all__ = ["TensorParallelError", "TorchAllReduce", "Threshold", "ThreadGroup", "run_threads",
            "local_sum", "PeerOneShot", "PeerRing", "CupyNccl", "one_host", "measure_crossover",
-           "split", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
+           "gpu_timing", "split", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
            "ParallelAttention", "ParallelBlock", "ParallelGPT", "ONE_SHOT_THRESHOLD"]
 
 #: the default size (bytes) up to which ``one_host`` uses the book's one-shot kernel: the largest
@@ -440,6 +440,31 @@ def measure_crossover(devices: Sequence[int] | None = None,
     print(f"one-shot faster at every size up to {threshold} bytes: one_host(threshold_bytes="
           f"{threshold})")
     return {"world": g.world, "rows": rows, "threshold_bytes": threshold, "baseline": name}
+
+
+def gpu_timing(world: int, *, batch: int = 8, seq: int = 1024, parts: str = "mlp,block,gpt,comm",
+               steps: int = 20, warmup: int = 5, device: str = "cuda", cfg=None,
+               timeout: float = 600.0) -> dict | None:
+    """Forward + backward times of the split MLP, block and model against one GPU and torch's
+    ``parallelize_module`` at GPT-2-small shapes (or ``cfg``), ``batch`` x ``seq`` tokens on every
+    rank: torchrun of ``dist_scripts/tp_train.py`` with ``world`` processes (NCCL, bf16; world 1
+    times the unsplit modules). ``device="cpu"``: gloo processes in float32, a check that runs
+    anywhere. None (after saying why) without the GPUs."""
+    from . import dist
+    from .gpt import GPT2_SMALL
+
+    cfg = cfg or GPT2_SMALL
+    if not isinstance(world, int) or world < 1:
+        raise TensorParallelError(f"gpu_timing: world must be an int >= 1, got {world!r}")
+    if cfg.n_head % world or (4 * cfg.d) % world:
+        raise TensorParallelError(f"gpu_timing: {world} ranks cannot split {cfg.n_head} heads "
+                                  f"(world must divide n_head: one of {_divisors(cfg.n_head)})")
+    if device == "cuda" and not dist.need_gpus(world, "the tensor-parallel timing"):
+        return None
+    args = ["--batch", batch, "--seq", seq, "--dim", cfg.d, "--n-head", cfg.n_head,
+            "--layers", cfg.n_layer, "--vocab", cfg.vocab, "--steps", steps, "--warmup", warmup,
+            "--parts", parts, "--device", device]
+    return dist.torchrun("tp_train", world, args=[str(a) for a in args], timeout=timeout)
 
 
 # ============================================================================ f and g

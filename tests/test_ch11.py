@@ -252,7 +252,8 @@ def test_torchrun_refuses_bad_arguments(tmp_path):
     with pytest.raises(FileNotFoundError, match="no script"):
         dist.torchrun(tmp_path / "missing.py", 2)
     with pytest.raises(FileNotFoundError,
-                       match=r"scripts are \['allreduce_sweep', 'ddp_train', 'sharded_train'\]"):
+                       match=r"scripts are \['allreduce_sweep', 'ddp_train', 'sharded_train', "
+                             r"'tp_train'\]"):
         dist.torchrun("ddp_trian", 2)
 
 

@@ -257,6 +257,24 @@ def test_gpu_parts_say_why_they_skip(capsys):
         tp.one_host(large="tree")
 
 
+def test_tp_train_script_on_gloo():
+    """dist_scripts/tp_train.py (the lesson's GPU timing) end to end on 2 gloo CPU processes at a
+    tiny size: every part ran, the split matched the unsplit model, torch's own split too."""
+    cfg = gpt.GPTConfig(vocab=64, d=32, n_layer=2, n_head=4, ctx=16)
+    r = tp.gpu_timing(2, batch=2, seq=16, steps=1, warmup=1, device="cpu", cfg=cfg, timeout=240)
+    assert r["world"] == 2 and r["backend"] == "gloo" and r["tokens"] == 32
+    assert set(r["ms"]) == {"mlp book", "mlp torch TP", "block book", "gpt book", "all-reduce"}
+    assert all(v > 0 for k, v in r["ms"].items() if k != "all-reduce"), r["ms"]
+    c = r["check"]
+    for k in ("mlp output", "mlp torch TP output", "block output"):
+        assert c[k] <= 1e-5 * max(c["block scale"], c["mlp scale"]), (k, c)
+    assert c["mlp fc grad"] <= 1e-6, c
+    assert abs(c["gpt loss"][0] - c["gpt loss"][1]) <= 1e-5 * abs(c["gpt loss"][1]), c
+    assert r["message_bytes"] == 32 * 32 * 4
+    with pytest.raises(tp.TensorParallelError, match="world must divide n_head"):
+        tp.gpu_timing(3, device="cpu", cfg=cfg)
+
+
 # ============================================================================ across nodes
 
 def test_internode_bound_worked_example():
@@ -416,6 +434,20 @@ def test_one_host_split_equals_unsplit_on_gpus(threshold):
     _assert_all(res, w, tol=1e-5)            # GPU GEMMs and SDPA round differently per shape
     small, large = grp.reduce.calls["small"], grp.reduce.calls["large"]
     assert (small > 0 and large == 0) if threshold else (small == 0 and large > 0), grp.reduce.calls
+
+
+@pytest.mark.gpu
+def test_tp_train_on_gpus():
+    if dist.gpu_count() < 2:
+        pytest.skip("needs 2 or more GPUs of one host")
+    cfg = gpt.GPTConfig(vocab=512, d=256, n_layer=2, n_head=4, ctx=256)
+    one = tp.gpu_timing(1, batch=2, seq=256, steps=3, warmup=1, cfg=cfg)
+    two = tp.gpu_timing(2, batch=2, seq=256, steps=3, warmup=1, cfg=cfg)
+    assert set(one["ms"]) == {"mlp unsplit", "block unsplit", "gpt unsplit"}
+    assert set(two["ms"]) == {"mlp book", "mlp torch TP", "block book", "gpt book", "all-reduce"}
+    c = two["check"]
+    assert c["mlp output"] <= 2e-2 * c["mlp scale"] and c["block output"] <= 2e-2 * c["block scale"]
+    assert abs(c["gpt loss"][0] - c["gpt loss"][1]) <= 1e-2 * c["gpt loss"][1]
 
 
 @pytest.mark.gpu

@@ -10,5 +10,9 @@ allreduce_sweep  NCCL (or gloo, --cpu) all-reduce time and bus bandwidth, 4 KB t
 ddp_train        data-parallel training of a compute-bound MLP: DDP, buckets after the backward,
                  the chapter's own buckets and hooks; its ``make_model`` is also the model of
                  ``cudabook.dataparallel`` (one process, the book's P2P ring)
-They import only torch, never cudabook: every rank starts fast and touches only its own GPU.
+sharded_train    ZeRO-1/2/3 (cudabook.sharded) against DDP and torch's FSDP2, on ddp_train's model
+tp_train         tensor parallelism (cudabook.tensor_parallel) at GPT-2-small shapes against one
+                 GPU and torch's parallelize_module
+allreduce_sweep and ddp_train import only torch; sharded_train and tp_train import the book's
+engines (cudabook.sharded, cudabook.tensor_parallel), which import no CUDA library of their own.
 """

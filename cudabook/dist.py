@@ -206,10 +206,43 @@ def _worker(fn, rank, world, port, backend, args, q, timeout) -> None:
     os._exit(0)  # no atexit handlers, no process-group teardown that waits for dead peers
 
 
+def _autograd_fork_safe() -> bool:
+    """False when a forked child could not run autograd: PyTorch marks every child forked after
+    its autograd engine started GPU threads (the first backward that touched a GPU) as a "bad
+    fork" and refuses backward there. Without CUDA initialised it cannot have; otherwise a child
+    is forked and tries a backward on the CPU (a few milliseconds)."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return True
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                   # the child: no CUDA call, CPU autograd only
+        ok = b"0"
+        try:
+            os.close(r)
+            x = torch.ones(2, requires_grad=True)
+            (x * 3).sum().backward()
+            ok = b"1"
+        except BaseException:  # noqa: BLE001, S110  (the answer is the byte written)
+            pass
+        os.write(w, ok)
+        os._exit(0)
+    os.close(w)
+    try:
+        got = os.read(r, 1)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    return got == b"1"
+
+
 def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 30.0,
           backend: str = "gloo") -> list:
     """Run ``fn(comm, *args)`` on ``world`` forked CPU processes joined by ``backend`` (gloo);
     return the ranks' return values in rank order (they must pickle: numpy arrays, numbers).
+    After a backward pass on a GPU in this process, forked children cannot run autograd: the
+    ranks then start as new interpreters ("spawn") and ``fn`` must be importable from a module.
 
     A rank that raises stops the group and its error is raised here (``DistError``); ranks still
     running after ``timeout`` seconds are killed and ``DistTimeout`` says which.
@@ -219,7 +252,20 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 30.0,
     if "fork" not in _mp.get_all_start_methods():
         raise DistError("spawn needs the 'fork' start method (Linux; on macOS run the chapter on "
                         "Colab or Linux)")
-    ctx = _mp.get_context("fork")
+    if _autograd_fork_safe():
+        ctx = _mp.get_context("fork")
+    else:
+        # This process ran a backward on a GPU: PyTorch then refuses autograd in any forked
+        # child. New interpreters ("spawn") import fn by name instead of inheriting it.
+        mod, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+        if mod in (None, "__main__") or "<locals>" in name:
+            raise DistError(
+                f"spawn: this process has run a backward pass on a GPU, after which PyTorch "
+                f"forbids autograd in forked processes, so the ranks must start as new "
+                f"interpreters and import {name or fn!r} by name; a function defined in a notebook "
+                f"or inside another function cannot be imported. Define it in a module (a .py "
+                f"file on sys.path), or run this cell in a fresh kernel before any GPU training")
+        ctx = _mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(fn, r, world, port, backend, args, q, timeout),

@@ -59,8 +59,8 @@ from torch import nn
 
 __all__ = ["TensorParallelError", "TorchAllReduce", "Threshold", "ThreadGroup", "run_threads",
            "local_sum", "PeerOneShot", "PeerRing", "CupyNccl", "one_host", "measure_crossover",
-           "gpu_timing", "split", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
-           "ParallelAttention", "ParallelBlock", "ParallelGPT", "ONE_SHOT_THRESHOLD"]
+           "gpu_timing", "compare_split", "split", "ColumnParallelLinear", "RowParallelLinear",
+           "ParallelMLP", "ParallelAttention", "ParallelBlock", "ParallelGPT", "ONE_SHOT_THRESHOLD"]
 
 #: the default size (bytes) up to which ``one_host`` uses the book's one-shot kernel: the largest
 #: size at which one_shot_v2 beat NCCL on 4 x H200 in lesson 11's earlier run (it won at 256 KB
@@ -440,6 +440,31 @@ def measure_crossover(devices: Sequence[int] | None = None,
     print(f"one-shot faster at every size up to {threshold} bytes: one_host(threshold_bytes="
           f"{threshold})")
     return {"world": g.world, "rows": rows, "threshold_bytes": threshold, "baseline": name}
+
+
+def compare_split(comm, cfg) -> dict:
+    """One rank of ``dist.spawn(compare_split, N, cfg)``: the unsplit model and its split over the
+    N ranks, the same weights and token ids on every rank; returns the largest difference of
+    the logits and of rank's slice of the first block's ``fc`` gradient, that slice's shape, and
+    the log of the all-reduces (where, elements, bytes)."""
+    model = gpt_build(cfg)
+    ids = torch.randint(0, cfg.vocab, (2, 16), generator=torch.Generator().manual_seed(1))
+    net = ParallelGPT(model, comm.rank, comm.world, TorchAllReduce())
+    y, ref = net(ids), model(ids)                     # split (all-reduces) and unsplit
+    y.pow(2).mean().backward()
+    ref.pow(2).mean().backward()
+    fc, k = net.blocks[0].mlp.fc.weight, net.blocks[0].mlp.fc.weight.shape[0]
+    want = model.blocks[0].fc.weight.grad[comm.rank * k:(comm.rank + 1) * k]
+    return {"logits": float((y - ref).abs().max()),
+            "grad": float((fc.grad - want).abs().max()), "fc": tuple(fc.shape),
+            "log": net.log}
+
+
+def gpt_build(cfg):
+    """``gpt.build(cfg, seed=0)``: the same weights on every rank."""
+    from . import gpt
+
+    return gpt.build(cfg, seed=0)
 
 
 def gpu_timing(world: int, *, batch: int = 8, seq: int = 1024, parts: str = "mlp,block,gpt,comm",

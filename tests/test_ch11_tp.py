@@ -458,3 +458,19 @@ def test_measure_crossover_on_gpus():
     assert res["world"] == dist.gpu_count() and len(res["rows"]) == 3
     assert all(r["one_shot_us"] > 0 for r in res["rows"])
     assert res["threshold_bytes"] in (0, 4 << 10, 64 << 10, 1 << 20)
+
+
+def test_spawn_after_a_gpu_backward_starts_new_interpreters(monkeypatch):
+    """After a backward on a GPU, PyTorch refuses autograd in forked children: dist.spawn then
+    starts the ranks as new interpreters, which import the function by name (a module's runs; a
+    local one is refused with the reason). Simulated: the fork probe answers "unsafe"."""
+    monkeypatch.setattr(dist, "_autograd_fork_safe", lambda: False)
+    cfg = gpt.GPTConfig(vocab=32, d=16, n_layer=1, n_head=2, ctx=16)
+    r = dist.spawn(tp.compare_split, 2, cfg, timeout=120)
+    assert r[0]["fc"] == (32, 16) and max(x["logits"] for x in r) < 1e-5
+
+    def local_rank(comm):
+        return comm.rank
+
+    with pytest.raises(dist.DistError, match="cannot be imported. Define it in a module"):
+        dist.spawn(local_rank, 2)

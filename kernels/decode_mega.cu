@@ -53,6 +53,36 @@
 //                   The barrier count (5 a layer) is v2's. a is rounded to fp16 from partials
 //                   summed in another order than v2's, so logits may differ from v2's by fp16
 //                   ulps.
+//   decode_mega_v4  v3 with no K/V prefetch and with the splits chosen from the length:
+//                   - no K/V prefetch in phase 1 (attention reads the rows itself, as v2 does);
+//                   - the splits follow the length: S = clamp(ceil((pos + 1) / 128), 1, S_max),
+//                     128 keys being one pass of v3's attention, so a split is one pass (the
+//                     fewest splits that add no second pass) and blocks past the B H S tasks
+//                     hold none (v3: S_max = grid / (B H) splits at every length, a few keys
+//                     each). pos is read on the GPU (it advances inside a captured graph), so
+//                     every block computes S from it (mg_splits_v4); the launcher's S is S_max,
+//                     which sizes the partials and shared memory;
+//                   - the combine stays in the proj prologue (every block combines all B H
+//                     heads: its GEMV needs the whole of a). A separate combine needs one more
+//                     barrier, or v2's ticket (a fence, an atomic and the last task's combine
+//                     after each head's slowest split, then proj still reads a from L2); the
+//                     prologue costs only its L2 reads, and mg_combine_v4 issues them at once:
+//                     each (m, l) pair one 8-byte load, together with the first partial outputs
+//                     (v3 read each head's S denominators one after another), over S partials a
+//                     head, not S_max.
+//                   Same formulas and order as v3; where S = S_max (batch 8 on 96 to 191 SMs:
+//                   S = 1), the logits are v3's bit for bit; elsewhere the splits differ and
+//                   the logits may move by fp16 ulps.
+//   decode_mega_v5  v4 with 4 grid barriers a layer: attention needs only its own head's q, k,
+//                   v, so the barrier after phase 1 becomes a count per head (mg_heads_ready:
+//                   each block adds its pairs with atom.release.gpu after __syncthreads, as a
+//                   barrier arrival does; mg_wait_heads: a block with an attention task polls
+//                   its head's count with ld.acquire.gpu until all 3 x 32 pairs are in; block 0
+//                   zeroes the counts after the next barrier, which every waiter has passed).
+//                   The other four cannot go: LN2, the next layer's LN1 and the final LN read
+//                   every element of x (all of proj's or fc2's rows), proj reads every head's
+//                   output, fc2 every fc output. Arithmetic is v4's: logits are v4's bit for
+//                   bit.
 //
 // Rounding follows the book's separate kernels (KernelGPT.step): every GEMV output is rounded to
 // fp16 where that kernel stores fp16 (qkv, attention output, dx, the GELU input and output,
@@ -73,7 +103,8 @@
 //
 // Launch (kernels/decode_mega_launch.py): grid (SMs x blocks per SM), 256 threads, dynamic
 // shared memory B 4d 2 bytes (the fc2 input, the largest GEMV input; v3: at least B d 2 + 4 B H
-// (S + 1), the proj input and mg_combine's weights behind it); static shared memory for
+// (S + 1), the proj input and mg_combine's weights behind it; v4, v5: B d 2 + 4 B H (2 S + 1),
+// mg_combine_v4's m or weights, l and denominators); static shared memory for
 // attention's scores (MEGA_KSMAX floats) and partial outputs. Compiled per (B, d) with
 // -DMEGA_B, -DMEGA_D (defaults 1, 768 for a compile without them). Head dimension 64, d a
 // multiple of 128 up to 1024. No Numba twin: a grid-wide barrier inside one launch has no
@@ -94,6 +125,7 @@
 #define MEGA_WARPS (MEGA_THREADS / 32)
 #define MEGA_HD 64                          // head dimension
 #define MEGA_KSMAX 1024                     // keys of one attention split (scores in shared)
+#define MEGA_ATT_PASS 128                   // keys of one pass of mg_attention_v3 (4 x 32 slots)
 #define MEGA_TIMEOUT_NS 2000000000ull       // a barrier wait this long means: not co-resident
 
 // sync words (uint32): arrival counter, generation, error bits, the LM head's ticket
@@ -177,39 +209,46 @@ __device__ __forceinline__ unsigned mg_atom_add_release(unsigned* p, unsigned v)
     return old;
 }
 
+// Poll the word p with ld.acquire.gpu (one thread) until it is done: its top bit differs from
+// ref's (FLIP) or it is at least ref (not FLIP). After 64 polls sleep between polls; every 1024
+// polls look at the error word and the clock (read only then: the fast path never reads
+// %globaltimer). false when another block reported a timeout, or after MEGA_TIMEOUT_NS (then
+// this thread reports one).
+template <bool FLIP>
+__device__ __forceinline__ bool mg_poll(const unsigned* p, unsigned* sync, unsigned ref) {
+    unsigned spins = 0;
+    unsigned long long t0 = 0;
+    while (FLIP ? ((mg_ld_acquire(p) ^ ref) & 0x80000000u) == 0u : mg_ld_acquire(p) < ref) {
+        ++spins;
+        if (spins > 64) __nanosleep(spins < 4096 ? 20 : 200);
+        if ((spins & 1023u) == 0u) {
+            if (mg_ld_acquire(sync + MEGA_ERR) & MEGA_ERR_TIMEOUT) return false;
+            const unsigned long long now = mg_now_ns();
+            if (t0 == 0) t0 = now;
+            else if (now - t0 > MEGA_TIMEOUT_NS) {
+                atomicOr(sync + MEGA_ERR, (unsigned)MEGA_ERR_TIMEOUT);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 // v3's grid barrier, the one cooperative groups' grid.sync() uses, with a timeout: one word.
 // Thread 0 of block 0 adds 2^31 - (nblocks - 1), every other block 1, with one
 // atom.release.gpu (the block's writes, ordered before it by __syncthreads, are released by the
 // add itself: no separate fence); the word's top bit flips exactly when the last block's add
 // lands, and its low 31 bits come back to what they were (0 after reset()): no reset, no second
 // word, and nobody has to publish a generation after the last arrival (one L2 round trip fewer
-// than grid_barrier). Thread 0 polls with ld.acquire.gpu until the bit differs from the one its
-// add returned; after 64 polls it sleeps between polls; every 1024 polls it looks at the error
-// word and the clock (read only then: the fast path never reads %globaltimer).
+// than grid_barrier). Thread 0 polls (mg_poll) until the bit differs from the one its add
+// returned.
 __device__ __forceinline__ bool grid_barrier_flip(unsigned* sync, unsigned nblocks) {
     __shared__ int ok;
     __syncthreads();                                // the block's phase is done
     if (threadIdx.x == 0) {
-        int good = 1;
         const unsigned add = blockIdx.x == 0 ? 0x80000000u - (nblocks - 1u) : 1u;
         const unsigned old = mg_atom_add_release(sync + MEGA_COUNT, add);
-        unsigned spins = 0;
-        unsigned long long t0 = 0;
-        while (((mg_ld_acquire(sync + MEGA_COUNT) ^ old) & 0x80000000u) == 0u) {
-            ++spins;
-            if (spins > 64) __nanosleep(spins < 4096 ? 20 : 200);
-            if ((spins & 1023u) == 0u) {
-                if (mg_ld_acquire(sync + MEGA_ERR) & MEGA_ERR_TIMEOUT) { good = 0; break; }
-                const unsigned long long now = mg_now_ns();
-                if (t0 == 0) t0 = now;
-                else if (now - t0 > MEGA_TIMEOUT_NS) {
-                    atomicOr(sync + MEGA_ERR, (unsigned)MEGA_ERR_TIMEOUT);
-                    good = 0;
-                    break;
-                }
-            }
-        }
-        ok = good;
+        ok = mg_poll<true>(sync + MEGA_COUNT, sync, old);
     }
     __syncthreads();
     const int r = ok;
@@ -646,6 +685,7 @@ __device__ __forceinline__ void mg_attention_v3(const __half* q, const __half* k
                                                 const __half* vc_l, int L, int n, int S,
                                                 float scale_log2, float* part) {
     constexpr int H = DM / MEGA_HD, D = MEGA_HD, KPT = 4, SLOTS = 4 * MEGA_WARPS;
+    static_assert(KPT * SLOTS == MEGA_ATT_PASS, "v4's splits count passes of this loop");
     __shared__ float wm[MEGA_WARPS], wl[MEGA_WARPS];
     __shared__ float wo[MEGA_WARPS][D];
     const int t = threadIdx.x, lane = t & 31, w = t >> 5, c = lane & 7;
@@ -811,13 +851,140 @@ __device__ __forceinline__ void mg_combine(const float* part, int S, __half* xs,
     }
 }
 
+// ----------------------------------------------------------------------------- v4, v5
+// v4's splits of a head's n keys: one pass of mg_attention_v3 each (at most MEGA_ATT_PASS keys),
+// S = clamp(ceil(n / MEGA_ATT_PASS), 1, smax), smax the launcher's S (grid / (B H): at most one
+// task per block; the partials and mg_combine_v4's shared memory are sized for it). n = pos + 1
+// is read on the GPU, so every block computes S the same way. (The host mirror:
+// decode_mega_launch.active_splits.)
+__device__ __forceinline__ int mg_splits_v4(int n, int smax) {
+    const int s = (n + MEGA_ATT_PASS - 1) / MEGA_ATT_PASS;
+    return s < 1 ? 1 : (s < smax ? s : smax);
+}
+
+// v4's combine: mg_combine's formula and order, but no L2 read waits for another. v3's walked
+// each head's S denominators one dependent L2 load after another; here every (m, l) pair is one
+// 8-byte load (thread i: partial i), issued together with the first NC x KU partial outputs,
+// then both go to shared memory; the weights and denominators are computed from there. ws:
+// m_s then the weights (B H S floats), l_s (B H S), the denominators (B H).
+template <int B, int DM>
+__device__ __forceinline__ void mg_combine_v4(const float* part, int S, __half* xs, float* ws) {
+    constexpr int H = DM / MEGA_HD, D = MEGA_HD, BH = B * H;
+    constexpr int NI = (B * DM + MEGA_THREADS - 1) / MEGA_THREADS;   // outputs per thread
+    constexpr int NC = NI < 16 ? NI : 16;                            // outputs per batch
+    constexpr int KU = NC >= 24 ? 1 : 24 / NC;                       // splits per batch
+    const int t = threadIdx.x, n = BH * S;
+    float* ls = ws + n;
+    float* den = ls + n;
+    float2 ml = make_float2(0.0f, 0.0f);                             // (m, l) of partial t
+    if (t < n) ml = __ldcg(reinterpret_cast<const float2*>(part + (size_t)t * (D + 2) + D));
+#pragma unroll 1
+    for (int i0 = 0; i0 < NI; i0 += NC) {                            // NC outputs at a time
+        float num[NC];
+#pragma unroll
+        for (int i = 0; i < NC; ++i) num[i] = 0.0f;
+        for (int k0 = 0; k0 < S; k0 += KU) {
+            float ov[NC][KU];
+#pragma unroll
+            for (int i = 0; i < NC; ++i) {
+                const int idx = t + (i0 + i) * MEGA_THREADS;
+#pragma unroll
+                for (int u = 0; u < KU; ++u) {
+                    const int k = k0 + u;
+                    ov[i][u] = i0 + i < NI && idx < B * DM && k < S
+                                   ? __ldcg(part + ((size_t)(idx / D) * S + k) * (D + 2) + idx % D)
+                                   : 0.0f;
+                }
+            }
+            if (i0 == 0 && k0 == 0) {              // the first outputs are in flight: weights
+                if (t < n) {
+                    ws[t] = ml.x;
+                    ls[t] = ml.y;
+                }
+#pragma unroll 1
+                for (int i = t + MEGA_THREADS; i < n; i += MEGA_THREADS) {   // grid > 256
+                    const float* pi = part + (size_t)i * (D + 2) + D;
+                    const float2 v = __ldcg(reinterpret_cast<const float2*>(pi));
+                    ws[i] = v.x;
+                    ls[i] = v.y;
+                }
+                __syncthreads();
+                for (int bh = t; bh < BH; bh += MEGA_THREADS) {
+                    float M = -INFINITY;
+                    for (int k = 0; k < S; ++k) M = fmaxf(M, ws[bh * S + k]);
+                    float dn = 0.0f;
+                    for (int k = 0; k < S; ++k) {
+                        const float mk = ws[bh * S + k];
+                        const float wk = mk == -INFINITY ? 0.0f : exp2f(mk - M);   // empty: 0
+                        dn += wk * ls[bh * S + k];
+                        ws[bh * S + k] = wk;
+                    }
+                    den[bh] = dn;
+                }
+                __syncthreads();
+            }
+#pragma unroll
+            for (int i = 0; i < NC; ++i) {
+                const int idx = t + (i0 + i) * MEGA_THREADS;
+#pragma unroll
+                for (int u = 0; u < KU; ++u)
+                    if (i0 + i < NI && idx < B * DM && k0 + u < S)
+                        num[i] += ws[(idx / D) * S + k0 + u] * ov[i][u];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NC; ++i) {
+            const int idx = t + (i0 + i) * MEGA_THREADS;
+            if (i0 + i < NI && idx < B * DM) xs[idx] = __float2half(num[i] / den[idx / D]);
+        }
+    }
+}
+
+// v5: instead of the grid barrier after phase 1, a count per head of the QKV pairs written
+// (cnt[h], h < H: 3 x 32 pairs, the q, k and v rows of head h, every batch row). Block k's warps
+// hold pairs 8k + w + i TW (mg_qkv, TW = 8 G): each round i, 8 pairs of one q, k or v head (8
+// divides a head's 32 pairs, and NP and TW are multiples of 8). After __syncthreads thread 0 adds
+// 8 per round with atom.release.gpu (as grid_barrier_flip's add: it releases the whole block's
+// writes of q and of the cache rows at pos).
+template <int B, int DM>
+__device__ __forceinline__ void mg_heads_ready(unsigned* cnt) {
+    constexpr int H = DM / MEGA_HD, HALF = MEGA_HD / 2, NP = 3 * DM / 2;
+    static_assert(HALF % MEGA_WARPS == 0, "a block's pairs of one round lie in one head");
+    __syncthreads();                               // every warp's q, k, v written
+    if (threadIdx.x == 0)
+        for (int p = blockIdx.x * MEGA_WARPS; p < NP; p += gridDim.x * MEGA_WARPS)
+            mg_atom_add_release(cnt + (p / HALF) % H, (unsigned)MEGA_WARPS);
+}
+
+// v5: thread 0 waits (mg_poll, ld.acquire.gpu) until the head of each of this block's attention
+// tasks (task = (b H + h) S + s, B H S tasks) has all 3 x 32 pairs, then __syncthreads hands the
+// acquired writes to the block. Blocks without a task do not wait. false on a timeout.
+template <int B, int DM>
+__device__ __forceinline__ bool mg_wait_heads(const unsigned* cnt, int S, unsigned* sync) {
+    constexpr int H = DM / MEGA_HD;
+    __shared__ int ok;
+    if (threadIdx.x == 0) {
+        int good = 1;
+        for (int task = blockIdx.x; good && task < B * H * S; task += gridDim.x)
+            good = mg_poll<false>(cnt + (task / S) % H, sync, 3u * (MEGA_HD / 2));
+        ok = good;
+    }
+    __syncthreads();
+    const int r = ok;
+    return r != 0;
+}
+
 // ----------------------------------------------------------------------------- the step
 // lp: (n_layer, 8) device pointers per layer: ln1 gamma, ln1 beta, ln2 gamma, ln2 beta (fp32,
 // d), W_qkv (3d, d), W_proj (d, d), W_fc (4d, d), W_fc2 (d, 4d) (fp16). x (B, d) fp32; q
 // (B, H, D), a (B, d), f (B, 4d) fp16 scratch; part (B H S, D + 2) fp32; cnt (B H) uint32
-// zeros; amax_v, amax_i (grid, B); sync (4) uint32 zeros; logits (B, vocab) fp16; tok (B) and
-// pos (1) int32 in and out; history (B, hist_len) int32 or null.
-template <int B, int DM, bool PF, int NRH, bool V3 = false>
+// zeros (v5: its first H words count each head's QKV pairs); amax_v, amax_i (grid, B); sync (4)
+// uint32 zeros; logits (B, vocab) fp16; tok (B) and pos (1) int32 in and out; history
+// (B, hist_len) int32 or null. S: the splits of a head's keys (v4, v5: the most, see
+// mg_splits_v4).
+// STEP: false (v1, v2), true (v3), 4 or 5 (v4, v5). It is an auto parameter so that v1-v3's
+// instantiations kept the names they had before v4 (their PTX did not change).
+template <int B, int DM, bool PF, int NRH, auto STEP = false>
 __device__ __forceinline__ void decode_mega_body(
     const unsigned long long* __restrict__ lp, const __half* __restrict__ wte,
     const __half* __restrict__ head, const float* __restrict__ lnf_g,
@@ -829,6 +996,8 @@ __device__ __forceinline__ void decode_mega_body(
     static_assert(B >= 1 && B <= MEGA_WARPS, "a warp per batch row normalises x");
     static_assert(DM % 128 == 0 && DM <= 1024, "d: a multiple of 128, at most 1024");
     constexpr int H = DM / MEGA_HD;
+    constexpr int LADDER = STEP == true ? 3 : (int)STEP;
+    constexpr bool V3 = LADDER >= 3, V4 = LADDER >= 4, V5 = LADDER >= 5;
     extern __shared__ uint4 mg_dyn[];
     __half* xs = reinterpret_cast<__half*>(mg_dyn);    // (B, <= 4d) fp16: the GEMV's input
     __shared__ float wbv[MEGA_WARPS][B];
@@ -853,6 +1022,7 @@ __device__ __forceinline__ void decode_mega_body(
 #pragma unroll
     for (int b = 0; b < B; ++b) best[b] = ArgMax{-INFINITY, 0x7fffffff};
     const size_t layer_cache = (size_t)B * H * L * MEGA_HD;
+    const int Sa = V4 ? mg_splits_v4(p + 1, S) : S;    // the splits of this step's p + 1 keys
 
     for (int layer = 0; layer < n_layer; ++layer) {
         const unsigned long long* P = lp + (size_t)layer * 8;
@@ -876,23 +1046,31 @@ __device__ __forceinline__ void decode_mega_body(
                 mg_layernorm<B, DM>(x, nullptr, nullptr, g1, b1, eps, xs, nullptr);
             __syncthreads();
             mg_qkv<B, DM>(Wqkv, xs, p, L, log2_base, q, kc_l, vc_l);
-            if (V3) mg_prefetch_kv<B, DM>(kc_l, vc_l, L, p);
+            if (V5) mg_heads_ready<B, DM>(cnt);
+            if (V3 && !V4) mg_prefetch_kv<B, DM>(kc_l, vc_l, L, p);
             if (PF) {
                 mg_prefetch(Wproj, (unsigned long long)DM * DM * 2);
                 mg_prefetch(Wfc, (unsigned long long)4 * DM * DM * 2);
             }
         }
-        if (!mg_barrier<V3>(sync, G)) return;
+        if (!V5)                                   // v5: a count per head instead
+            if (!mg_barrier<V3>(sync, G)) return;
         // 2. attention over keys 0..p
         if (phases & MEGA_PH_ATT) {
-            if (V3) mg_attention_v3<B, DM>(q, kc_l, vc_l, L, p + 1, S, scale_log2, part);
+            if (V5 && (phases & MEGA_PH_QKV))      // (no QKV phase: nothing to wait for)
+                if (!mg_wait_heads<B, DM>(cnt, Sa, sync)) return;
+            if (V3) mg_attention_v3<B, DM>(q, kc_l, vc_l, L, p + 1, Sa, scale_log2, part);
             else mg_attention<B, DM>(q, kc_l, vc_l, L, p + 1, S, scale_log2, part, cnt, a);
         }
         if (PF) mg_prefetch(Wfc2, (unsigned long long)4 * DM * DM * 2);
         if (!mg_barrier<V3>(sync, G)) return;
+        // every wait on this layer's counts is over: zero them for the next layer's phase 1
+        // (ordered before it by the next barrier, like any write)
+        if (V5 && blockIdx.x == 0 && t < H) cnt[t] = 0u;
         // 3. output projection, x += half(a W_proj^T) (v3: a combined from the partials first)
         if (phases & MEGA_PH_PROJ) {
-            if (V3) mg_combine<B, DM>(part, S, xs, reinterpret_cast<float*>(xs + B * DM));
+            if (V4) mg_combine_v4<B, DM>(part, Sa, xs, reinterpret_cast<float*>(xs + B * DM));
+            else if (V3) mg_combine<B, DM>(part, S, xs, reinterpret_cast<float*>(xs + B * DM));
             else mg_stage<B, DM>(a, xs);
             __syncthreads();
             mg_gemv<B, 2, DM, MEGA_EPI_RESID>(Wproj, DM, xs, x, nullptr, best);
@@ -998,6 +1176,16 @@ extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v2(MEG
 #if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v3)
 extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v3(MEGA_ARGS) {
     decode_mega_body<MEGA_B, MEGA_D, true, 4, true>(MEGA_PASS);
+}
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v4)
+extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v4(MEGA_ARGS) {
+    decode_mega_body<MEGA_B, MEGA_D, true, 4, 4>(MEGA_PASS);
+}
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v5)
+extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v5(MEGA_ARGS) {
+    decode_mega_body<MEGA_B, MEGA_D, true, 4, 5>(MEGA_PASS);
 }
 #endif
 #undef MEGA_PASS

@@ -9,9 +9,12 @@
     ids, logits = mk.generate(prompt, 32)           # the book's prefill, then megakernel steps
     mk.phase_times()                                # each phase alone (with the barriers), us
 
-  VERSIONS, WHAT, MIN_CC, BATCHES, THREADS, HEAD_DIM, MAX_D, KSMAX, PHASES, ALL_PHASES
+  VERSIONS, WHAT, MIN_CC, BATCHES, THREADS, HEAD_DIM, MAX_D, KSMAX, ATT_PASS, PHASES, ALL_PHASES
   check_model(cfg, batch, length)                   the shape refusals (no GPU needed)
   splits(cfg, batch, length, grid, version)         attention's splits of the keys per head
+                                                    (v4, v5: the most; the kernel picks fewer)
+  active_splits(keys, S)                            v4, v5: the splits the kernel takes for
+                                                    ``keys`` (pos + 1) keys (mg_splits_v4)
   shared_bytes(cfg, batch, S, version)              dynamic shared memory a block
   config(cfg, batch, length, version, sms, blocks_per_sm) -> Launch
   megakernel(source, batch, length, version, blocks_per_sm) -> MegaStep     the entry point
@@ -47,22 +50,30 @@ import cudabook as cb
 from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 
 __all__ = ["VERSIONS", "WHAT", "MIN_CC", "BATCHES", "THREADS", "HEAD_DIM", "MAX_D", "KSMAX",
-           "PHASES", "ALL_PHASES", "check_model", "splits", "shared_bytes", "config", "megakernel",
-           "MegaStep", "reference_logits", "compare", "greedy_agreement", "sanitize_targets"]
+           "ATT_PASS", "PHASES", "ALL_PHASES", "check_model", "splits", "active_splits",
+           "shared_bytes", "config", "megakernel", "MegaStep", "reference_logits", "compare",
+           "greedy_agreement", "sanitize_targets"]
 
-VERSIONS = ("decode_mega_v1", "decode_mega_v2", "decode_mega_v3")
+VERSIONS = ("decode_mega_v1", "decode_mega_v2", "decode_mega_v3", "decode_mega_v4",
+            "decode_mega_v5")
 WHAT = {"decode_mega_v1": "one persistent kernel, grid barriers between the phases",
         "decode_mega_v2": "v1 + L2 prefetch of the next phases' weights across barriers, "
                           "4 LM-head rows per warp",
         "decode_mega_v3": "v2 + a one-word grid barrier (release add, acquire poll), attention "
                           "with every warp busy and no last-block combine (the proj phase "
-                          "combines), the layer's K/V prefetched to L2 before the barrier"}
+                          "combines), the layer's K/V prefetched to L2 before the barrier",
+        "decode_mega_v4": "v3 without the K/V prefetch, with the splits per head chosen from the "
+                          "length on the GPU (one 128-key pass each) and a combine whose L2 "
+                          "reads are all in flight at once",
+        "decode_mega_v5": "v4 with 4 grid barriers a layer: attention waits for its own head's "
+                          "q, k, v (a count per head) instead of a barrier after QKV"}
 MIN_CC = (8, 0)
 BATCHES = (1, 2, 4, 8)          # compiled per batch (-DMEGA_B)
 THREADS = 256                   # MEGA_THREADS
 HEAD_DIM = 64                   # MEGA_HD
 MAX_D = 1024                    # a warp holds a row of the LayerNorm in registers
 KSMAX = 1024                    # MEGA_KSMAX: keys of one attention split
+ATT_PASS = 128                  # MEGA_ATT_PASS: keys of one pass of v3's attention (v4's split)
 PHASES = {"qkv": 1, "attention": 2, "proj": 4, "fc": 8, "fc2": 16, "head": 32}
 ALL_PHASES = 63
 ERRORS = {1: "a grid barrier timed out (the blocks were not all resident: another kernel on the "
@@ -100,30 +111,49 @@ def check_model(cfg, batch: int, length: int) -> None:
         raise LaunchError(f"a cache of {length} positions: at least 2 are needed")
 
 
+_ONLINE = ("decode_mega_v3", "decode_mega_v4", "decode_mega_v5")    # v3's attention, its combine
+_BY_LENGTH = ("decode_mega_v4", "decode_mega_v5")                   # S chosen on the GPU
+
+
 def splits(cfg, batch: int, length: int, grid: int, version: str = "decode_mega_v2") -> int:
     """S: enough (batch, head, split) tasks for every block, and at most KSMAX keys a split
     (v1, v2: a split's scores sit in shared memory). v3 keeps no scores (an online softmax), so
-    it takes at most one task per block: S = grid // (batch heads), at least 1."""
-    if version_name(VERSIONS, version, "decode_mega") == "decode_mega_v3":
+    it takes at most one task per block: S = grid // (batch heads), at least 1. v4 and v5 get
+    the same S as a maximum (it sizes the partials and shared memory); each step takes
+    ``active_splits(pos + 1, S)`` of it."""
+    if version_name(VERSIONS, version, "decode_mega") in _ONLINE:
         return max(1, grid // (batch * cfg.n_head))
     return max(ceil_div(grid, batch * cfg.n_head), ceil_div(length, KSMAX))
+
+
+def active_splits(keys: int, S: int) -> int:
+    """v4, v5: the splits per head of a step over ``keys`` (pos + 1) keys, as the kernel
+    computes them from pos (mg_splits_v4): one pass of ATT_PASS keys a split, at least 1 and at
+    most ``S`` (``splits``): clamp(ceil(keys / ATT_PASS), 1, S)."""
+    keys, S = _int(keys, "keys"), _int(S, "S")
+    if keys < 1 or S < 1:
+        raise ValueError(f"keys = {keys}, S = {S}: both must be >= 1")
+    return min(S, max(1, ceil_div(keys, ATT_PASS)))
 
 
 def shared_bytes(cfg, batch: int, S: int, version: str) -> int:
     """Dynamic shared memory: the fc2 input (batch, 4d) fp16; v3 also needs, in the proj phase,
     the input (batch, d) fp16 and the combine's weights and denominators (batch H (S + 1)
-    floats) side by side."""
+    floats) side by side; v4 and v5 the input and batch H (2 S + 1) floats (each split's m or
+    weight and l, each head's denominator), S the most splits."""
     fc2 = batch * 4 * cfg.d * 2
-    if version_name(VERSIONS, version, "decode_mega") != "decode_mega_v3":
+    version = version_name(VERSIONS, version, "decode_mega")
+    if version not in _ONLINE:
         return fc2
-    return max(fc2, batch * cfg.d * 2 + 4 * batch * cfg.n_head * (S + 1))
+    per_split = 2 if version in _BY_LENGTH else 1
+    return max(fc2, batch * cfg.d * 2 + 4 * batch * cfg.n_head * (per_split * S + 1))
 
 
 def config(cfg, batch: int, length: int, version: str = "decode_mega_v2", sms: int = 132,
            blocks_per_sm: int = 1) -> Launch:
     """grid (sms x blocks_per_sm), THREADS threads, ``shared_bytes`` of dynamic shared memory
-    (the fc2 input; v3 at least the combine's too); ``splits`` S and the compile options
-    (-DMEGA_B, -DMEGA_D) as fields."""
+    (the fc2 input; v3-v5 at least the combine's too); ``splits`` S (v4, v5: the most) and the
+    compile options (-DMEGA_B, -DMEGA_D) as fields."""
     version = version_name(VERSIONS, version, "decode_mega")
     check_model(cfg, batch, length)
     sms, bps = _int(sms, "sms"), _int(blocks_per_sm, "blocks_per_sm")
@@ -273,7 +303,8 @@ class MegaStep:
                                 "clears the error)")
 
     def reset(self) -> None:
-        """Clear the error word, the barrier's words and the tickets (after an error only)."""
+        """Clear the error word, the barrier's words, the tickets and v5's counts per head
+        (after an error only)."""
         self.sync[...] = 0
         self.cnt[...] = 0
 
@@ -337,8 +368,11 @@ class MegaStep:
         """Microseconds per step of: the whole step, the barriers alone (no phase), and each
         phase alone with every barrier (its cost = that minus the barriers). Each captured as a
         graph and replayed ``repeat`` times between CUDA events; pos, tok, history and the
-        residual are restored after each (the cache keeps what the replays wrote). In v3 the
-        attention combine runs in the proj phase (its prologue), so "proj" includes it."""
+        residual are restored after each (the cache keeps what the replays wrote). In v3-v5 the
+        attention combine runs in the proj phase (its prologue), so "proj" includes it. v5 has 4
+        barriers a layer (no barrier after QKV), so its "barriers only" counts 4 a layer, and
+        its attention waits for the heads' counts only when QKV runs too: "attention" alone
+        leaves the wait out, the whole step has it."""
 
         run = self.run
         self._room(repeat + 2)
@@ -445,18 +479,20 @@ def greedy_agreement(mk: MegaStep, book, prompt, n: int = 32) -> dict:
 
 def sanitize_targets():
     """Two steps of the tiny GPT's shapes at batch 2 (every phase, the tickets, the barriers)
-    after a 5-token prefill."""
+    after a 5-token prefill, in v2 and in v5 (v3's attention, v4's splits and combine, v5's
+    counts)."""
     import torch
 
     from cudabook import gpt
 
     model = gpt.build(gpt.TINY, 0, "cuda", torch.float16)
-    mk = megakernel(model, batch=2, length=64, version="decode_mega_v2")
-    mk.run.prefill(np.arange(10, dtype=np.int64).reshape(2, 5))
+    for version in ("decode_mega_v2", "decode_mega_v5"):
+        mk = megakernel(model, batch=2, length=64, version=version)
+        mk.run.prefill(np.arange(10, dtype=np.int64).reshape(2, 5))
 
-    def two_steps() -> None:
-        mk.run.pos[...] = 5                     # the same positions at every call
-        mk.step()
-        mk.step()
+        def two_steps(mk=mk) -> None:
+            mk.run.pos[...] = 5                 # the same positions at every call
+            mk.step()
+            mk.step()
 
-    yield "decode_mega_v2 (tiny GPT, batch 2, 2 steps)", two_steps
+        yield f"{version} (tiny GPT, batch 2, 2 steps)", two_steps

@@ -1,9 +1,12 @@
-"""The decode megakernel (kernels/decode_mega.cu): its refusals and launch record on the CPU; on a
-GPU (cc 8.0+) its logits against the book's step and a float64 PyTorch reference at positions 0,
-1, 2, 511 and ragged ones, batch 1 and 8, graph replay against launches, greedy tokens against
-the book's engine, and the error word."""
+"""The decode megakernel (kernels/decode_mega.cu): its refusals and launch record on the CPU, and
+v4's splits against the kernel's constants; on a GPU (cc 8.0+) its logits against the book's
+step and a float64 PyTorch reference at positions 0, 1, 2, 511 and ragged ones, batch 1 and 8,
+graph replay against launches, greedy tokens against the book's engine, the later versions
+against the earlier ones, and the error word."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -79,6 +82,48 @@ def test_v3_takes_one_task_per_block_and_room_for_the_combine():
     assert S == 132 // H and t.shared == max(4 * d * 2, d * 2 + 4 * H * (S + 1))
 
 
+@pytest.mark.parametrize("version", ["v4", "v5"])
+def test_v4_sizes_for_the_most_splits_and_room_for_its_combine(version):
+    c = dm.config(gpt.GPT2_SMALL, 1, 1024, version, sms=132)
+    assert c.kernel == f"decode_mega_{version}"
+    assert c.splits == dm.config(gpt.GPT2_SMALL, 1, 1024, "v3", sms=132).splits == 132 // 12
+    assert c.shared == 4 * 768 * 2                # the fc2 input is the larger need here
+    assert dm.config(gpt.GPT2_SMALL, 8, 4096, version, sms=132).splits == 1
+    t = dm.config(gpt.TINY, 1, 64, version, sms=132)   # many splits of a few heads
+    S, H, d = t.splits, gpt.TINY.n_head, gpt.TINY.d
+    assert S == 132 // H and t.shared == max(4 * d * 2, d * 2 + 4 * H * (2 * S + 1))
+    # where the combine's part is the larger (many splits): v3's m, v4's m and l a split
+    assert dm.shared_bytes(gpt.TINY, 1, 200, "v3") == d * 2 + 4 * H * (200 + 1)
+    assert dm.shared_bytes(gpt.TINY, 1, 200, version) == d * 2 + 4 * H * (2 * 200 + 1)
+
+
+def test_v4_splits_are_one_pass_each_within_the_most():
+    P = dm.ATT_PASS
+    S = dm.splits(gpt.GPT2_SMALL, 1, 1024, 132, "v4")
+    assert S == 11
+    got = {n: dm.active_splits(n, S) for n in (1, 2, P - 1, P, P + 1, 2 * P, 2 * P + 1, 513,
+                                               1024, 10 * P + 1, 11 * P, 5000)}
+    assert got == {1: 1, 2: 1, P - 1: 1, P: 1, P + 1: 2, 2 * P: 2, 2 * P + 1: 3, 513: 5,
+                   1024: 8, 10 * P + 1: 11, 11 * P: 11, 5000: 11}
+    for n in range(1, 3000):                      # one pass a split, unless S is at its most
+        s = dm.active_splits(n, S)
+        assert 1 <= s <= S and (-(-n // s) <= P or s == S), n
+        assert s == 1 or -(-n // (s - 1)) > P or s == S, n   # and no fewer splits would do
+    assert all(dm.active_splits(n, 1) == 1 for n in (1, 129, 4096))   # batch 8 on 132 SMs
+    with pytest.raises(ValueError, match=">= 1"):
+        dm.active_splits(0, S)
+
+
+def test_the_launchers_constants_are_the_kernels():
+    src = (cb.compile.KERNELS_DIR / "decode_mega.cu").read_text()
+    const = {k: int(v) for k, v in re.findall(r"^#define (MEGA_\w+) (\d+)\b", src, re.M)}
+    assert const["MEGA_ATT_PASS"] == dm.ATT_PASS    # mg_splits_v4 and active_splits agree
+    assert const["MEGA_THREADS"] == dm.THREADS and const["MEGA_HD"] == dm.HEAD_DIM
+    assert const["MEGA_KSMAX"] == dm.KSMAX
+    ph = {k[len("MEGA_PH_"):].lower(): v for k, v in const.items() if k.startswith("MEGA_PH_")}
+    assert ph == {"att" if k == "attention" else k: v for k, v in dm.PHASES.items()}
+
+
 def test_phase_mask_names_every_phase_once():
     bits = list(dm.PHASES.values())
     assert sorted(bits) == [1 << i for i in range(6)] and sum(bits) == dm.ALL_PHASES
@@ -131,7 +176,7 @@ def test_logits_from_position_0_and_after_511_and_ragged_prompts(small, version)
 
 
 @gpu
-@pytest.mark.parametrize("version", ["v2", "v3"])
+@pytest.mark.parametrize("version", ["v2", "v3", "v4", "v5"])
 def test_batch_8_rows_each_match(small, version):
     model, model64 = small
     mk, book = _pair(model, 8, version)
@@ -164,7 +209,7 @@ def test_graph_replays_are_the_launches_bit_for_bit(small, version):
 
 
 @gpu
-@pytest.mark.parametrize("version", ["v2", "v3"])
+@pytest.mark.parametrize("version", ["v2", "v3", "v4", "v5"])
 @pytest.mark.parametrize("cfg", ["tiny", "small"])
 def test_greedy_tokens_are_the_book_engines(small, cfg, version):
     import torch
@@ -195,33 +240,62 @@ def test_a_position_past_the_cache_sets_the_error_word_and_reset_clears_it(small
     assert int(mk.run.pos[0]) == 6 and mk.errors() is None
 
 
-@gpu
-@pytest.mark.parametrize("batch", [1, 8])
-def test_v3_logits_are_v2s_to_fp16_rounding_and_its_tokens_the_same(small, batch):
-    """v3 sums attention in another order: its logits may move by fp16 ulps, never more."""
+def _generate(model, batch, versions, prompt, n=8):
+    """(ids, logits, S, keys) of ``n`` greedy tokens after ``prompt`` from each version."""
     import cupy as cp
 
-    model, _ = small
-    prompt = np.random.default_rng(4).integers(0, 50257, (batch, 61))
     out = {}
-    for version in ("v2", "v3"):
+    for version in versions:
         mk, _ = _pair(model, batch, version)
-        ids, logits = mk.generate(prompt, 8)
-        out[version] = (ids, logits)
+        ids, logits = mk.generate(prompt, n)
         mk.check()
-    (i2, l2), (i3, l3) = out["v2"], out["v3"]
+        T = prompt.shape[-1]
+        out[version] = (ids, logits, mk.launch.splits, range(T + 1, T + n))
+        del mk
+    cp.cuda.Device().synchronize()
+    return out
+
+
+@gpu
+@pytest.mark.parametrize("version", ["v3", "v4"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_v3_v4_logits_are_v2s_to_fp16_rounding_and_their_tokens_the_same(small, batch, version):
+    """v3 sums attention in another order, v4 also over other splits: their logits may move by
+    fp16 ulps, never more. After 125 tokens v4's steps cross 128 keys (at batch 1: 1 split,
+    then 2)."""
+    model, _ = small
+    prompt = np.random.default_rng(4).integers(0, 50257, (batch, 125))
+    out = _generate(model, batch, ("v2", version), prompt)
+    (i2, l2, _, _), (i3, l3, _, _) = out["v2"], out[version]
     u = 2.0 ** -11                                # compare()'s tolerance, v2 as the reference
     tol = 4 * (model.cfg.n_layer + 1) * u * np.sqrt((l2 ** 2).mean(-1, keepdims=True)) + \
         u * np.abs(l2)
     worst = float((np.abs(l3 - l2) / tol).max())
-    assert worst <= 1, f"v3's logits are {worst:.2f} of fp16 rounding's tolerance from v2's: " \
-        "a wrong partial, split or combine weight?"
+    assert worst <= 1, f"{version}'s logits are {worst:.2f} of fp16 rounding's tolerance from " \
+        "v2's: a wrong partial, split or combine weight?"
     if not (i2 == i3).all():
         first = int(np.flatnonzero((i2 != i3).any(0))[0])
         top = np.sort(l2[first], -1)[:, -2:]
         gap = float((top[:, 1] - top[:, 0]).min())
         assert gap <= 4e-3, f"greedy tokens part at step {first}, not a near tie (gap {gap:.3g})"
-    cp.cuda.Device().synchronize()
+
+
+@gpu
+@pytest.mark.parametrize("batch", [1, 8])
+def test_v5_is_v4_bit_for_bit_and_v4_is_v3_where_their_splits_agree(small, batch):
+    """v5 only replaces a barrier by counts per head: a head read before its q, k, v are all
+    written would change the logits. v4 takes v3's arithmetic over fewer splits: where it takes
+    as many as v3 (batch 8 on 96 to 191 SMs: 1 split), its logits are v3's."""
+    model, _ = small
+    prompt = np.random.default_rng(5).integers(0, 50257, (batch, 125))
+    out = _generate(model, batch, ("v3", "v4", "v5"), prompt)
+    (_, l3, S, keys), (i4, l4, _, _), (i5, l5, _, _) = out["v3"], out["v4"], out["v5"]
+    assert (i5 == i4).all() and np.array_equal(l5, l4), \
+        f"v5 differs from v4 by {float(np.abs(l5 - l4).max()):.3g}: a head's attention read " \
+        "its q, k or v before the count said they were written?"
+    if all(dm.active_splits(n, S) == S for n in keys):
+        assert np.array_equal(l4, l3), f"v4 with v3's {S} splits differs from v3 by " \
+            f"{float(np.abs(l4 - l3).max()):.3g}"
 
 
 @gpu

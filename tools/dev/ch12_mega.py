@@ -1,7 +1,8 @@
 """The decode megakernel (kernels/decode_mega.cu) at GPT-2-small shapes, fp16, random weights:
 checked against the book's step and float64, then timed against the book's graph and PyTorch.
 
-1. each version compiled and launched: registers, shared memory, grid, splits;
+1. each version compiled and launched: registers, shared memory, grid, splits (v4, v5: the most,
+   and the splits they take at CTX cached positions);
 2. logits against the book's step (KernelGPT.step) and a float64 PyTorch reference at positions
    0, 1, 2, after a prompt of 511 and a ragged one (37), batch 1 and 8; 32 greedy tokens from
    both engines; graph replays against launches, bit for bit;
@@ -11,7 +12,8 @@ checked against the book's step and float64, then timed against the book's graph
    per token, (c) / (a), and the memory bound (decoder.step_bytes at the measured copy
    bandwidth); every timed step validated after timing;
 4. with --phases, each phase alone with every barrier, and the barriers alone (MegaStep.
-   phase_times); with --variants, v2 at 2 blocks per SM (refused where it does not fit);
+   phase_times; v5 has 4 barriers a layer, and its "attention" alone leaves out the wait for the
+   heads' counts); with --variants, v2 at 2 blocks per SM (refused where it does not fit);
 5. a summary table: us per token and the ratio to the baseline for each version and batch, and
    the phase breakdowns.
 
@@ -21,7 +23,7 @@ timing: the error word is cleared and checked before a version is timed and chec
 --checks quick keeps, at batch 1 only, the comparison after a prompt of 511, the greedy tokens
 and the graph replays.
 
-    PYTHONPATH=. python tools/dev/ch12_mega.py [--ctx 512] [--batch 1 8] [--versions v2 v3]
+    PYTHONPATH=. python tools/dev/ch12_mega.py [--ctx 512] [--batch 1 8] [--versions v3 v4 v5]
                                                [--checks full|quick] [--no-compile]
                                                [--phases] [--variants] [--out mega.json]
 """
@@ -145,6 +147,8 @@ def main() -> int:
                            "local_bytes": int(res["local_size_bytes"]),
                            "dynamic_smem": mk.launch.shared, "grid": mk.launch.grid[0],
                            "splits": mk.launch.splits, "blocks_per_sm_fit": fit}
+                    if version in ("decode_mega_v4", "decode_mega_v5"):    # pos = ctx
+                        rec["splits_at_ctx"] = dm.active_splits(a.ctx + 1, mk.launch.splits)
                     print(f"{version} B={B}: {rec}")
                     RESULTS["compile"][f"{version}_b{B}"] = rec
                 except Exception as e:  # noqa: BLE001

@@ -443,8 +443,10 @@ def test_tp_train_on_gpus():
     cfg = gpt.GPTConfig(vocab=512, d=256, n_layer=2, n_head=4, ctx=256)
     one = tp.gpu_timing(1, batch=2, seq=256, steps=3, warmup=1, cfg=cfg)
     two = tp.gpu_timing(2, batch=2, seq=256, steps=3, warmup=1, cfg=cfg)
-    assert set(one["ms"]) == {"mlp unsplit", "block unsplit", "gpt unsplit"}
-    assert set(two["ms"]) == {"mlp book", "mlp torch TP", "block book", "gpt book", "all-reduce"}
+    assert set(one["ms"]) == {"mlp unsplit", "block unsplit", "gpt unsplit", "mlp unsplit graph",
+                              "block unsplit graph"}, one["graph_errors"]
+    assert {"mlp book", "mlp torch TP", "block book", "gpt book", "all-reduce", "mlp book graph",
+            "block book graph"} <= set(two["ms"]), two["graph_errors"]
     c = two["check"]
     assert c["mlp output"] <= 2e-2 * c["mlp scale"] and c["block output"] <= 2e-2 * c["block scale"]
     assert abs(c["gpt loss"][0] - c["gpt loss"][1]) <= 1e-2 * c["gpt loss"][1]

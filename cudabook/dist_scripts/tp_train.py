@@ -13,6 +13,9 @@ after --warmup (CUDA events, the slowest rank), forward + backward (no optimizer
           weights: what a practitioner would use.
   block   one whole block (LayerNorms, attention with RoPE, MLP): ParallelBlock, or the block.
   gpt     the whole model, loss = cross entropy of the next token: ParallelGPT, or the model.
+  graph   (CUDA) the mlp and block parts also captured in a CUDA graph after warm-up (NCCL's
+          all-reduces inside), the way a latency-bound step is run: the host's launch cost is
+          gone, what remains is the GPU's. Host time per call is recorded for every part.
   comm    one NCCL all-reduce of a (batch x seq, d) bf16 activation alone: the message every
           split layer sends (the mlp part sends 2 of them, a block 4, the model 4 per layer).
 Before timing, rank 0 compares the split outputs and the fc gradient with the unsplit model
@@ -56,9 +59,11 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc(x), approximate="tanh"))
 
 
-def timed(fn, steps: int, warmup: int, dev) -> float:
-    """ms per call of ``fn`` (CUDA events on this rank's stream; wall clock on the CPU), the
-    slowest rank's."""
+def timed(fn, steps: int, warmup: int, dev) -> tuple[float, float]:
+    """(ms per call of ``fn``, host ms per call), the slowest rank's. The first is CUDA events
+    on this rank's stream (wall clock on the CPU); the second the time the host took to issue
+    the calls (before the final synchronisation): where it equals the first, the host, not the
+    GPU, sets the pace."""
     for _ in range(warmup):
         fn()
     cuda = dev.type == "cuda"
@@ -71,15 +76,36 @@ def timed(fn, steps: int, warmup: int, dev) -> float:
     t0 = time.perf_counter()
     for _ in range(steps):
         fn()
+    host = (time.perf_counter() - t0) * 1e3 / steps
     if cuda:
         e1.record()
         torch.cuda.synchronize(dev)
         ms = e0.elapsed_time(e1) / steps
     else:
-        ms = (time.perf_counter() - t0) * 1e3 / steps
-    t = torch.tensor([ms], dtype=torch.float64, device=dev)
+        ms = host
+    t = torch.tensor([ms, host], dtype=torch.float64, device=dev)
     td.all_reduce(t, op=td.ReduceOp.MAX)
-    return float(t)
+    return float(t[0]), float(t[1])
+
+
+def graphed(fn, dev):
+    """``fn`` (a forward + backward) captured once in a CUDA graph, after warm-up calls on a
+    side stream (PyTorch's recipe for whole-network capture); returns the graph's replay. The
+    NCCL all-reduces inside are captured too: every rank replays its graph, and the captured
+    collectives meet as the eager ones do."""
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(dev).wait_stream(s)
+    torch.cuda.synchronize(dev)
+    td.barrier()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize(dev)
+    return g.replay
 
 
 def fwd_bwd(net, x_or_ids, loss_of):
@@ -142,8 +168,21 @@ def main() -> None:
            "message_bytes": tokens * cfg.d * (torch.finfo(dtype).bits // 8), "ms": {}, "check": {}}
     ar = tp.TorchAllReduce()
 
-    def T(fn) -> float:                        # ms per call, the slowest rank's
-        return timed(fn, a.steps, a.warmup, dev)
+    out["host_ms"], out["graph_errors"] = {}, {}
+
+    def T(name: str, fn, graph: bool = False) -> None:
+        """out["ms"][name] (and out["host_ms"][name]): fn timed, eagerly or as a CUDA graph
+        (CUDA only; a capture that fails is reported in out["graph_errors"], not raised)."""
+        if graph:
+            if not cuda:
+                return
+            try:
+                fn = graphed(fn, dev)
+            except Exception as e:  # noqa: BLE001  (the eager numbers still stand)
+                out["graph_errors"][name] = f"{type(e).__name__}: {str(e)[:300]}"
+                torch.cuda.synchronize(dev)
+                return
+        out["ms"][name], out["host_ms"][name] = timed(fn, a.steps, a.warmup, dev)
 
     mean_sq = lambda y: y.float().pow(2).mean()                         # noqa: E731
     gap = lambda y, r: float((y.detach().float() - r.detach().float()).abs().max())  # noqa: E731
@@ -154,7 +193,8 @@ def main() -> None:
     if "mlp" in parts:
         base = MLP(blk, dev, dtype)
         if world == 1:
-            out["ms"]["mlp unsplit"] = T(lambda: fwd_bwd(base, x, mean_sq))
+            T("mlp unsplit", lambda: fwd_bwd(base, x, mean_sq))
+            T("mlp unsplit graph", lambda: fwd_bwd(base, x, mean_sq), graph=True)
         else:
             mine = tp.ParallelMLP(blk.fc, blk.fc2, rank, world, ar)
             y, ref = mine(x), base(x)
@@ -165,7 +205,8 @@ def main() -> None:
             out["check"]["mlp fc grad"] = float((mine.fc.weight.grad.float() - base.fc.weight.grad[
                 rank * k:(rank + 1) * k].float()).abs().max())
             out["check"]["mlp scale"] = float(ref.detach().float().abs().max())
-            out["ms"]["mlp book"] = T(lambda: fwd_bwd(mine, x, mean_sq))
+            T("mlp book", lambda: fwd_bwd(mine, x, mean_sq))
+            T("mlp book graph", lambda: fwd_bwd(mine, x, mean_sq), graph=True)
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.tensor.parallel import (
                 ColwiseParallel,
@@ -177,32 +218,31 @@ def main() -> None:
                                         {"fc": ColwiseParallel(), "fc2": RowwiseParallel()})
             yt = theirs(x)
             out["check"]["mlp torch TP output"] = gap(yt, ref)
-            out["ms"]["mlp torch TP"] = timed(lambda: fwd_bwd(theirs, x, mean_sq), a.steps,
-                                              a.warmup, dev)
+            T("mlp torch TP", lambda: fwd_bwd(theirs, x, mean_sq))
+            T("mlp torch TP graph", lambda: fwd_bwd(theirs, x, mean_sq), graph=True)
             del mine, theirs
         del base
     if "block" in parts:
         if world == 1:
-            out["ms"]["block unsplit"] = timed(lambda: _block_step(blk, x, cos, sin), a.steps,
-                                               a.warmup, dev)
+            T("block unsplit", lambda: _block_step(blk, x, cos, sin))
+            T("block unsplit graph", lambda: _block_step(blk, x, cos, sin), graph=True)
         else:
             pb = tp.ParallelBlock(blk, rank, world, ar)
             y, ref = pb(x, cos, sin), blk(x, cos, sin)
             out["check"]["block output"] = gap(y, ref)
             out["check"]["block scale"] = float(ref.detach().float().abs().max())
-            out["ms"]["block book"] = timed(lambda: _block_step(pb, x, cos, sin), a.steps,
-                                            a.warmup, dev)
+            T("block book", lambda: _block_step(pb, x, cos, sin))
+            T("block book graph", lambda: _block_step(pb, x, cos, sin), graph=True)
             del pb
     if "gpt" in parts:
         if world == 1:
-            out["ms"]["gpt unsplit"] = timed(lambda: fwd_bwd(model, ids, gpt_loss), a.steps,
-                                             a.warmup, dev)
+            T("gpt unsplit", lambda: fwd_bwd(model, ids, gpt_loss))
         else:
             pg = tp.ParallelGPT(model, rank, world, ar)
             with torch.no_grad():
                 lp, lr = gpt_loss(pg(ids)), gpt_loss(model(ids))
             out["check"]["gpt loss"] = [float(lp), float(lr)]
-            out["ms"]["gpt book"] = T(lambda: fwd_bwd(pg, ids, gpt_loss))
+            T("gpt book", lambda: fwd_bwd(pg, ids, gpt_loss))
             del pg
     if "comm" in parts and world > 1:
         buf = torch.ones(tokens, cfg.d, device=dev, dtype=dtype)
@@ -211,9 +251,8 @@ def main() -> None:
             td.all_reduce(buf)
             buf.fill_(1.0)                     # stays finite; the fill is timed too (small)
 
-        out["ms"]["all-reduce"] = timed(reduce, a.steps, a.warmup, dev)
-        fill = timed(lambda: buf.fill_(1.0), a.steps, a.warmup, dev)
-        out["ms"]["all-reduce"] -= fill
+        T("all-reduce", reduce)
+        out["ms"]["all-reduce"] -= timed(lambda: buf.fill_(1.0), a.steps, a.warmup, dev)[0]
     out["params"] = sum(p.numel() for p in model.parameters())
     out["peak_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None
     if rank == 0:

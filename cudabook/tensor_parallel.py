@@ -59,8 +59,9 @@ from torch import nn
 
 __all__ = ["TensorParallelError", "TorchAllReduce", "Threshold", "ThreadGroup", "run_threads",
            "local_sum", "PeerOneShot", "PeerRing", "CupyNccl", "one_host", "measure_crossover",
-           "gpu_timing", "compare_split", "split", "ColumnParallelLinear", "RowParallelLinear",
-           "ParallelMLP", "ParallelAttention", "ParallelBlock", "ParallelGPT", "ONE_SHOT_THRESHOLD"]
+           "gpu_timing", "decode_timing", "compare_split", "ParallelDecoder", "split",
+           "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
+           "ParallelBlock", "ParallelGPT", "ONE_SHOT_THRESHOLD"]
 
 #: the default size (bytes) up to which ``one_host`` uses the book's one-shot kernel: the largest
 #: size at which one_shot_v2 beat NCCL on 4 x H200 in lesson 11's earlier run (it won at 256 KB
@@ -442,6 +443,112 @@ def measure_crossover(devices: Sequence[int] | None = None,
     return {"world": g.world, "rows": rows, "threshold_bytes": threshold, "baseline": name}
 
 
+class ParallelDecoder:
+    """``decoder.StaticCacheDecoder``'s step (static KV cache, position on the GPU, capturable)
+    with every block split over ``world`` ranks as in ``ParallelBlock``: rank r holds the Q, K, V
+    rows and the cache of heads [r H/N, (r+1) H/N), the matching columns of the output
+    projection, rows r of ``fc`` and columns r of ``fc2``; two all-reduces of one token's
+    activation (B, 1, d) per block. The embedding, the LayerNorms and the LM head are replicated.
+
+        dec = tp.ParallelDecoder(model, rank, world, tp.TorchAllReduce(), batch=1, length=1024)
+        dec.prefill(ids)          # the unsplit model fills a full cache once; this rank keeps its
+        dec.step()                # heads. tok at pos in; logits, next tok and pos + 1 out
+
+    Every rank must run ``prefill`` and then the same number of steps (each step's all-reduces
+    meet the other ranks'). ``world`` must divide the number of heads."""
+
+    def __init__(self, model: nn.Module, rank: int, world: int, allreduce: Callable,
+                 batch: int = 1, length: int | None = None):
+        _check_rank(rank, world, "ParallelDecoder")
+        cfg = self.cfg = model.cfg
+        if cfg.n_head % world:
+            raise TensorParallelError(f"ParallelDecoder: {cfg.n_head} heads cannot be split over "
+                                      f"{world} ranks (world must divide n_head: one of "
+                                      f"{_divisors(cfg.n_head)})")
+        self.wire = _Wire(allreduce, world, "ParallelDecoder")
+        self.model, self.rank, self.world = model, rank, world
+        self.B, self.L = int(batch), int(length or cfg.ctx)
+        if self.B < 1 or not 2 <= self.L <= cfg.ctx:
+            raise TensorParallelError(f"ParallelDecoder: batch >= 1 and 2 <= length <= {cfg.ctx}, "
+                                      f"got batch {batch}, length {length}")
+        H, D, d = cfg.n_head, cfg.head_dim, cfg.d
+        h, k4 = H // world, 4 * d // world
+        self.h = h
+        p = next(model.parameters())
+        dev, dt = p.device, p.dtype
+        self.w = []
+        with torch.no_grad():
+            for b in model.blocks:
+                qkv = b.qkv.weight.reshape(3, H, D, d)[:, rank * h:(rank + 1) * h]
+                self.w.append((qkv.reshape(3 * h * D, d).contiguous(),
+                               b.proj.weight[:, rank * h * D:(rank + 1) * h * D].contiguous(),
+                               b.fc.weight[rank * k4:(rank + 1) * k4].contiguous(),
+                               b.fc2.weight[:, rank * k4:(rank + 1) * k4].contiguous()))
+        shape = (cfg.n_layer, self.B, h, self.L, D)
+        self.k = torch.zeros(shape, device=dev, dtype=dt)
+        self.v = torch.zeros_like(self.k)
+        self.pos = torch.zeros((), dtype=torch.long, device=dev)
+        self.tok = torch.zeros(self.B, 1, dtype=torch.long, device=dev)
+        self.logits = torch.zeros(self.B, cfg.vocab, dtype=torch.float32, device=dev)
+        self.ar = torch.arange(self.L, device=dev)
+        self.host_pos = 0
+
+    @property
+    def log(self) -> list:
+        return self.wire.log
+
+    def prefill(self, ids) -> torch.Tensor:
+        """The prompt ``ids`` (B, T) through the unsplit model (``StaticCacheDecoder.prefill``,
+        a full cache made once); this rank keeps its heads' keys and values. Returns the
+        logits (B, T, vocab)."""
+        from .decoder import StaticCacheDecoder
+
+        full = StaticCacheDecoder(self.model, self.B, self.L)
+        lg = full.prefill(ids)
+        r, h = self.rank, self.h
+        self.k.copy_(full.cache.k[:, :, r * h:(r + 1) * h])
+        self.v.copy_(full.cache.v[:, :, r * h:(r + 1) * h])
+        self.tok.copy_(full.tok)
+        self.logits.copy_(full.logits)
+        self.reset(full.host_pos)
+        return lg
+
+    def reset(self, pos: int) -> None:
+        self.pos.fill_(int(pos))
+        self.host_pos = int(pos)
+
+    def step(self) -> None:
+        """One decode step, device work only (capturable), the same as StaticCacheDecoder.step
+        on this rank's heads and slices, with the all-reduce after the projection and after
+        fc2."""
+        from .gpt import _rope
+
+        m, B, cfg, h = self.model, self.B, self.cfg, self.h
+        D = cfg.head_dim
+        with torch.no_grad():
+            p1 = self.pos.view(1)
+            cos, sin = m.cos.index_select(0, p1), m.sin.index_select(0, p1)
+            mask = (self.ar <= self.pos).view(1, 1, 1, self.L)
+            x = m.wte(self.tok)                                         # (B, 1, d)
+            for i, (b, (wqkv, wproj, wfc, wfc2)) in enumerate(zip(m.blocks, self.w)):
+                qkv = F.linear(b.ln1(x), wqkv).view(B, 1, 3, h, D).permute(2, 0, 3, 1, 4)
+                q, k = _rope(qkv[0], cos, sin), _rope(qkv[1], cos, sin)   # (B, h, 1, D)
+                K, V = self.k[i], self.v[i]
+                K.index_copy_(2, p1, k)
+                V.index_copy_(2, p1, qkv[2])
+                o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
+                y = F.linear(o.transpose(1, 2).reshape(B, 1, h * D), wproj)
+                self.wire(y, "decode proj")
+                x = x + y
+                y = F.linear(F.gelu(F.linear(b.ln2(x), wfc), approximate="tanh"), wfc2)
+                self.wire(y, "decode fc2")
+                x = x + y
+            lg = m.head(m.ln_f(x)).float()[:, -1]
+            self.logits.copy_(lg)
+            self.tok.copy_(lg.argmax(-1, keepdim=True))
+            self.pos.add_(1)
+
+
 def compare_split(comm, cfg) -> dict:
     """One rank of ``dist.spawn(compare_split, N, cfg)``: the unsplit model and its split over the
     N ranks, the same weights and token ids on every rank; returns the largest difference of
@@ -490,6 +597,28 @@ def gpu_timing(world: int, *, batch: int = 8, seq: int = 1024, parts: str = "mlp
             "--layers", cfg.n_layer, "--vocab", cfg.vocab, "--steps", steps, "--warmup", warmup,
             "--parts", parts, "--device", device]
     return dist.torchrun("tp_train", world, args=[str(a) for a in args], timeout=timeout)
+
+
+def decode_timing(world: int, *, batch: int = 1, prompt: int = 512, steps: int = 100,
+                  device: str = "cuda", cfg=None, timeout: float = 600.0) -> dict | None:
+    """Microseconds per token of ``ParallelDecoder`` on ``world`` GPUs of this host (world 1:
+    ``decoder.StaticCacheDecoder``, the book's PyTorch baseline), each captured in a CUDA graph,
+    at GPT-2-small shapes (or ``cfg``) after a ``prompt``-token prefill: torchrun of
+    ``dist_scripts/tp_decode.py``. ``device="cpu"``: gloo processes, the eager check only. None
+    (after saying why) without the GPUs."""
+    from . import dist
+    from .gpt import GPT2_SMALL
+
+    cfg = cfg or GPT2_SMALL
+    if not isinstance(world, int) or world < 1 or cfg.n_head % world:
+        raise TensorParallelError(f"decode_timing: world must be an int >= 1 that divides "
+                                  f"n_head (one of {_divisors(cfg.n_head)}), got {world!r}")
+    if device == "cuda" and not dist.need_gpus(world, "the tensor-parallel decode"):
+        return None
+    args = ["--batch", batch, "--prompt", prompt, "--length", cfg.ctx, "--steps", steps,
+            "--dim", cfg.d, "--n-head", cfg.n_head, "--layers", cfg.n_layer, "--vocab",
+            cfg.vocab, "--device", device]
+    return dist.torchrun("tp_decode", world, args=[str(a) for a in args], timeout=timeout)
 
 
 # ============================================================================ f and g

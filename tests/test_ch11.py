@@ -253,7 +253,7 @@ def test_torchrun_refuses_bad_arguments(tmp_path):
         dist.torchrun(tmp_path / "missing.py", 2)
     with pytest.raises(FileNotFoundError,
                        match=r"scripts are \['allreduce_sweep', 'ddp_train', 'sharded_train', "
-                             r"'tp_train'\]"):
+                             r"'tp_decode', 'tp_train'\]"):
         dist.torchrun("ddp_trian", 2)
 
 

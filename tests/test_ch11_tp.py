@@ -476,3 +476,51 @@ def test_spawn_after_a_gpu_backward_starts_new_interpreters(monkeypatch):
 
     with pytest.raises(dist.DistError, match="cannot be imported. Define it in a module"):
         dist.spawn(local_rank, 2)
+
+
+def _decode_rank(comm, steps):
+    """One rank: the split decoder and the unsplit static-cache decoder from the same prompt."""
+    from cudabook.decoder import StaticCacheDecoder
+
+    model = gpt.build(CFG, seed=0)
+    ids = torch.randint(0, CFG.vocab, (2, 3), generator=torch.Generator().manual_seed(5))
+    ref = StaticCacheDecoder(model, batch=2)
+    dec = tp.ParallelDecoder(model, comm.rank, comm.world, tp.TorchAllReduce(), batch=2)
+    ref.prefill(ids)
+    dec.prefill(ids)
+    err, toks = 0.0, []
+    for _ in range(steps):
+        ref.step()
+        dec.step()
+        err = max(err, _rel(dec.logits, ref.logits))
+        toks.append((dec.tok.view(-1).tolist(), ref.tok.view(-1).tolist()))
+    return {"err": err, "toks": toks, "pos": int(dec.pos), "log": dec.log[:2],
+            "k": tuple(dec.k.shape)}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_parallel_decoder_equals_the_static_cache_step(world):
+    """Tensor-parallel decode (heads and MLP split, two all-reduces a block) gives the unsplit
+    static-cache decoder's logits to fp32 rounding and the same greedy tokens, step after step."""
+    res = dist.spawn(_decode_rank, world, 4, timeout=120)
+    for r in res:
+        assert r["err"] < TOL, r["err"]
+        assert all(a == b for a, b in r["toks"]), r["toks"]
+        assert r["pos"] == 3 + 4
+        assert r["k"] == (CFG.n_layer, 2, CFG.n_head // world, CFG.ctx, CFG.head_dim)
+        assert [e[0] for e in r["log"]] == ["decode proj", "decode fc2"]
+        assert r["log"][0][1] == 2 * CFG.d                    # one token a sequence, (B, 1, d)
+    with pytest.raises(tp.TensorParallelError, match="world must divide n_head"):
+        tp.ParallelDecoder(gpt.build(CFG, seed=0), 0, 5, lambda t: None)
+
+
+def test_tp_decode_script_on_gloo():
+    """dist_scripts/tp_decode.py end to end on 2 gloo CPU processes (the eager check only)."""
+    cfg = gpt.GPTConfig(vocab=64, d=32, n_layer=2, n_head=4, ctx=64)
+    r = tp.decode_timing(2, prompt=8, steps=4, device="cpu", cfg=cfg, timeout=240)
+    assert r["world"] == 2 and r["check"]["same_tokens"] == r["check"]["steps"] == 8
+    assert r["check"]["max_logit_diff"] < 1e-5 * max(1.0, r["check"]["logit_scale"])
+    assert r["message_bytes"] == 32 * 4 and r["allreduces_per_step"] == 4
+    assert "us_per_token" not in r                      # no CUDA graph on the CPU
+    with pytest.raises(tp.TensorParallelError, match="divides n_head"):
+        tp.decode_timing(3, device="cpu", cfg=cfg)

@@ -11,8 +11,11 @@ ddp_train        data-parallel training of a compute-bound MLP: DDP, buckets aft
                  the chapter's own buckets and hooks; its ``make_model`` is also the model of
                  ``cudabook.dataparallel`` (one process, the book's P2P ring)
 sharded_train    ZeRO-1/2/3 (cudabook.sharded) against DDP and torch's FSDP2, on ddp_train's model
+tp_decode        tensor-parallel decode (cudabook.tensor_parallel.ParallelDecoder) against one GPU,
+                 both captured in CUDA graphs
 tp_train         tensor parallelism (cudabook.tensor_parallel) at GPT-2-small shapes against one
                  GPU and torch's parallelize_module
-allreduce_sweep and ddp_train import only torch; sharded_train and tp_train import the book's
-engines (cudabook.sharded, cudabook.tensor_parallel), which import no CUDA library of their own.
+allreduce_sweep and ddp_train import only torch; sharded_train, tp_decode and tp_train import the
+book's engines (cudabook.sharded, cudabook.tensor_parallel), which import no CUDA library of their
+own.
 """

@@ -6,7 +6,8 @@ eager and captured in a CUDA graph, against one GPU run the same way and torch's
 For each world size (1, then 2, 4, 8 where the host has them and 12 heads split evenly) one
 torchrun of cudabook/dist_scripts/tp_train.py (cudabook.tensor_parallel.gpu_timing): the MLP, the
 block and the model forward + backward, eager and (MLP, block) as CUDA graphs with NCCL inside, the
-host's time to issue each call, and one all-reduce of the step's activation alone. Prints the
+host's time to issue each call, and one all-reduce of the step's activation alone; --decode adds
+the split decode step (ParallelDecoder, CUDA graphs) at batch 1 and 8 against one GPU. Prints the
 table the lesson prints and writes the raw results with --out. Re-run after changing
 tensor_parallel.py or tp_train.py."""
 
@@ -24,6 +25,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--decode", action="store_true",
+                    help="also ParallelDecoder's decode step per world size (tp_decode.py)")
     ap.add_argument("--out")
     a = ap.parse_args()
     n = dist.gpu_count()
@@ -58,9 +61,18 @@ def main() -> None:
                   f"{r['ms']['all-reduce']:.3f} ms; checks {r['check']}")
         for k, e in r["graph_errors"].items():
             print(f"     {w} GPUs, {k}: not captured ({e})")
+    dec = {}
+    if a.decode:
+        for batch in (1, 8):
+            for w in worlds:
+                dec[f"{w} B{batch}"] = r = tp.decode_timing(w, batch=batch, timeout=300)
+                base = dec[f"1 B{batch}"]["us_per_token"]
+                print(f"decode, batch {batch}, {w} GPU(s): {r['us_per_token']:8.1f} us/token "
+                      f"({base / r['us_per_token']:.2f}x one GPU); check {r['check']}")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({str(w): r for w, r in res.items()}, f, indent=1)
+            json.dump({"layers": {str(w): r for w, r in res.items()}, "decode": dec}, f,
+                      indent=1)
         print(f"wrote {a.out}")
 
 

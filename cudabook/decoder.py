@@ -23,6 +23,11 @@ The baseline a decoder is compared with is ``StaticCacheDecoder``: the same mode
 PyTorch the way fast PyTorch decoders run it (a static KV cache, the position on the GPU), so that
 it captures in one CUDA graph, after ``torch.compile`` or without it. ``compare_static`` checks it
 against the model's own forward; ``step_bytes`` counts what a step must read (the memory bound).
+
+Timing a captured step: ``KernelGPT.step_us``, ``StaticCacheDecoder.step_us`` (and the
+megakernel's ``MegaStep.step_us``, kernels/decode_mega_launch.py) all go through ``timed_step``:
+the step's graph replayed back to back from one position, its greedy token checked against its
+logits before and after timing.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from . import env
 from .compile import KERNELS_DIR, load_launch
 
 __all__ = ["KernelGPT", "decode_gemm_default", "weight_bytes", "cache_bytes", "per_step_us",
-           "StaticCacheDecoder", "compare_static", "check_next_token", "step_bytes"]
+           "timed_step", "StaticCacheDecoder", "compare_static", "check_next_token",
+           "step_bytes"]
 
 
 def per_step_us(step: Any, n: int = 64, warmup: int = 2) -> float:
@@ -52,6 +58,26 @@ def per_step_us(step: Any, n: int = 64, warmup: int = 2) -> float:
         step()
     sync()
     return 1e6 * (time.perf_counter() - t0) / n
+
+
+def timed_step(step: Any, reset: Any, check: Any, n: int = 100) -> float:
+    """Microseconds per call of a decode step ``step`` (a captured graph's replay) over ``n``
+    calls back to back (``per_step_us``, after its 2 warm-up calls), from the state ``reset()``
+    restores (the position and the input token: every run decodes the same positions).
+    Validated before and after: one call, then ``check(when)`` ("before timing", "after
+    timing"), which raises (``cudabook.CheckError``) on a wrong step; a step that fails either
+    check gets no time. The state is reset again on return. The cache must hold ``n + 3`` more
+    positions."""
+    reset()
+    step()
+    check("before timing")
+    reset()
+    us = per_step_us(step, n=n)
+    reset()
+    step()
+    check("after timing")
+    reset()
+    return us
 
 
 def decode_gemm_default() -> str:
@@ -263,6 +289,27 @@ class KernelGPT:
         self.pos[...] = pos
         return self.graph
 
+    def step_us(self, ids: Any, n: int = 100) -> float:
+        """Microseconds per token of the decode step's CUDA graph (``capture``; ``graph.nodes``
+        counts its kernels), replayed ``n`` times back to back after the prefill of ``ids``
+        (B, T), from position T each time (``timed_step``: the greedy token checked against the
+        logits before and after timing). Greedy decoding only."""
+        if self.temperature > 0:
+            raise ValueError("step_us checks the greedy token: call it before sampling()")
+        self.prefill(ids)
+        self._room(n + 3)
+        g = self.capture()
+        T, tok = self.host_pos, self.tok.copy()
+
+        def reset() -> None:
+            self.pos[...] = T
+            self.tok[...] = tok
+
+        def check(when: str) -> None:
+            check_next_token(self.logits, self.tok, f"the book's decode step {when}")
+
+        return timed_step(g, reset, check, n)
+
     def generate(self, prompt: Any, n: int, graph: bool = True):
         """Greedy (or ``sampling``) continuation of ``prompt`` by ``n`` tokens: (ids (B, n) as a
         NumPy array, logits (n, B, vocab) float32 NumPy of every step)."""
@@ -471,6 +518,27 @@ class StaticCacheDecoder:
         self.tok.copy_(saved[1])
         self.logits.copy_(saved[2])
         return self.runner(g, name), None
+
+    def step_us(self, compiled: bool = False, n: int = 100):
+        """``(us, None)``: microseconds per token of the step captured in a CUDA graph
+        (``capture``, ``torch.compile``d first if ``compiled``), replayed ``n`` times back to back
+        from the position ``prefill`` left (``timed_step``: the greedy token checked against
+        the logits before and after timing). Or ``(None, why)`` where torch.compile cannot
+        run."""
+        T, tok = self.host_pos, self.tok.clone()
+        self._room(n + 3)
+        run, why = self.capture(compiled=compiled)
+        if run is None:
+            return None, why
+
+        def reset() -> None:
+            self.reset(T)
+            self.tok.copy_(tok)
+
+        def check(when: str) -> None:
+            check_next_token(self.logits, self.tok.view(-1), f"{run.__name__} {when}")
+
+        return timed_step(run, reset, check, n), None
 
 
 def compare_static(model: Any, ids: Any, steps: int = 3, length: int | None = None

@@ -8,6 +8,7 @@
     g = mk.capture(); g()                           # the step as a CUDA graph (one kernel node)
     ids, logits = mk.generate(prompt, 32)           # the book's prefill, then megakernel steps
     mk.phase_times()                                # each phase alone (with the barriers), us
+    mk.step_us(ids)                                 # us per token of the graph, checked
 
   VERSIONS, WHAT, MIN_CC, BATCHES, THREADS, HEAD_DIM, MAX_D, KSMAX, ATT_PASS, PHASES, ALL_PHASES
   check_model(cfg, batch, length)                   the shape refusals (no GPU needed)
@@ -363,6 +364,31 @@ class MegaStep:
             logits[i] = run.logits.astype(cp.float32)
         T = run.host_pos - n + 1
         return cp.asnumpy(run.history[:, T:T + n]), cp.asnumpy(cp.stack(logits))
+
+    def step_us(self, ids, n: int = 100) -> float:
+        """Microseconds per token of the step's CUDA graph replayed ``n`` times back to back
+        after the book's prefill of ``ids`` (B, T), from position T each time
+        (``decoder.timed_step``, as the book's step and PyTorch's are timed): the error word
+        cleared first, then it and the greedy token (the largest logit's) checked before and
+        after timing (``CheckError``)."""
+        from cudabook import decoder
+
+        run = self.run
+        self.reset()                                # an earlier failure is not this timing's
+        run.prefill(ids)
+        self._room(n + 3)
+        g = self.capture()
+        T, tok = run.host_pos, run.tok.copy()
+
+        def reset() -> None:
+            run.pos[...] = T
+            run.tok[...] = tok
+
+        def check(when: str) -> None:
+            self.check()
+            decoder.check_next_token(run.logits, run.tok, f"{self.version} {when}")
+
+        return decoder.timed_step(g, reset, check, n)
 
     def phase_times(self, repeat: int = 50) -> dict[str, float]:
         """Microseconds per step of: the whole step, the barriers alone (no phase), and each

@@ -151,6 +151,51 @@ def test_static_cache_refuses_bad_input():
         decoder.check_next_token(bad, sd.tok)
 
 
+def test_timed_step_checks_before_and_after_and_resets(monkeypatch):
+    """timed_step: one checked call from the reset state, the timing from it, one checked call
+    after; a failed check raises and no time comes back."""
+    from cudabook import decoder
+
+    log = []
+    monkeypatch.setattr(decoder, "per_step_us", lambda step, n: log.append(f"time {n}") or 7.0)
+    step, reset = (lambda: log.append("step")), (lambda: log.append("reset"))
+    assert decoder.timed_step(step, reset, lambda when: log.append(when), n=5) == 7.0
+    assert log == ["reset", "step", "before timing", "reset", "time 5", "reset", "step",
+                   "after timing", "reset"]
+
+    def check(when):
+        if when == "after timing":
+            raise cb.CheckError("wrong token")
+
+    with pytest.raises(cb.CheckError, match="wrong token"):
+        decoder.timed_step(step, reset, check, n=5)
+
+
+def test_static_cache_step_us_decodes_the_same_positions_each_run(monkeypatch):
+    """StaticCacheDecoder.step_us on the CPU (the graph capture and the clock replaced): every
+    run starts at the prefill's position and token, and both are restored afterwards."""
+    from cudabook import decoder
+
+    m = gpt.build(SMALL, seed=2)
+    sd = decoder.StaticCacheDecoder(m, 1, length=24)
+    sd.prefill(torch.arange(5, 13)[None])
+    tok0, starts = sd.tok.clone(), []
+
+    def per_step_us(step, n):
+        starts.append((int(sd.pos), int(sd.tok)))
+        for _ in range(n + 2):                      # per_step_us's 2 warm-up calls, then n
+            step()
+        return 3.0
+
+    monkeypatch.setattr(decoder, "per_step_us", per_step_us)
+    monkeypatch.setattr(sd, "capture", lambda compiled=False: (sd.runner(sd.step, "eager"), None))
+    assert sd.step_us(n=4) == (3.0, None)
+    assert starts == [(8, int(tok0))] and sd.host_pos == 8 and int(sd.pos) == 8
+    assert torch.equal(sd.tok, tok0)
+    with pytest.raises(ValueError, match="run past the static cache"):
+        sd.step_us(n=20)                            # 8 + 20 + 3 > 24
+
+
 def test_step_bytes_counts_the_model_tensors():
     from cudabook import decoder
 

@@ -2,7 +2,7 @@
 v4's splits against the kernel's constants; on a GPU (cc 8.0+) its logits against the book's
 step and a float64 PyTorch reference at positions 0, 1, 2, 511 and ragged ones, batch 1 and 8,
 graph replay against launches, greedy tokens against the book's engine, the later versions
-against the earlier ones, and the error word."""
+against the earlier ones, the error word, and the timed step (step_us)."""
 
 from __future__ import annotations
 
@@ -238,6 +238,24 @@ def test_a_position_past_the_cache_sets_the_error_word_and_reset_clears_it(small
     mk.reset()
     mk.step()
     assert int(mk.run.pos[0]) == 6 and mk.errors() is None
+
+
+@gpu
+def test_step_us_times_checked_steps_from_the_prefills_position(small):
+    """MegaStep.step_us and KernelGPT.step_us (decoder.timed_step): a time, the position back
+    where the prefill left it, no error; a wrong step (NaN logits) raises instead of timing;
+    too little cache is refused before anything runs."""
+    model, _ = small
+    mk, book = _pair(model, 1, "v4", length=256)
+    ids = np.random.default_rng(6).integers(0, 50257, (1, 100))
+    assert mk.step_us(ids, n=20) > 0 and int(mk.run.pos[0]) == 100 and mk.errors() is None
+    assert book.step_us(ids, n=20) > 0 and int(book.pos[0]) == 100 and book.graph.nodes > 1
+    with pytest.raises(ValueError, match="run past the cache of 256"):
+        mk.step_us(np.zeros((1, 200), np.int64), n=100)
+    mk.run.lnf[0][...] = float("nan")             # every logit NaN (shared with the book's)
+    with pytest.raises(cb.CheckError, match="NaN"):
+        mk.step_us(ids, n=20)
+    mk.reset()
 
 
 def _generate(model, batch, versions, prompt, n=8):

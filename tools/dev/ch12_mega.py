@@ -10,7 +10,7 @@ checked against the book's step and float64, then timed against the book's graph
    graph, (b) the book's graph of ~113 kernels, (c) PyTorch's static-cache step torch.compile'd
    and captured (decoder.StaticCacheDecoder, with the uncompiled captured step beside it): us
    per token, (c) / (a), and the memory bound (decoder.step_bytes at the measured copy
-   bandwidth); every timed step validated after timing;
+   bandwidth); every timed step validated before and after timing (decoder.timed_step);
 4. with --phases, each phase alone with every barrier, and the barriers alone (MegaStep.
    phase_times; v5 has 4 barriers a layer, and its "attention" alone leaves out the wait for the
    heads' counts); with --variants, v2 at 2 blocks per SM (refused where it does not fit);
@@ -245,12 +245,6 @@ def main() -> int:
     print(f"\ncopy bandwidth {gbs:.0f} GB/s")
     RESULTS["copy_gbs"] = gbs
 
-    def timed(fn, reset, n: int) -> float:
-        reset()
-        us = decoder.per_step_us(fn, n=n)
-        reset()
-        return us
-
     for B in a.batch:
         @part(f"3. timing at {a.ctx} cached positions, batch {B}")
         def _time():
@@ -258,49 +252,19 @@ def main() -> int:
             ids = rng.integers(0, 50257, (B, a.ctx))
             bound = decoder.step_bytes(model, B, a.ctx)["total"] / gbs / 1e3
             row["bound_us"] = bound
-            for version in versions:
+            for version in versions:                # MegaStep.step_us: checked before and after
                 if (B, version) not in mks:
                     continue
                 try:
-                    mk, _ = mks[(B, version)]
-                    run = mk.run
-                    mk.reset()                      # an earlier part's failure is not this one's
-                    run.prefill(ids)
-                    g = mk.capture()
-                    tok0 = run.tok.copy()
-
-                    def reset(run=run, tok0=tok0):
-                        run.pos[...] = a.ctx
-                        run.tok[...] = tok0
-
-                    reset()
-                    g()                             # validated before timing
-                    mk.check()
-                    decoder.check_next_token(run.logits, run.tok, f"{version} before timing")
-                    us = timed(g, reset, a.n)
-                    g()                             # and after
-                    mk.check()
-                    decoder.check_next_token(run.logits, run.tok, f"{version} after timing")
-                    row[version] = us               # recorded only once both checks passed
+                    row[version] = mks[(B, version)][0].step_us(ids, a.n)
                 except Exception as e:  # noqa: BLE001
                     print(f"FAILED {version}: {type(e).__name__}: {e}")
                     RESULTS["errors"].append(f"time {version} B={B}: {e}")
             try:
                 share = next((m.run for (b, _), (m, _) in mks.items() if b == B), None)
                 book = decoder.KernelGPT(model, batch=B, length=L, share=share)
-                book.prefill(ids)
-                gb = book.capture()
-                tokb = book.tok.copy()
-
-                def reset_b(book=book, tokb=tokb):
-                    book.pos[...] = a.ctx
-                    book.tok[...] = tokb
-
-                us = timed(gb, reset_b, a.n)
-                gb()
-                decoder.check_next_token(book.logits, book.tok, "book step after timing")
-                row["book_graph"] = us
-                row["book_graph_nodes"] = gb.nodes
+                row["book_graph"] = book.step_us(ids, a.n)
+                row["book_graph_nodes"] = book.graph.nodes
                 del book
             except Exception as e:  # noqa: BLE001
                 print(f"FAILED book graph: {type(e).__name__}: {e}")
@@ -310,20 +274,12 @@ def main() -> int:
             for compiled in ((False,) if a.no_compile else (False, True)):
                 name = "torch_compile_graph" if compiled else "torch_graph"
                 try:
-                    fn, why = sd.capture(compiled=compiled)
-                    if fn is None:
+                    us, why = sd.step_us(compiled, a.n)
+                    if us is None:
                         print(f"{name}: {why}")
                         row[name + "_why"] = why
                         continue
-
-                    def reset_t(sd=sd):
-                        sd.reset(a.ctx)
-
-                    us = timed(fn, reset_t, a.n)
-                    fn()
-                    decoder.check_next_token(sd.logits, sd.tok.view(-1), f"{name} after timing")
                     row[name] = us
-                    reset_t()
                 except Exception as e:  # noqa: BLE001
                     print(f"FAILED {name}: {type(e).__name__}: {e}")
                     RESULTS["errors"].append(f"time {name} B={B}: {e}")
@@ -367,17 +323,7 @@ def main() -> int:
                 print(f"refused: {e}")
                 RESULTS["variants"] = {"bps2": str(e)}
                 return
-            mk.run.prefill(rng.integers(0, 50257, (1, a.ctx)))
-            g = mk.capture()
-            tok0 = mk.run.tok.copy()
-
-            def reset():
-                mk.run.pos[...] = a.ctx
-                mk.run.tok[...] = tok0
-
-            us = timed(g, reset, a.n)
-            g()
-            mk.check()
+            us = mk.step_us(rng.integers(0, 50257, (1, a.ctx)), a.n)
             print(f"v2, 2 blocks per SM (grid {mk.launch.grid[0]}): {us:.1f} us/token")
             RESULTS["variants"] = {"bps2_us": us}
 

@@ -43,13 +43,17 @@ class TorchGraph:
         self.graph.replay()
 
 
-def torch_graph(fn: Callable[[], Any], *, warmup: int = 3, name: str | None = None) -> TorchGraph:
+def torch_graph(fn: Callable[[], Any], *, warmup: int = 3, name: str | None = None,
+                capture_error_mode: str = "global") -> TorchGraph:
     """Capture one call of ``fn`` (PyTorch work on the current device) in a CUDA graph.
 
     What PyTorch's documentation prescribes: ``warmup`` calls on a side stream first (lazy
     initialisation, cuBLAS workspaces, autotuning and the caching allocator all settle there, none
     of it inside the graph), then one call captured. An optimizer made with ``capturable=True``
-    keeps its step count on the GPU, so the whole training step captures.
+    keeps its step count on the GPU, so the whole training step captures. ``capture_error_mode``
+    is ``torch.cuda.graph``'s: "thread_local" where other threads of the process keep calling
+    CUDA during the capture (NCCL's watchdog, when the step holds torch.distributed
+    collectives), which the default "global" forbids.
     """
     import torch
 
@@ -70,7 +74,7 @@ def torch_graph(fn: Callable[[], Any], *, warmup: int = 3, name: str | None = No
     prev.wait_stream(side)
     g = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, capture_error_mode=capture_error_mode):
             fn()
     finally:
         # a capture that fails inside torch.cuda.graph leaves its capture stream current: every

@@ -464,8 +464,22 @@ def _kill_tree(pid: int) -> None:
 
 
 def _tail(log: str, n: int = 25) -> str:
+    """The last ``n`` lines of a run's output, and before them the first traceback of a worker
+    when it lies further up (torchrun's own summary of a failure fills the last lines and says
+    only "exitcode 1": the cause is in the worker's traceback)."""
     lines = [ln for ln in (log or "").splitlines() if ln.strip()]
-    return "\n".join(lines[-n:])
+    tail = lines[-n:]
+    first = next((i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln),
+                 None)
+    if first is None or first >= len(lines) - n:
+        return "\n".join(tail)
+    block = [lines[first]]
+    for ln in lines[first + 1:first + 60]:
+        block.append(ln)
+        body = ln.split("]:", 1)[1] if ln.startswith("[rank") and "]:" in ln else ln
+        if body and not body[0].isspace():           # the exception line closes the block
+            break
+    return "\n".join(["the first worker traceback:", *block, "...", *tail])
 
 
 def write_result(obj: Any) -> None:

@@ -570,3 +570,22 @@ def test_ex11_4_states_its_stub_size_and_has_two_hints():
     from solution_cells import check_exercise_page
 
     check_exercise_page("11", "ex11.4")
+
+
+def test_torchrun_error_names_the_workers_exception(tmp_path):
+    """A worker that raises: torchrun's summary says only "exitcode 1"; the DistError carries the
+    worker's own traceback, even when the summary fills the last lines of the output."""
+    script = tmp_path / "boom.py"
+    script.write_text("import os\n"
+                      "for i in range(40):\n    print('noise', i)\n"
+                      "if os.environ['RANK'] == '0':\n"
+                      "    raise ValueError('boom on rank 0')\n")
+    with pytest.raises(dist.DistError, match=r"(?s)first worker traceback.*ValueError: boom on "
+                                             r"rank 0"):
+        dist.torchrun(script, 2, timeout=120)
+    log = "\n".join(["noise"] * 5 + ["Traceback (most recent call last):", '  File "x.py", line 1',
+                                      "    boom()", "RuntimeError: the cause"]
+                    + [f"torchrun summary {i}" for i in range(60)])
+    msg = dist._tail(log)
+    assert "RuntimeError: the cause" in msg and "torchrun summary 59" in msg
+    assert "torchrun summary 10" not in msg             # the tail is still only the last lines

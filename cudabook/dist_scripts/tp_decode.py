@@ -93,7 +93,7 @@ def main() -> None:
         from cudabook.baselines import torch_graph
 
         start, tok = dec.host_pos, dec.tok.clone()
-        g = torch_graph(dec.step, name="decode step")
+        g = torch_graph(dec.step, name="decode step", capture_error_mode="thread_local")
         dec.reset(start)
         dec.tok.copy_(tok)
         torch.cuda.synchronize(dev)

@@ -89,23 +89,16 @@ def timed(fn, steps: int, warmup: int, dev) -> tuple[float, float]:
 
 
 def graphed(fn, dev):
-    """``fn`` (a forward + backward) captured once in a CUDA graph, after warm-up calls on a
-    side stream (PyTorch's recipe for whole-network capture); returns the graph's replay. The
-    NCCL all-reduces inside are captured too: every rank replays its graph, and the captured
-    collectives meet as the eager ones do."""
-    s = torch.cuda.Stream(dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(dev).wait_stream(s)
-    torch.cuda.synchronize(dev)
+    """``fn`` (a forward + backward) captured once in a CUDA graph after warm-up calls on a side
+    stream (``cudabook.baselines.torch_graph``: PyTorch's recipe, and the current stream restored
+    if the capture fails); returns the replay. The NCCL all-reduces inside are captured too:
+    every rank replays its graph, and the captured collectives meet as the eager ones do."""
+    from cudabook.baselines import torch_graph
+
     td.barrier()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    g = torch_graph(fn, name="forward + backward", capture_error_mode="thread_local")
     torch.cuda.synchronize(dev)
-    return g.replay
+    return g
 
 
 def fwd_bwd(net, x_or_ids, loss_of):
@@ -219,7 +212,6 @@ def main() -> None:
             yt = theirs(x)
             out["check"]["mlp torch TP output"] = gap(yt, ref)
             T("mlp torch TP", lambda: fwd_bwd(theirs, x, mean_sq))
-            T("mlp torch TP graph", lambda: fwd_bwd(theirs, x, mean_sq), graph=True)
             del mine, theirs
         del base
     if "block" in parts:

@@ -39,7 +39,6 @@ def main() -> None:
     cols = {"MLP eager": ("mlp unsplit", "mlp book"),
             "MLP graph": ("mlp unsplit graph", "mlp book graph"),
             "torch TP eager": ("mlp unsplit", "mlp torch TP"),
-            "torch TP graph": ("mlp unsplit graph", "mlp torch TP graph"),
             "block eager": ("block unsplit", "block book"),
             "block graph": ("block unsplit graph", "block book graph"),
             "GPT eager": ("gpt unsplit", "gpt book")}

@@ -492,6 +492,40 @@ def write_result(obj: Any) -> None:
         shutil.move(tmp, path)
 
 
+def script_rank(script: str, device: str, cuda_dtype: Any) -> tuple[int, int, Any, Any]:
+    """In a torchrun script of ``dist_scripts``: this rank's ``(rank, world, device, dtype)``
+    after ``init_process_group``. ``device="cuda"``: NCCL on the GPU ``LOCAL_RANK`` names,
+    ``cuda_dtype``; ``"cpu"``: gloo, one thread, float32 (the check that runs anywhere)."""
+    import torch
+    import torch.distributed as td
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"{script}: no CUDA GPU here (run with --device cpu for gloo)")
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+        td.init_process_group("nccl", device_id=dev)
+        return rank, world, dev, cuda_dtype
+    td.init_process_group("gloo")
+    torch.set_num_threads(1)
+    return rank, world, torch.device("cpu"), torch.float32
+
+
+def script_done(out: Any, rank: int) -> None:
+    """The end of a torchrun script: rank 0 hands ``out`` to the caller (``write_result``, or
+    prints it as JSON when started by hand); then the process group is destroyed."""
+    import torch.distributed as td
+
+    if rank == 0:
+        if os.environ.get("CUDABOOK_DIST_OUT"):
+            write_result(out)
+        else:
+            print(json.dumps(out, indent=1))
+    td.destroy_process_group()
+
+
 def torchrun_command(script: str | os.PathLike, nproc: int, nnodes: int = 1,
                      node_rank: int | str = 0, rdzv_endpoint: str | None = None,
                      rdzv_id: str = "cudabook", args: Sequence[str] = (),

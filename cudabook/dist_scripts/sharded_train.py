@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import torch.distributed as td  # noqa: E402
 
 from cudabook import sharded  # noqa: E402
-from cudabook.dist import write_result  # noqa: E402
+from cudabook.dist import script_done, script_rank  # noqa: E402
 
 MODES = ("ddp", "allreduce", "zero1", "zero2", "zero3", "fsdp2")
 
@@ -81,21 +81,8 @@ def main() -> None:
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise SystemExit(f"unknown modes {bad}: the modes are {MODES}")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    cuda = a.device == "cuda"
-    if cuda:
-        if not torch.cuda.is_available():
-            raise SystemExit("sharded_train: no CUDA GPU here (run with --device cpu for gloo)")
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-        td.init_process_group("nccl", device_id=dev)
-        dtype = torch.bfloat16
-    else:
-        dev = torch.device("cpu")
-        td.init_process_group("gloo")
-        torch.set_num_threads(1)
-        dtype = torch.float32
+    rank, world, dev, dtype = script_rank("sharded_train", a.device, torch.bfloat16)
+    cuda = dev.type == "cuda"
     x = sharded._batch(rank, a.batch, a.width, dtype, dev)
     res = {}
     for mode in modes:
@@ -141,15 +128,7 @@ def main() -> None:
            "memory_model": {s: sharded.memory_model(paper, s, world, a.optimizer)
                             for s in sharded.STAGES},
            "step_bytes": {s: sharded.step_bytes(paper, s, world) for s in sharded.STAGES}}
-    if rank == 0:
-        if os.environ.get("CUDABOOK_DIST_OUT"):
-            write_result(out)
-        else:
-            import json
-
-            print(json.dumps(out, indent=1))
-    td.destroy_process_group()
-
+    script_done(out, rank)
 
 if __name__ == "__main__":
     main()

@@ -26,7 +26,7 @@ import torch.distributed as td  # noqa: E402
 from cudabook import gpt  # noqa: E402
 from cudabook import tensor_parallel as tp  # noqa: E402
 from cudabook.decoder import StaticCacheDecoder  # noqa: E402
-from cudabook.dist import write_result  # noqa: E402
+from cudabook.dist import script_done, script_rank  # noqa: E402
 
 
 def main() -> None:
@@ -42,11 +42,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     a = ap.parse_args()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    cuda = a.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("tp_decode: no CUDA GPU here (run with --device cpu for gloo)")
+    world = int(os.environ["WORLD_SIZE"])
     cfg = gpt.GPTConfig(vocab=a.vocab, d=a.dim, n_layer=a.layers, n_head=a.n_head,
                         ctx=a.length)
     if cfg.n_head % world:
@@ -54,16 +50,8 @@ def main() -> None:
     if a.prompt + a.check + a.steps + 8 > a.length:
         raise SystemExit(f"tp_decode: prompt {a.prompt} + {a.check} + {a.steps} steps do not fit "
                          f"a cache of {a.length}")
-    if cuda:
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-        td.init_process_group("nccl", device_id=dev)
-        dtype = torch.float16
-    else:
-        dev = torch.device("cpu")
-        td.init_process_group("gloo")
-        torch.set_num_threads(1)
-        dtype = torch.float32
+    rank, world, dev, dtype = script_rank("tp_decode", a.device, torch.float16)
+    cuda = dev.type == "cuda"
     model = gpt.build(cfg, seed=0, device=dev, dtype=dtype)
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, cfg.vocab, (a.batch, a.prompt), generator=gen)
@@ -111,15 +99,7 @@ def main() -> None:
         td.all_reduce(t, op=td.ReduceOp.MAX)
         out["us_per_token"] = float(t)
         out["pos_after"] = int(dec.pos)
-    if rank == 0:
-        if os.environ.get("CUDABOOK_DIST_OUT"):
-            write_result(out)
-        else:
-            import json
-
-            print(json.dumps(out, indent=1))
-    td.destroy_process_group()
-
+    script_done(out, rank)
 
 if __name__ == "__main__":
     main()

@@ -37,7 +37,7 @@ from torch import nn  # noqa: E402
 
 from cudabook import gpt  # noqa: E402
 from cudabook import tensor_parallel as tp  # noqa: E402
-from cudabook.dist import write_result  # noqa: E402
+from cudabook.dist import script_done, script_rank  # noqa: E402
 
 PARTS = ("mlp", "block", "gpt", "comm")
 
@@ -128,25 +128,13 @@ def main() -> None:
     bad = [p for p in parts if p not in PARTS]
     if bad:
         raise SystemExit(f"unknown parts {bad}: the parts are {PARTS}")
-    cuda = a.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("tp_train: no CUDA GPU here (run with --device cpu for gloo)")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
+    world = int(os.environ["WORLD_SIZE"])
     cfg = gpt.GPTConfig(vocab=a.vocab, d=a.dim, n_layer=a.layers, n_head=a.n_head, ctx=a.seq)
     if cfg.n_head % world or (4 * cfg.d) % world:
         raise SystemExit(f"tp_train: {world} ranks cannot split {cfg.n_head} heads and a hidden "
                          f"size of {4 * cfg.d} evenly (world must divide both)")
-    if cuda:
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-        td.init_process_group("nccl", device_id=dev)
-        dtype = torch.bfloat16
-    else:
-        dev = torch.device("cpu")
-        td.init_process_group("gloo")
-        torch.set_num_threads(1)
-        dtype = torch.float32
+    rank, world, dev, dtype = script_rank("tp_train", a.device, torch.bfloat16)
+    cuda = dev.type == "cuda"
     model = gpt.build(cfg, seed=0, device=dev, dtype=dtype).train()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.vocab, (a.batch, a.seq), generator=g).to(dev)
@@ -247,15 +235,7 @@ def main() -> None:
         out["ms"]["all-reduce"] -= timed(lambda: buf.fill_(1.0), a.steps, a.warmup, dev)[0]
     out["params"] = sum(p.numel() for p in model.parameters())
     out["peak_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None
-    if rank == 0:
-        if os.environ.get("CUDABOOK_DIST_OUT"):
-            write_result(out)
-        else:
-            import json
-
-            print(json.dumps(out, indent=1))
-    td.destroy_process_group()
-
+    script_done(out, rank)
 
 def _block_step(block, x, cos, sin) -> None:
     for p in block.parameters():

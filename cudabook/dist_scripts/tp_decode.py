@@ -99,6 +99,11 @@ def main() -> None:
         td.all_reduce(t, op=td.ReduceOp.MAX)
         out["us_per_token"] = float(t)
         out["pos_after"] = int(dec.pos)
+        # a graph holding NCCL work, still alive when the process group is destroyed, makes
+        # destroy_process_group wait forever: free it first
+        del g
+        torch.cuda.synchronize(dev)
+        td.barrier()
     script_done(out, rank)
 
 if __name__ == "__main__":

@@ -49,8 +49,11 @@ class MLP(nn.Module):
     def __init__(self, block, dev, dtype):
         super().__init__()
         d = block.fc.weight.shape[1]
-        self.fc = nn.Linear(d, 4 * d, bias=False, device=dev, dtype=dtype)
-        self.fc2 = nn.Linear(4 * d, d, bias=False, device=dev, dtype=dtype)
+        # skip_init: no random draw (the weights are copied below), so a failed CUDA graph
+        # capture earlier in the script, which leaves PyTorch's CUDA generator unusable, cannot
+        # stop this module being built
+        self.fc = nn.utils.skip_init(nn.Linear, d, 4 * d, bias=False, device=dev, dtype=dtype)
+        self.fc2 = nn.utils.skip_init(nn.Linear, 4 * d, d, bias=False, device=dev, dtype=dtype)
         with torch.no_grad():
             self.fc.weight.copy_(block.fc.weight)
             self.fc2.weight.copy_(block.fc2.weight)
@@ -186,8 +189,6 @@ def main() -> None:
             out["check"]["mlp fc grad"] = float((mine.fc.weight.grad.float() - base.fc.weight.grad[
                 rank * k:(rank + 1) * k].float()).abs().max())
             out["check"]["mlp scale"] = float(ref.detach().float().abs().max())
-            T("mlp book", lambda: fwd_bwd(mine, x, mean_sq))
-            T("mlp book graph", lambda: fwd_bwd(mine, x, mean_sq), graph=True)
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.tensor.parallel import (
                 ColwiseParallel,
@@ -199,7 +200,13 @@ def main() -> None:
                                         {"fc": ColwiseParallel(), "fc2": RowwiseParallel()})
             yt = theirs(x)
             out["check"]["mlp torch TP output"] = gap(yt, ref)
+            # the checks' outputs hold their autograd graphs, and with them the AccumulateGrad
+            # node of x made on this (default) stream: alive, it would be reused inside the
+            # capture, on the wrong stream, and break it
+            del y, ref, yt
+            T("mlp book", lambda: fwd_bwd(mine, x, mean_sq))
             T("mlp torch TP", lambda: fwd_bwd(theirs, x, mean_sq))
+            T("mlp book graph", lambda: fwd_bwd(mine, x, mean_sq), graph=True)
             del mine, theirs
         del base
     if "block" in parts:
@@ -211,6 +218,7 @@ def main() -> None:
             y, ref = pb(x, cos, sin), blk(x, cos, sin)
             out["check"]["block output"] = gap(y, ref)
             out["check"]["block scale"] = float(ref.detach().float().abs().max())
+            del y, ref                       # as in the mlp part: no graph kept alive
             T("block book", lambda: _block_step(pb, x, cos, sin))
             T("block book graph", lambda: _block_step(pb, x, cos, sin), graph=True)
             del pb

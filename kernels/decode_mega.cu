@@ -83,6 +83,24 @@
 //                   every element of x (all of proj's or fc2's rows), proj reads every head's
 //                   output, fc2 every fc output. Arithmetic is v4's: logits are v4's bit for
 //                   bit.
+//   decode_mega_v6  v4 with the weights ahead of the barriers: each block owns a contiguous share
+//                   of every GEMV (QKV's pairs, proj's, fc's and fc2's rows) and copies it
+//                   into a ring of MEGA_RING shared-memory slots with cp.async, two weight
+//                   phases ahead of the one it computes (mg_ring_issue, below). The copies run
+//                   while the block computes, waits at the grid barriers and does attention, so
+//                   after a barrier a GEMV waits only for its activations (L2), and its weights
+//                   are read from shared memory. The L2 prefetches of v2-v5 go, except the LM
+//                   head's (too large for the ring: 77 MB at GPT-2's vocabulary). Rows are dealt
+//                   to blocks, not round-robin to the grid's warps, so each row's sum is formed
+//                   in the same order as v4's (one warp, a row): logits are v4's bit for bit.
+//   decode_mega_v7  v6 with the copy engine filling the ring (sm_90): per slot an mbarrier; one
+//                   thread announces the share's bytes and issues one bulk copy of the
+//                   contiguous rows (cp.async.bulk; QKV's pairs: a copy a row, from the lanes
+//                   of warp 0), and the block waits on the mbarrier's phase. v6's cp.async
+//                   keeps at most what the SM's load units track in flight; the copy engine
+//                   keeps a whole share (up to 36 KiB at GPT-2's shapes) in flight a copy.
+//                   Arithmetic is v6's (and v4's): logits are v4's bit for bit. Compiled
+//                   below sm_90 (no bulk copies) it is v6.
 //
 // Rounding follows the book's separate kernels (KernelGPT.step): every GEMV output is rounded to
 // fp16 where that kernel stores fp16 (qkv, attention output, dx, the GELU input and output,
@@ -104,7 +122,9 @@
 // Launch (kernels/decode_mega_launch.py): grid (SMs x blocks per SM), 256 threads, dynamic
 // shared memory B 4d 2 bytes (the fc2 input, the largest GEMV input; v3: at least B d 2 + 4 B H
 // (S + 1), the proj input and mg_combine's weights behind it; v4, v5: B d 2 + 4 B H (2 S + 1),
-// mg_combine_v4's m or weights, l and denominators); static shared memory for
+// mg_combine_v4's m or weights, l and denominators; v6: v4's rounded up to 16 bytes, then
+// MEGA_RING slots of the largest share of one GEMV's weights, mg_slot_elems); static shared
+// memory for
 // attention's scores (MEGA_KSMAX floats) and partial outputs. Compiled per (B, d) with
 // -DMEGA_B, -DMEGA_D (defaults 1, 768 for a compile without them). Head dimension 64, d a
 // multiple of 128 up to 1024. No Numba twin: a grid-wide barrier inside one launch has no
@@ -113,6 +133,8 @@
 // common.cuh: dot8, warp_sum, block_sum, block_max, ld_stream16, gelu_tanh, rope_angle, ArgMax,
 // argmax_before
 #include "common.cuh"
+// mma.cuh: cp_async_16, cp_async_commit, cp_async_wait (v6's ring; synchronous below sm_80)
+#include "mma.cuh"
 
 #ifndef MEGA_B
 #define MEGA_B 1
@@ -353,7 +375,7 @@ __device__ __forceinline__ void mg_stage(const __half* src, __half* xs) {
 // warp. Each lane reads 16-byte pieces c = lane + 32 i of a row (CPL of them per row and pass,
 // all NR CPL loads issued before the first multiply-add), fp32 sums in element order (dot8),
 // then a shuffle sum.
-template <int B, int NR, int K, int MAXC = 6>
+template <int B, int NR, int K, int MAXC = 6, bool SM = false>
 __device__ __forceinline__ void mg_dot(const __half* __restrict__ W, const int (&rows)[NR],
                                        const __half* xs, float (&s)[NR][B]) {
     constexpr int NC = K / 8;                       // 16-byte pieces per row
@@ -374,8 +396,9 @@ __device__ __forceinline__ void mg_dot(const __half* __restrict__ W, const int (
             const int c = c0 + lane + 32 * i;
 #pragma unroll
             for (int r = 0; r < NR; ++r)
-                w[r][i] = c < NC ? ld_stream16(W + (size_t)rows[r] * K + 8 * c)
-                                 : make_uint4(0u, 0u, 0u, 0u);
+                w[r][i] = c >= NC ? make_uint4(0u, 0u, 0u, 0u)
+                          : SM ? *reinterpret_cast<const uint4*>(W + (size_t)rows[r] * K + 8 * c)
+                               : ld_stream16(W + (size_t)rows[r] * K + 8 * c);
         }
 #pragma unroll
         for (int i = 0; i < CPL; ++i) {
@@ -400,13 +423,15 @@ __device__ __forceinline__ void mg_dot(const __half* __restrict__ W, const int (
 //   RESID  x[b, row] += half(s)               (N = the residual's width)
 //   GELU   out[b, row] = half(gelu(half(s)))
 //   HEAD   out[b, row] = half(s), and best[b] = the first largest logit so far (rows ascend)
-template <int B, int NR, int K, int EPI, int MAXC = 6>
+// SM (v6): W is this block's rows in shared memory, local row r being row r + roff of the
+// weight (roff = 0 when W is the global weight).
+template <int B, int NR, int K, int EPI, int MAXC = 6, bool SM = false>
 __device__ __forceinline__ void mg_rows(const __half* __restrict__ W, int r0, int TW, int nv,
                                         const __half* xs, int N, float* x, __half* out,
-                                        ArgMax (&best)[B]) {
+                                        ArgMax (&best)[B], int roff = 0) {
     if constexpr (NR > 1) {
         if (nv < NR) {
-            mg_rows<B, NR - 1, K, EPI, MAXC>(W, r0, TW, nv, xs, N, x, out, best);
+            mg_rows<B, NR - 1, K, EPI, MAXC, SM>(W, r0, TW, nv, xs, N, x, out, best, roff);
             return;
         }
     }
@@ -414,7 +439,7 @@ __device__ __forceinline__ void mg_rows(const __half* __restrict__ W, int r0, in
 #pragma unroll
     for (int r = 0; r < NR; ++r) rows[r] = r0 + r * TW;
     float s[NR][B];
-    mg_dot<B, NR, K, MAXC>(W, rows, xs, s);
+    mg_dot<B, NR, K, MAXC, SM>(W, rows, xs, s);
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < NR; ++r)
@@ -423,10 +448,10 @@ __device__ __forceinline__ void mg_rows(const __half* __restrict__ W, int r0, in
             const __half h = __float2half_rn(s[r][b]);
             if (EPI == MEGA_EPI_HEAD) {
                 const float v = __half2float(h);
-                if (v > best[b].v) best[b] = ArgMax{v, rows[r]};
+                if (v > best[b].v) best[b] = ArgMax{v, rows[r] + roff};
             }
             if (lane != b) continue;                 // lane b writes batch row b
-            const size_t o = (size_t)b * N + rows[r];
+            const size_t o = (size_t)b * N + rows[r] + roff;
             if (EPI == MEGA_EPI_RESID) x[o] = __ldcg(x + o) + __half2float(h);
             if (EPI == MEGA_EPI_GELU) out[o] = __float2half_rn(gelu_tanh(__half2float(h)));
             if (EPI == MEGA_EPI_HEAD) out[o] = h;
@@ -448,11 +473,13 @@ __device__ __forceinline__ void mg_gemv(const __half* __restrict__ W, int N, con
 // ----------------------------------------------------------------------------- phase 1: QKV
 // W (3 d, d): q heads, then k heads, then v heads. Task p = a pair (i, i + 32) of head j; a warp
 // takes tasks gw and gw + TW together (both pairs' loads in flight).
-template <int B, int DM>
+// SM (v6): W is the block's pairs in shared memory, pair p at local rows 2 (p - pbase) and
+// 2 (p - pbase) + 1 (mg_ring_issue's order).
+template <int B, int DM, bool SM = false>
 __device__ __forceinline__ void mg_qkv_task(const __half* __restrict__ W, int p0, int np,
                                             int TW, const __half* xs, int pos, int L,
                                             float log2_base, __half* q, __half* kc_l,
-                                            __half* vc_l) {
+                                            __half* vc_l, int pbase = 0) {
     constexpr int H = DM / MEGA_HD, D = MEGA_HD, HALF = D / 2;
     const int lane = threadIdx.x & 31;
     int rows[4];
@@ -460,15 +487,15 @@ __device__ __forceinline__ void mg_qkv_task(const __half* __restrict__ W, int p0
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
         const int p = t < np ? p0 + t * TW : p0;
-        rows[2 * t] = (p / HALF) * D + p % HALF;
-        rows[2 * t + 1] = rows[2 * t] + HALF;
+        rows[2 * t] = SM ? 2 * (p - pbase) : (p / HALF) * D + p % HALF;
+        rows[2 * t + 1] = SM ? rows[2 * t] + 1 : rows[2 * t] + HALF;
     }
     if (np == 2) {
-        mg_dot<B, 4, DM>(W, rows, xs, s);
+        mg_dot<B, 4, DM, 6, SM>(W, rows, xs, s);
     } else {
         int r2[2] = {rows[0], rows[1]};
         float s2[2][B];
-        mg_dot<B, 2, DM>(W, r2, xs, s2);
+        mg_dot<B, 2, DM, 6, SM>(W, r2, xs, s2);
 #pragma unroll
         for (int b = 0; b < B; ++b) { s[0][b] = s2[0][b]; s[1][b] = s2[1][b]; }
     }
@@ -515,6 +542,161 @@ __device__ __forceinline__ void mg_qkv(const __half* __restrict__ W, const __hal
     const int gw = blockIdx.x * MEGA_WARPS + (threadIdx.x >> 5);
     for (int p = gw; p < NP; p += 2 * TW)
         mg_qkv_task<B, DM>(W, p, p + TW < NP ? 2 : 1, TW, xs, pos, L, log2_base, q, kc_l, vc_l);
+}
+
+// ----------------------------------------------------------------------------- v6: the ring
+// Every block owns a contiguous share of each GEMV's work: tasks [n j / G, n (j + 1) / G) of
+// block j, the tasks being QKV's pairs (n = 3 d / 2, two rows each) or the rows of proj, fc, fc2
+// (n = d, 4 d, d). Those rows are copied into one of MEGA_RING slots of shared memory with
+// cp.async (16 bytes a thread at a time, L2 only), MEGA_RING - 1 weight phases ahead of the one
+// being computed: weights do not depend on the activations, so they stream from HBM while the
+// block computes and waits at the grid barriers, and after a barrier only the activations (in
+// L2) are waited for. Weight phase w = 4 layer + (0 qkv, 1 proj, 2 fc, 3 fc2) sits in slot
+// w mod MEGA_RING; every thread commits one cp.async group per phase (empty past the last
+// layer). Phases 0..MEGA_RING-1 are issued before layer 0, phase w + MEGA_RING right after w is
+// computed (into the slot w leaves), so while w is computed w + 1 .. w + MEGA_RING - 1 may still
+// be in flight: "phase w has landed" is cp_async_wait<MEGA_RING - 1>.
+#ifndef MEGA_RING
+#define MEGA_RING 3                         // slots (-DMEGA_RING from the launcher)
+#endif
+
+__device__ __forceinline__ int mg_share_lo(int n) {
+    return (int)(((long long)n * blockIdx.x) / gridDim.x);
+}
+__device__ __forceinline__ int mg_share_hi(int n) {
+    return (int)(((long long)n * (blockIdx.x + 1)) / gridDim.x);
+}
+
+// Elements (fp16) of one ring slot: the largest share of any phase (ceil(n / G) tasks).
+template <int DM>
+__device__ __forceinline__ int mg_slot_elems() {
+    const int G = gridDim.x;
+    const int qkv = 2 * ((3 * DM / 2 + G - 1) / G) * DM;
+    const int fc = ((4 * DM + G - 1) / G) * DM;         // = proj's at most; fc2: d rows of 4 d
+    const int fc2 = ((DM + G - 1) / G) * 4 * DM;
+    return max(qkv, max(fc, fc2));
+}
+
+template <int K>
+__device__ __forceinline__ void mg_copy_rows(const __half* __restrict__ W, int lo, int nrows,
+                                             bool pairs, __half* slot) {
+    constexpr int CPR = K / 8;                           // 16-byte pieces a row
+    // warps 1.. only: warp 0's thread 0 makes the grid barrier's release, which waits for
+    // that warp's memory operations in flight, copies included
+    if (threadIdx.x < 32) return;
+    for (int e = threadIdx.x - 32; e < nrows * CPR; e += MEGA_THREADS - 32) {
+        const int lr = e / CPR, c = e - lr * CPR;
+        int g = lo + lr;
+        if (pairs) {                                     // pair p = lo + lr / 2: rows i, i + 32
+            const int p = lo + (lr >> 1);
+            g = (p / (MEGA_HD / 2)) * MEGA_HD + p % (MEGA_HD / 2) + (lr & 1) * (MEGA_HD / 2);
+        }
+        cp_async_16(slot + (size_t)lr * K + 8 * c, W + (size_t)g * K + 8 * c);
+    }
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MEGA_HAS_TMA 1
+#else
+#define MEGA_HAS_TMA 0
+#endif
+
+// Start copying weight phase w's share of this block into its slot (nothing past the last
+// phase). cp.async (v6): every thread copies 16-byte pieces and closes its group either way.
+// TMA (v7, sm_90): the copy engine does it, announced on the slot's mbarrier bars[w % RING]:
+// lane 0 of warp 0 arrives with the share's byte count (mbar_expect_tx) and issues one bulk copy
+// of the contiguous rows (proj, fc, fc2), or the lanes one a row (QKV's pairs, rows i and
+// i + 32 of a head side by side); the phase of the mbarrier completes when the bytes are in.
+// The caller has passed a __syncthreads since the slot was last read.
+template <int DM, bool TMA = false>
+__device__ __forceinline__ void mg_ring_issue(const unsigned long long* lp, int w, int nw,
+                                              __half* ring, unsigned long long* bars) {
+#if MEGA_HAS_TMA
+    if constexpr (TMA) {
+        // the last warp issues (not warp 0, whose thread 0 releases at the grid barrier)
+        if (w >= nw || (threadIdx.x >> 5) != MEGA_WARPS - 1) return;
+        const int kind = w & 3, lane = threadIdx.x & 31;
+        const __half* W = reinterpret_cast<const __half*>(lp[(size_t)(w >> 2) * 8 + 4 + kind]);
+        __half* slot = ring + (size_t)(w % MEGA_RING) * mg_slot_elems<DM>();
+        unsigned long long* bar = bars + w % MEGA_RING;
+        if (kind == 0) {
+            const int lo = mg_share_lo(3 * DM / 2), nrows = 2 * (mg_share_hi(3 * DM / 2) - lo);
+            if (lane == 0) {
+                fence_proxy_async();
+                mbar_expect_tx(bar, (unsigned)nrows * DM * 2);
+            }
+            __syncwarp();
+            for (int lr = lane; lr < nrows; lr += 32) {
+                const int p = lo + (lr >> 1);
+                const int g = (p / (MEGA_HD / 2)) * MEGA_HD + p % (MEGA_HD / 2) +
+                              (lr & 1) * (MEGA_HD / 2);
+                bulk_load(slot + (size_t)lr * DM, W + (size_t)g * DM, DM * 2, bar);
+            }
+        } else if (lane == 0) {
+            const int n = kind == 1 || kind == 3 ? DM : 4 * DM, K = kind == 3 ? 4 * DM : DM;
+            const int lo = mg_share_lo(n);
+            const unsigned bytes = (unsigned)(mg_share_hi(n) - lo) * K * 2;
+            fence_proxy_async();
+            mbar_expect_tx(bar, bytes);
+            if (bytes) bulk_load(slot, W + (size_t)lo * K, bytes, bar);
+        }
+        return;
+    }
+#endif
+    if (w < nw) {
+        const int kind = w & 3;
+        const __half* W = reinterpret_cast<const __half*>(lp[(size_t)(w >> 2) * 8 + 4 + kind]);
+        __half* slot = ring + (size_t)(w % MEGA_RING) * mg_slot_elems<DM>();
+        if (kind == 0) {
+            const int lo = mg_share_lo(3 * DM / 2);
+            mg_copy_rows<DM>(W, lo, 2 * (mg_share_hi(3 * DM / 2) - lo), true, slot);
+        } else if (kind == 3) {
+            const int lo = mg_share_lo(DM);
+            mg_copy_rows<4 * DM>(W, lo, mg_share_hi(DM) - lo, false, slot);
+        } else {
+            const int n = kind == 1 ? DM : 4 * DM, lo = mg_share_lo(n);
+            mg_copy_rows<DM>(W, lo, mg_share_hi(n) - lo, false, slot);
+        }
+    }
+    cp_async_commit();
+}
+
+// Wait until weight phase w has landed (cp.async: in every thread's copies; TMA: the slot's
+// mbarrier phase, the (w / RING)-th use of the slot), then __syncthreads; return its slot.
+template <int DM, bool TMA = false>
+__device__ __forceinline__ const __half* mg_ring_wait(int w, const __half* ring,
+                                                     unsigned long long* bars) {
+#if MEGA_HAS_TMA
+    if constexpr (TMA) mbar_wait(bars + w % MEGA_RING, (unsigned)(w / MEGA_RING) & 1u);
+    else
+#endif
+        cp_async_wait<MEGA_RING - 1>();
+    __syncthreads();
+    return ring + (size_t)(w % MEGA_RING) * mg_slot_elems<DM>();
+}
+
+// The block's rows [lo, hi) of W (N, K) from its slot, a warp per row (NR at once, local rows
+// warp, warp + 8, ...), then the epilogue EPI.
+template <int B, int NR, int K, int EPI, int MAXC = 6>
+__device__ __forceinline__ void mg_gemv_ring(const __half* Ws, int N, const __half* xs, float* x,
+                                             __half* out, ArgMax (&best)[B]) {
+    const int lo = mg_share_lo(N), n = mg_share_hi(N) - lo;
+    for (int r = threadIdx.x >> 5; r < n; r += NR * MEGA_WARPS) {
+        const int left = (n - 1 - r) / MEGA_WARPS + 1;
+        mg_rows<B, NR, K, EPI, MAXC, true>(Ws, r, MEGA_WARPS, left < NR ? left : NR, xs, N, x,
+                                           out, best, lo);
+    }
+}
+
+// QKV's pairs [lo, hi) from the slot, as mg_qkv (a warp takes two pairs at once).
+template <int B, int DM>
+__device__ __forceinline__ void mg_qkv_ring(const __half* Ws, const __half* xs, int pos, int L,
+                                            float log2_base, __half* q, __half* kc_l,
+                                            __half* vc_l) {
+    const int lo = mg_share_lo(3 * DM / 2), hi = mg_share_hi(3 * DM / 2);
+    for (int p = lo + (threadIdx.x >> 5); p < hi; p += 2 * MEGA_WARPS)
+        mg_qkv_task<B, DM, true>(Ws, p, p + MEGA_WARPS < hi ? 2 : 1, MEGA_WARPS, xs, pos, L,
+                                 log2_base, q, kc_l, vc_l, lo);
 }
 
 // ----------------------------------------------------------------------------- phase 2
@@ -984,6 +1166,22 @@ __device__ __forceinline__ bool mg_wait_heads(const unsigned* cnt, int S, unsign
 // mg_splits_v4).
 // STEP: false (v1, v2), true (v3), 4 or 5 (v4, v5). It is an auto parameter so that v1-v3's
 // instantiations kept the names they had before v4 (their PTX did not change).
+// v6, v7 leave the kernel only with no copy in flight into their shared memory: the phases
+// after wdone (the last waited for) up to RING ahead, not past the last.
+template <bool RING, bool TMA>
+__device__ __forceinline__ void mg_drain(unsigned long long* bars, int wdone, int nw) {
+    if constexpr (RING) {
+#if MEGA_HAS_TMA
+        if constexpr (TMA) {
+            for (int w = wdone + 1; w <= wdone + MEGA_RING && w < nw; ++w)
+                mbar_wait(bars + w % MEGA_RING, (unsigned)(w / MEGA_RING) & 1u);
+            return;
+        }
+#endif
+        cp_async_wait<0>();
+    }
+}
+
 template <int B, int DM, bool PF, int NRH, auto STEP = false>
 __device__ __forceinline__ void decode_mega_body(
     const unsigned long long* __restrict__ lp, const __half* __restrict__ wte,
@@ -997,7 +1195,8 @@ __device__ __forceinline__ void decode_mega_body(
     static_assert(DM % 128 == 0 && DM <= 1024, "d: a multiple of 128, at most 1024");
     constexpr int H = DM / MEGA_HD;
     constexpr int LADDER = STEP == true ? 3 : (int)STEP;
-    constexpr bool V3 = LADDER >= 3, V4 = LADDER >= 4, V5 = LADDER >= 5;
+    constexpr bool V3 = LADDER >= 3, V4 = LADDER >= 4, V5 = LADDER == 5, RING = LADDER >= 6;
+    constexpr bool TMA = LADDER >= 7;
     extern __shared__ uint4 mg_dyn[];
     __half* xs = reinterpret_cast<__half*>(mg_dyn);    // (B, <= 4d) fp16: the GEMV's input
     __shared__ float wbv[MEGA_WARPS][B];
@@ -1023,6 +1222,21 @@ __device__ __forceinline__ void decode_mega_body(
     for (int b = 0; b < B; ++b) best[b] = ArgMax{-INFINITY, 0x7fffffff};
     const size_t layer_cache = (size_t)B * H * L * MEGA_HD;
     const int Sa = V4 ? mg_splits_v4(p + 1, S) : S;    // the splits of this step's p + 1 keys
+    // v6: the ring of weight slots behind xs (v4's dynamic shared memory, rounded to 16 bytes)
+    const int xs_bytes = max(B * 4 * DM * 2, B * DM * 2 + 4 * B * H * (2 * S + 1));
+    __half* ring = xs + ((xs_bytes + 15) & ~15) / 2;
+    const int nw = 4 * n_layer;                        // weight phases
+    __shared__ unsigned long long bars[MEGA_RING];     // v7: a slot's copies complete here
+    int wdone = -1;                                    // the last weight phase waited for
+#if MEGA_HAS_TMA
+    if (TMA) {
+        if (t < MEGA_RING) mbar_init(bars + t, 1);
+        fence_barrier_init();
+        __syncthreads();
+    }
+#endif
+    if (RING)
+        for (int w = 0; w < MEGA_RING; ++w) mg_ring_issue<DM, TMA>(lp, w, nw, ring, bars);
 
     for (int layer = 0; layer < n_layer; ++layer) {
         const unsigned long long* P = lp + (size_t)layer * 8;
@@ -1037,8 +1251,22 @@ __device__ __forceinline__ void decode_mega_body(
         __half* kc_l = kc + layer * layer_cache;
         __half* vc_l = vc + layer * layer_cache;
 
+        const int wq = 4 * layer;                      // v6: this layer's qkv weight phase
         // 1. LN1 (layer 0: of the embedding row; block 0 also writes it to x) + QKV + RoPE + append
-        if (phases & MEGA_PH_QKV) {
+        if (RING) {
+            if (phases & MEGA_PH_QKV) {
+                if (layer == 0)
+                    mg_layernorm<B, DM>(nullptr, wte, tok, g1, b1, eps, xs,
+                                        blockIdx.x == 0 ? x : nullptr);
+                else
+                    mg_layernorm<B, DM>(x, nullptr, nullptr, g1, b1, eps, xs, nullptr);
+            }
+            wdone = wq;
+            const __half* Ws = mg_ring_wait<DM, TMA>(wdone, ring, bars);  // (syncs xs too)
+            if (phases & MEGA_PH_QKV) mg_qkv_ring<B, DM>(Ws, xs, p, L, log2_base, q, kc_l, vc_l);
+            __syncthreads();
+            mg_ring_issue<DM, TMA>(lp, wq + MEGA_RING, nw, ring, bars);
+        } else if (phases & MEGA_PH_QKV) {
             if (layer == 0)
                 mg_layernorm<B, DM>(nullptr, wte, tok, g1, b1, eps, xs,
                                     blockIdx.x == 0 ? x : nullptr);
@@ -1048,13 +1276,13 @@ __device__ __forceinline__ void decode_mega_body(
             mg_qkv<B, DM>(Wqkv, xs, p, L, log2_base, q, kc_l, vc_l);
             if (V5) mg_heads_ready<B, DM>(cnt);
             if (V3 && !V4) mg_prefetch_kv<B, DM>(kc_l, vc_l, L, p);
-            if (PF) {
+            if (PF && !RING) {
                 mg_prefetch(Wproj, (unsigned long long)DM * DM * 2);
                 mg_prefetch(Wfc, (unsigned long long)4 * DM * DM * 2);
             }
         }
         if (!V5)                                   // v5: a count per head instead
-            if (!mg_barrier<V3>(sync, G)) return;
+            if (!mg_barrier<V3>(sync, G)) return mg_drain<RING, TMA>(bars, wdone, nw);
         // 2. attention over keys 0..p
         if (phases & MEGA_PH_ATT) {
             if (V5 && (phases & MEGA_PH_QKV))      // (no QKV phase: nothing to wait for)
@@ -1062,22 +1290,45 @@ __device__ __forceinline__ void decode_mega_body(
             if (V3) mg_attention_v3<B, DM>(q, kc_l, vc_l, L, p + 1, Sa, scale_log2, part);
             else mg_attention<B, DM>(q, kc_l, vc_l, L, p + 1, S, scale_log2, part, cnt, a);
         }
-        if (PF) mg_prefetch(Wfc2, (unsigned long long)4 * DM * DM * 2);
-        if (!mg_barrier<V3>(sync, G)) return;
+        if (PF && !RING) mg_prefetch(Wfc2, (unsigned long long)4 * DM * DM * 2);
+        if (!mg_barrier<V3>(sync, G)) return mg_drain<RING, TMA>(bars, wdone, nw);
         // every wait on this layer's counts is over: zero them for the next layer's phase 1
         // (ordered before it by the next barrier, like any write)
         if (V5 && blockIdx.x == 0 && t < H) cnt[t] = 0u;
         // 3. output projection, x += half(a W_proj^T) (v3: a combined from the partials first)
-        if (phases & MEGA_PH_PROJ) {
+        if (RING) {
+            if (phases & MEGA_PH_PROJ)
+                mg_combine_v4<B, DM>(part, Sa, xs, reinterpret_cast<float*>(xs + B * DM));
+            wdone = wq + 1;
+            const __half* Ws = mg_ring_wait<DM, TMA>(wdone, ring, bars);
+            if (phases & MEGA_PH_PROJ)
+                mg_gemv_ring<B, 2, DM, MEGA_EPI_RESID>(Ws, DM, xs, x, nullptr, best);
+            __syncthreads();
+            mg_ring_issue<DM, TMA>(lp, wq + 1 + MEGA_RING, nw, ring, bars);
+        } else if (phases & MEGA_PH_PROJ) {
             if (V4) mg_combine_v4<B, DM>(part, Sa, xs, reinterpret_cast<float*>(xs + B * DM));
             else if (V3) mg_combine<B, DM>(part, S, xs, reinterpret_cast<float*>(xs + B * DM));
             else mg_stage<B, DM>(a, xs);
             __syncthreads();
             mg_gemv<B, 2, DM, MEGA_EPI_RESID>(Wproj, DM, xs, x, nullptr, best);
         }
-        if (!mg_barrier<V3>(sync, G)) return;
+        if (!mg_barrier<V3>(sync, G)) return mg_drain<RING, TMA>(bars, wdone, nw);
         // 4. LN2 + fc + GELU
-        if (phases & MEGA_PH_FC) {
+        if (RING) {
+            if (phases & MEGA_PH_FC)
+                mg_layernorm<B, DM>(x, nullptr, nullptr, g2, b2, eps, xs, nullptr);
+            wdone = wq + 2;
+            const __half* Ws = mg_ring_wait<DM, TMA>(wdone, ring, bars);
+            if (phases & MEGA_PH_FC) {
+                mg_gemv_ring<B, 4, DM, MEGA_EPI_GELU>(Ws, 4 * DM, xs, nullptr, f, best);
+                if (layer + 1 == n_layer) {        // the LM head is not in the ring: L2
+                    const unsigned long long hb = (unsigned long long)vocab * DM * 2;
+                    mg_prefetch(head, hb < pf_cap ? hb : pf_cap);
+                }
+            }
+            __syncthreads();
+            mg_ring_issue<DM, TMA>(lp, wq + 2 + MEGA_RING, nw, ring, bars);
+        } else if (phases & MEGA_PH_FC) {
             mg_layernorm<B, DM>(x, nullptr, nullptr, g2, b2, eps, xs, nullptr);
             __syncthreads();
             mg_gemv<B, 4, DM, MEGA_EPI_GELU>(Wfc, 4 * DM, xs, nullptr, f, best);
@@ -1091,9 +1342,17 @@ __device__ __forceinline__ void decode_mega_body(
                 }
             }
         }
-        if (!mg_barrier<V3>(sync, G)) return;
+        if (!mg_barrier<V3>(sync, G)) return mg_drain<RING, TMA>(bars, wdone, nw);
         // 5. fc2, x += half(f W_fc2^T)
-        if (phases & MEGA_PH_FC2) {
+        if (RING) {
+            if (phases & MEGA_PH_FC2) mg_stage<B, 4 * DM>(f, xs);
+            wdone = wq + 3;
+            const __half* Ws = mg_ring_wait<DM, TMA>(wdone, ring, bars);
+            if (phases & MEGA_PH_FC2)
+                mg_gemv_ring<B, 1, 4 * DM, MEGA_EPI_RESID, 12>(Ws, DM, xs, x, nullptr, best);
+            __syncthreads();
+            mg_ring_issue<DM, TMA>(lp, wq + 3 + MEGA_RING, nw, ring, bars);
+        } else if (phases & MEGA_PH_FC2) {
             mg_stage<B, 4 * DM>(f, xs);
             __syncthreads();
             if (V3)                                // d rows, about one a warp: 1 a pass, and
@@ -1101,8 +1360,9 @@ __device__ __forceinline__ void decode_mega_body(
             else                                   // 12 loads a lane in flight (v2: 2, 6)
                 mg_gemv<B, 2, 4 * DM, MEGA_EPI_RESID>(Wfc2, DM, xs, x, nullptr, best);
         }
-        if (!mg_barrier<V3>(sync, G)) return;
+        if (!mg_barrier<V3>(sync, G)) return mg_drain<RING, TMA>(bars, wdone, nw);
     }
+    mg_drain<RING, TMA>(bars, wdone, nw);          // (nothing is left in flight here)
     if (!(phases & MEGA_PH_HEAD)) return;
 
     // final LN, LM head with a running argmax, the greedy token, pos + 1
@@ -1186,6 +1446,16 @@ extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v4(MEG
 #if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v5)
 extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v5(MEGA_ARGS) {
     decode_mega_body<MEGA_B, MEGA_D, true, 4, 5>(MEGA_PASS);
+}
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v6)
+extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v6(MEGA_ARGS) {
+    decode_mega_body<MEGA_B, MEGA_D, true, 4, 6>(MEGA_PASS);
+}
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v7)
+extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v7(MEGA_ARGS) {
+    decode_mega_body<MEGA_B, MEGA_D, true, 4, 7>(MEGA_PASS);
 }
 #endif
 #undef MEGA_PASS

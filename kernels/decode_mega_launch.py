@@ -16,7 +16,8 @@
                                                     (v4, v5: the most; the kernel picks fewer)
   active_splits(keys, S)                            v4, v5: the splits the kernel takes for
                                                     ``keys`` (pos + 1) keys (mg_splits_v4)
-  shared_bytes(cfg, batch, S, version)              dynamic shared memory a block
+  shared_bytes(cfg, batch, S, version, grid)        dynamic shared memory a block
+  slot_bytes(cfg, grid)                             v6: one slot of the weight ring
   config(cfg, batch, length, version, sms, blocks_per_sm) -> Launch
   megakernel(source, batch, length, version, blocks_per_sm) -> MegaStep     the entry point
   reference_logits(model64, prompt, feed, length)   float64 logits of the model's own forward
@@ -51,12 +52,12 @@ import cudabook as cb
 from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 
 __all__ = ["VERSIONS", "WHAT", "MIN_CC", "BATCHES", "THREADS", "HEAD_DIM", "MAX_D", "KSMAX",
-           "ATT_PASS", "PHASES", "ALL_PHASES", "check_model", "splits", "active_splits",
-           "shared_bytes", "config", "megakernel", "MegaStep", "reference_logits", "compare",
-           "greedy_agreement", "sanitize_targets"]
+           "ATT_PASS", "RING", "PHASES", "ALL_PHASES", "check_model", "splits", "active_splits",
+           "shared_bytes", "slot_bytes", "config", "megakernel", "MegaStep", "reference_logits",
+           "compare", "greedy_agreement", "sanitize_targets"]
 
 VERSIONS = ("decode_mega_v1", "decode_mega_v2", "decode_mega_v3", "decode_mega_v4",
-            "decode_mega_v5")
+            "decode_mega_v5", "decode_mega_v6", "decode_mega_v7")
 WHAT = {"decode_mega_v1": "one persistent kernel, grid barriers between the phases",
         "decode_mega_v2": "v1 + L2 prefetch of the next phases' weights across barriers, "
                           "4 LM-head rows per warp",
@@ -67,7 +68,11 @@ WHAT = {"decode_mega_v1": "one persistent kernel, grid barriers between the phas
                           "length on the GPU (one 128-key pass each) and a combine whose L2 "
                           "reads are all in flight at once",
         "decode_mega_v5": "v4 with 4 grid barriers a layer: attention waits for its own head's "
-                          "q, k, v (a count per head) instead of a barrier after QKV"}
+                          "q, k, v (a count per head) instead of a barrier after QKV",
+        "decode_mega_v6": "v4 with each block's share of the weights copied into a ring of "
+                          "shared memory (cp.async) two GEMV phases ahead, across the barriers",
+        "decode_mega_v7": "v6 with the ring filled by the copy engine (bulk copies completing on "
+                          "an mbarrier per slot; below sm_90, where there are none, it is v6)"}
 MIN_CC = (8, 0)
 BATCHES = (1, 2, 4, 8)          # compiled per batch (-DMEGA_B)
 THREADS = 256                   # MEGA_THREADS
@@ -112,8 +117,13 @@ def check_model(cfg, batch: int, length: int) -> None:
         raise LaunchError(f"a cache of {length} positions: at least 2 are needed")
 
 
-_ONLINE = ("decode_mega_v3", "decode_mega_v4", "decode_mega_v5")    # v3's attention, its combine
-_BY_LENGTH = ("decode_mega_v4", "decode_mega_v5")                   # S chosen on the GPU
+_ONLINE = ("decode_mega_v3", "decode_mega_v4", "decode_mega_v5",
+           "decode_mega_v6", "decode_mega_v7")                               # v3's attention, its combine
+_BY_LENGTH = ("decode_mega_v4", "decode_mega_v5", "decode_mega_v6",
+              "decode_mega_v7")                            # S chosen on the GPU
+_RING = ("decode_mega_v6", "decode_mega_v7")              # weights in a shared-memory ring
+RING = 3                        # MEGA_RING's default: slots of the ring (weight phases in flight
+                                # while one is computed: RING - 1); -DMEGA_RING from ``ring``
 
 
 def splits(cfg, batch: int, length: int, grid: int, version: str = "decode_mega_v2") -> int:
@@ -137,41 +147,70 @@ def active_splits(keys: int, S: int) -> int:
     return min(S, max(1, ceil_div(keys, ATT_PASS)))
 
 
-def shared_bytes(cfg, batch: int, S: int, version: str) -> int:
+def slot_bytes(cfg, grid: int) -> int:
+    """v6: bytes of one ring slot, the largest share of one GEMV's weights a block of ``grid``
+    copies (mg_slot_elems): 2 ceil(3d/2 / grid) rows of QKV (pairs), ceil(4d / grid) rows of fc
+    (proj's share is smaller), ceil(d / grid) rows of fc2 (4d wide); fp16."""
+    d, g = cfg.d, _int(grid, "grid")
+    return 2 * max(2 * ceil_div(3 * d // 2, g) * d, ceil_div(4 * d, g) * d,
+                   ceil_div(d, g) * 4 * d)
+
+
+def shared_bytes(cfg, batch: int, S: int, version: str, grid: int = 132,
+                 ring: int = RING) -> int:
     """Dynamic shared memory: the fc2 input (batch, 4d) fp16; v3 also needs, in the proj phase,
     the input (batch, d) fp16 and the combine's weights and denominators (batch H (S + 1)
     floats) side by side; v4 and v5 the input and batch H (2 S + 1) floats (each split's m or
-    weight and l, each head's denominator), S the most splits."""
+    weight and l, each head's denominator), S the most splits; v6, v7 v4's, rounded up to 16
+    bytes, and ``ring`` slots of ``slot_bytes(cfg, grid)`` behind it."""
     fc2 = batch * 4 * cfg.d * 2
     version = version_name(VERSIONS, version, "decode_mega")
     if version not in _ONLINE:
         return fc2
     per_split = 2 if version in _BY_LENGTH else 1
-    return max(fc2, batch * cfg.d * 2 + 4 * batch * cfg.n_head * (per_split * S + 1))
+    base = max(fc2, batch * cfg.d * 2 + 4 * batch * cfg.n_head * (per_split * S + 1))
+    if version in _RING:
+        return (base + 15) // 16 * 16 + ring * slot_bytes(cfg, grid)
+    return base
+
+
+def _check_ring(ring) -> int:
+    ring = _int(ring, "ring")
+    if not 2 <= ring <= 8:
+        raise LaunchError(f"ring = {ring}: the weight ring holds 2 to 8 slots (one computed, the "
+                          "rest in flight)")
+    return ring
 
 
 def config(cfg, batch: int, length: int, version: str = "decode_mega_v2", sms: int = 132,
-           blocks_per_sm: int = 1) -> Launch:
+           blocks_per_sm: int = 1, ring: int = RING) -> Launch:
     """grid (sms x blocks_per_sm), THREADS threads, ``shared_bytes`` of dynamic shared memory
-    (the fc2 input; v3-v5 at least the combine's too); ``splits`` S (v4, v5: the most) and the
-    compile options (-DMEGA_B, -DMEGA_D) as fields."""
+    (the fc2 input; v3-v5 at least the combine's too; v6, v7 the weight ring of ``ring``
+    slots); ``splits`` S (v4-v7: the most) and the compile options (-DMEGA_B, -DMEGA_D; v6, v7
+    -DMEGA_RING) as fields."""
     version = version_name(VERSIONS, version, "decode_mega")
     check_model(cfg, batch, length)
-    sms, bps = _int(sms, "sms"), _int(blocks_per_sm, "blocks_per_sm")
+    sms, bps, ring = _int(sms, "sms"), _int(blocks_per_sm, "blocks_per_sm"), _check_ring(ring)
     if sms < 1 or bps < 1:
         raise LaunchError(f"sms = {sms}, blocks_per_sm = {bps}: both must be >= 1")
     grid = sms * bps
     S = splits(cfg, batch, length, grid, version)
-    return Launch((grid,), (THREADS,), shared=shared_bytes(cfg, batch, S, version),
-                  kernel=version, splits=S, options=(f"-DMEGA_B={batch}", f"-DMEGA_D={cfg.d}"))
+    options = (f"-DMEGA_B={batch}", f"-DMEGA_D={cfg.d}")
+    if version in _RING:
+        options += (f"-DMEGA_RING={ring}",)
+    return Launch((grid,), (THREADS,), shared=shared_bytes(cfg, batch, S, version, grid, ring),
+                  kernel=version, splits=S, options=options)
 
 
 def megakernel(source, batch: int | None = None, length: int | None = None,
-               version: str = "decode_mega_v2", blocks_per_sm: int = 1) -> "MegaStep":
+               version: str = "decode_mega_v2", blocks_per_sm: int = 1,
+               ring: int = RING) -> "MegaStep":
     """The megakernel step on a ``decoder.KernelGPT`` (``source``), or on a new one built from a
     ``gpt.GPT`` model (``source``) with ``batch`` (default 1) and ``length`` (default the model's
-    context). Shapes are checked before anything touches CUDA."""
+    context); ``ring``: v6, v7's slots of weights. Shapes are checked before anything touches
+    CUDA."""
     version = version_name(VERSIONS, version, "decode_mega")
+    _check_ring(ring)
     is_run = hasattr(source, "kc") and hasattr(source, "layers")
     cfg = getattr(source, "cfg", None)
     if cfg is None:
@@ -190,13 +229,13 @@ def megakernel(source, batch: int | None = None, length: int | None = None,
         from cudabook import decoder
 
         source = decoder.KernelGPT(source, batch=batch, length=length)
-    return MegaStep(source, version, blocks_per_sm)
+    return MegaStep(source, version, blocks_per_sm, ring)
 
 
 class MegaStep:
     """The megakernel on a KernelGPT's buffers (see the module docstring)."""
 
-    def __init__(self, run, version: str, blocks_per_sm: int = 1):
+    def __init__(self, run, version: str, blocks_per_sm: int = 1, ring: int = RING):
         import cupy as cp
 
         self.run, self.version = run, version_name(VERSIONS, version, "decode_mega")
@@ -207,7 +246,7 @@ class MegaStep:
                               "sampling with temperature > 0 is not supported")
         self._check_weights()
         dev = cb.launch.device()
-        self.launch = config(cfg, B, L, self.version, dev.sms, blocks_per_sm)
+        self.launch = config(cfg, B, L, self.version, dev.sms, blocks_per_sm, ring)
         mod = cb.module("decode_mega", self.launch.options, only=self.version)
         self.kernel = mod.get(self.version)
         shared = self.launch.shared
@@ -505,14 +544,15 @@ def greedy_agreement(mk: MegaStep, book, prompt, n: int = 32) -> dict:
 
 def sanitize_targets():
     """Two steps of the tiny GPT's shapes at batch 2 (every phase, the tickets, the barriers)
-    after a 5-token prefill, in v2 and in v5 (v3's attention, v4's splits and combine, v5's
-    counts)."""
+    after a 5-token prefill, in v2, v5 (v3's attention, v4's splits and combine, v5's counts)
+    v6 (the weight ring's cp.async copies into shared memory) and v7 (on sm_90 the ring's bulk
+    copies and mbarriers)."""
     import torch
 
     from cudabook import gpt
 
     model = gpt.build(gpt.TINY, 0, "cuda", torch.float16)
-    for version in ("decode_mega_v2", "decode_mega_v5"):
+    for version in ("decode_mega_v2", "decode_mega_v5", "decode_mega_v6", "decode_mega_v7"):
         mk = megakernel(model, batch=2, length=64, version=version)
         mk.run.prefill(np.arange(10, dtype=np.int64).reshape(2, 5))
 

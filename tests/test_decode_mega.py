@@ -97,6 +97,29 @@ def test_v4_sizes_for_the_most_splits_and_room_for_its_combine(version):
     assert dm.shared_bytes(gpt.TINY, 1, 200, version) == d * 2 + 4 * H * (2 * 200 + 1)
 
 
+def test_v6_puts_a_ring_of_weight_slots_behind_v4s_shared_memory():
+    c4 = dm.config(gpt.GPT2_SMALL, 1, 1024, "v4", sms=132)
+    c6 = dm.config(gpt.GPT2_SMALL, 1, 1024, "v6", sms=132)
+    assert c6.kernel == "decode_mega_v6" and c6.splits == c4.splits
+    # the largest share of 132 blocks: 24 rows of fc (3072 / 132) or 6 rows of fc2 (768 / 132),
+    # each 36 KiB; QKV's 9 pairs (1152 / 132) are 18 rows, proj's 6 rows
+    assert dm.slot_bytes(gpt.GPT2_SMALL, 132) == 24 * 768 * 2 == 6 * 3072 * 2
+    assert c6.shared == (c4.shared + 15) // 16 * 16 + dm.RING * 24 * 768 * 2
+    # fewer SMs, larger shares: the slot grows with the share, the refusal is the launcher's
+    assert dm.slot_bytes(gpt.GPT2_SMALL, 58) == 14 * 3072 * 2          # 14 rows of fc2
+    c8 = dm.config(gpt.GPT2_SMALL, 8, 1024, "v6", sms=132)
+    assert c8.shared == dm.config(gpt.GPT2_SMALL, 8, 1024, "v4", sms=132).shared + 3 * 36864
+    # the ring's depth is a compile option of the ring versions only
+    c5 = dm.config(gpt.GPT2_SMALL, 1, 1024, "v7", sms=132, ring=5)
+    assert "-DMEGA_RING=5" in c5.options and c5.shared == c6.shared + 2 * 36864
+    assert not any("MEGA_RING" in o for o in c4.options)
+    for bad in (1, 9):
+        with pytest.raises(cb.LaunchError, match="2 to 8 slots"):
+            dm.config(gpt.GPT2_SMALL, 1, 1024, "v7", sms=132, ring=bad)
+    with pytest.raises(TypeError, match="ring must be an int"):
+        dm.megakernel(gpt.build(gpt.TINY), version="v7", ring=2.5)
+
+
 def test_v4_splits_are_one_pass_each_within_the_most():
     P = dm.ATT_PASS
     S = dm.splits(gpt.GPT2_SMALL, 1, 1024, 132, "v4")
@@ -176,7 +199,7 @@ def test_logits_from_position_0_and_after_511_and_ragged_prompts(small, version)
 
 
 @gpu
-@pytest.mark.parametrize("version", ["v2", "v3", "v4", "v5"])
+@pytest.mark.parametrize("version", ["v2", "v3", "v4", "v5", "v6", "v7"])
 def test_batch_8_rows_each_match(small, version):
     model, model64 = small
     mk, book = _pair(model, 8, version)
@@ -314,6 +337,23 @@ def test_v5_is_v4_bit_for_bit_and_v4_is_v3_where_their_splits_agree(small, batch
     if all(dm.active_splits(n, S) == S for n in keys):
         assert np.array_equal(l4, l3), f"v4 with v3's {S} splits differs from v3 by " \
             f"{float(np.abs(l4 - l3).max()):.3g}"
+
+
+@gpu
+@pytest.mark.parametrize("version", ["v6", "v7"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_v6_v7_are_v4_bit_for_bit(small, batch, version):
+    """v6 and v7 only move where the weights come from (the block's share in shared memory,
+    copied ahead by cp.async or by the copy engine): each row's sum is v4's, in v4's order. A
+    slot read before its copy landed, a share off by a row or a pair's rows swapped would change
+    the logits."""
+    model, _ = small
+    prompt = np.random.default_rng(6).integers(0, 50257, (batch, 125))
+    out = _generate(model, batch, ("v4", version), prompt)
+    (i4, l4, _, _), (i6, l6, _, _) = out["v4"], out[version]
+    assert (i6 == i4).all() and np.array_equal(l6, l4), \
+        f"{version} differs from v4 by {float(np.abs(l6 - l4).max()):.3g}: a weight slot read " \
+        "before its copy landed, or a block's share of rows off?"
 
 
 @gpu

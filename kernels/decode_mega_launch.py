@@ -10,7 +10,8 @@
     mk.phase_times()                                # each phase alone (with the barriers), us
     mk.step_us(ids)                                 # us per token of the graph, checked
 
-  VERSIONS, WHAT, MIN_CC, BATCHES, THREADS, HEAD_DIM, MAX_D, KSMAX, ATT_PASS, PHASES, ALL_PHASES
+  VERSIONS (lesson 12's ladder, v1-v5), RING_VERSIONS (v6, v7), ALL_VERSIONS, WHAT, MIN_CC,
+  BATCHES, THREADS, HEAD_DIM, MAX_D, KSMAX, ATT_PASS, RING, PHASES, ALL_PHASES
   check_model(cfg, batch, length)                   the shape refusals (no GPU needed)
   splits(cfg, batch, length, grid, version)         attention's splits of the keys per head
                                                     (v4, v5: the most; the kernel picks fewer)
@@ -51,13 +52,19 @@ import numpy as np
 import cudabook as cb
 from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 
-__all__ = ["VERSIONS", "WHAT", "MIN_CC", "BATCHES", "THREADS", "HEAD_DIM", "MAX_D", "KSMAX",
+__all__ = ["VERSIONS", "RING_VERSIONS", "ALL_VERSIONS", "WHAT", "MIN_CC", "BATCHES", "THREADS",
+           "HEAD_DIM", "MAX_D", "KSMAX",
            "ATT_PASS", "RING", "PHASES", "ALL_PHASES", "check_model", "splits", "active_splits",
            "shared_bytes", "slot_bytes", "config", "megakernel", "MegaStep", "reference_logits",
            "compare", "greedy_agreement", "sanitize_targets"]
 
 VERSIONS = ("decode_mega_v1", "decode_mega_v2", "decode_mega_v3", "decode_mega_v4",
-            "decode_mega_v5", "decode_mega_v6", "decode_mega_v7")
+            "decode_mega_v5")          # the ladder lesson 12 walks
+# The weight ring: correct (v4 bit for bit) and measured, not faster than v4 on the H200 (reports/
+# gpu-lane-2026-11-29-tp-graphs-mega-ring.md); not in the lesson's ladder yet. Its slots need
+# more shared memory than GPUs with few or small SMs give (then megakernel() refuses it).
+RING_VERSIONS = ("decode_mega_v6", "decode_mega_v7")
+ALL_VERSIONS = VERSIONS + RING_VERSIONS
 WHAT = {"decode_mega_v1": "one persistent kernel, grid barriers between the phases",
         "decode_mega_v2": "v1 + L2 prefetch of the next phases' weights across barriers, "
                           "4 LM-head rows per warp",
@@ -132,7 +139,7 @@ def splits(cfg, batch: int, length: int, grid: int, version: str = "decode_mega_
     it takes at most one task per block: S = grid // (batch heads), at least 1. v4 and v5 get
     the same S as a maximum (it sizes the partials and shared memory); each step takes
     ``active_splits(pos + 1, S)`` of it."""
-    if version_name(VERSIONS, version, "decode_mega") in _ONLINE:
+    if version_name(ALL_VERSIONS, version, "decode_mega") in _ONLINE:
         return max(1, grid // (batch * cfg.n_head))
     return max(ceil_div(grid, batch * cfg.n_head), ceil_div(length, KSMAX))
 
@@ -164,7 +171,7 @@ def shared_bytes(cfg, batch: int, S: int, version: str, grid: int = 132,
     weight and l, each head's denominator), S the most splits; v6, v7 v4's, rounded up to 16
     bytes, and ``ring`` slots of ``slot_bytes(cfg, grid)`` behind it."""
     fc2 = batch * 4 * cfg.d * 2
-    version = version_name(VERSIONS, version, "decode_mega")
+    version = version_name(ALL_VERSIONS, version, "decode_mega")
     if version not in _ONLINE:
         return fc2
     per_split = 2 if version in _BY_LENGTH else 1
@@ -188,7 +195,7 @@ def config(cfg, batch: int, length: int, version: str = "decode_mega_v2", sms: i
     (the fc2 input; v3-v5 at least the combine's too; v6, v7 the weight ring of ``ring``
     slots); ``splits`` S (v4-v7: the most) and the compile options (-DMEGA_B, -DMEGA_D; v6, v7
     -DMEGA_RING) as fields."""
-    version = version_name(VERSIONS, version, "decode_mega")
+    version = version_name(ALL_VERSIONS, version, "decode_mega")
     check_model(cfg, batch, length)
     sms, bps, ring = _int(sms, "sms"), _int(blocks_per_sm, "blocks_per_sm"), _check_ring(ring)
     if sms < 1 or bps < 1:
@@ -209,7 +216,7 @@ def megakernel(source, batch: int | None = None, length: int | None = None,
     ``gpt.GPT`` model (``source``) with ``batch`` (default 1) and ``length`` (default the model's
     context); ``ring``: v6, v7's slots of weights. Shapes are checked before anything touches
     CUDA."""
-    version = version_name(VERSIONS, version, "decode_mega")
+    version = version_name(ALL_VERSIONS, version, "decode_mega")
     _check_ring(ring)
     is_run = hasattr(source, "kc") and hasattr(source, "layers")
     cfg = getattr(source, "cfg", None)
@@ -238,7 +245,7 @@ class MegaStep:
     def __init__(self, run, version: str, blocks_per_sm: int = 1, ring: int = RING):
         import cupy as cp
 
-        self.run, self.version = run, version_name(VERSIONS, version, "decode_mega")
+        self.run, self.version = run, version_name(ALL_VERSIONS, version, "decode_mega")
         cfg = self.cfg = run.cfg
         B, L, d, H = run.B, run.L, cfg.d, cfg.n_head
         if getattr(run, "temperature", 0.0) > 0:

@@ -184,7 +184,7 @@ def _assert_close(e, what):
 
 
 @gpu
-@pytest.mark.parametrize("version", dm.VERSIONS)
+@pytest.mark.parametrize("version", dm.ALL_VERSIONS)
 def test_logits_from_position_0_and_after_511_and_ragged_prompts(small, version):
     model, model64 = small
     mk, book = _pair(model, 1, version)
@@ -208,7 +208,7 @@ def test_batch_8_rows_each_match(small, version):
 
 
 @gpu
-@pytest.mark.parametrize("version", dm.VERSIONS)
+@pytest.mark.parametrize("version", dm.ALL_VERSIONS)
 def test_graph_replays_are_the_launches_bit_for_bit(small, version):
     import cupy as cp
 
@@ -357,7 +357,7 @@ def test_v6_v7_are_v4_bit_for_bit(small, batch, version):
 
 
 @gpu
-@pytest.mark.parametrize("version", dm.VERSIONS)
+@pytest.mark.parametrize("version", dm.ALL_VERSIONS)
 def test_capture_right_after_launches_does_not_race_them(small, version):
     """graphs.capture warms up on a new non-blocking stream; MegaStep.capture synchronises first,
     so the warm-up step never runs beside the launches queued before it (two grids on one

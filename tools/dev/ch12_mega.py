@@ -108,7 +108,7 @@ def main() -> int:
     from cudabook import decoder, gpt
 
     dm = cb.load_launch("decode_mega")
-    versions = tuple(dict.fromkeys(cb.launch.version_name(dm.VERSIONS, v, "decode_mega")
+    versions = tuple(dict.fromkeys(cb.launch.version_name(dm.ALL_VERSIONS, v, "decode_mega")
                                    for v in (a.versions or dm.VERSIONS)))
     quick = a.checks == "quick"
     L = gpt.GPT2_SMALL.ctx

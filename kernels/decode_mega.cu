@@ -100,7 +100,10 @@
 //                   keeps at most what the SM's load units track in flight; the copy engine
 //                   keeps a whole share (up to 36 KiB at GPT-2's shapes) in flight a copy.
 //                   Arithmetic is v6's (and v4's): logits are v4's bit for bit. Compiled
-//                   below sm_90 (no bulk copies) it is v6.
+//                   below sm_90 (no bulk copies) it is v6. Neither v6 nor v7 made the step
+//                   faster than v4 on the H200: with the copies running, the barriers took
+//                   longer by what the GEMV phases saved (reports/gpu-lane-2026-11-29-tp-
+//                   graphs-mega-ring.md).
 //
 // Rounding follows the book's separate kernels (KernelGPT.step): every GEMV output is rounded to
 // fp16 where that kernel stores fp16 (qkv, attention output, dx, the GELU input and output,
@@ -122,7 +125,7 @@
 // Launch (kernels/decode_mega_launch.py): grid (SMs x blocks per SM), 256 threads, dynamic
 // shared memory B 4d 2 bytes (the fc2 input, the largest GEMV input; v3: at least B d 2 + 4 B H
 // (S + 1), the proj input and mg_combine's weights behind it; v4, v5: B d 2 + 4 B H (2 S + 1),
-// mg_combine_v4's m or weights, l and denominators; v6: v4's rounded up to 16 bytes, then
+// mg_combine_v4's m or weights, l and denominators; v6, v7: v4's rounded up to 16 bytes, then
 // MEGA_RING slots of the largest share of one GEMV's weights, mg_slot_elems); static shared
 // memory for
 // attention's scores (MEGA_KSMAX floats) and partial outputs. Compiled per (B, d) with
@@ -577,20 +580,31 @@ __device__ __forceinline__ int mg_slot_elems() {
     return max(qkv, max(fc, fc2));
 }
 
+// The weight row of local row lr of a share starting at task lo: lo + lr, or for QKV's pairs
+// (pair p = lo + lr / 2 of head j = p / 32, i = p % 32) row 64 j + i, then row 64 j + i + 32.
+__device__ __forceinline__ int mg_share_row(int lo, int lr, bool pairs) {
+    if (!pairs) return lo + lr;
+    const int p = lo + (lr >> 1);
+    return (p / (MEGA_HD / 2)) * MEGA_HD + p % (MEGA_HD / 2) + (lr & 1) * (MEGA_HD / 2);
+}
+
+// Weight phase w's share of this block: its first task lo, its rows and their length K.
+template <int DM>
+__device__ __forceinline__ void mg_share_of(int w, int& lo, int& nrows, int& K) {
+    const int kind = w & 3;                              // 0 qkv, 1 proj, 2 fc, 3 fc2
+    const int n = kind == 0 ? 3 * DM / 2 : kind == 2 ? 4 * DM : DM;
+    lo = mg_share_lo(n);
+    nrows = (kind == 0 ? 2 : 1) * (mg_share_hi(n) - lo);
+    K = kind == 3 ? 4 * DM : DM;
+}
+
 template <int K>
 __device__ __forceinline__ void mg_copy_rows(const __half* __restrict__ W, int lo, int nrows,
                                              bool pairs, __half* slot) {
     constexpr int CPR = K / 8;                           // 16-byte pieces a row
-    // warps 1.. only: warp 0's thread 0 makes the grid barrier's release, which waits for
-    // that warp's memory operations in flight, copies included
-    if (threadIdx.x < 32) return;
-    for (int e = threadIdx.x - 32; e < nrows * CPR; e += MEGA_THREADS - 32) {
+    for (int e = threadIdx.x; e < nrows * CPR; e += MEGA_THREADS) {
         const int lr = e / CPR, c = e - lr * CPR;
-        int g = lo + lr;
-        if (pairs) {                                     // pair p = lo + lr / 2: rows i, i + 32
-            const int p = lo + (lr >> 1);
-            g = (p / (MEGA_HD / 2)) * MEGA_HD + p % (MEGA_HD / 2) + (lr & 1) * (MEGA_HD / 2);
-        }
+        const int g = mg_share_row(lo, lr, pairs);
         cp_async_16(slot + (size_t)lr * K + 8 * c, W + (size_t)g * K + 8 * c);
     }
 }
@@ -611,52 +625,36 @@ __device__ __forceinline__ void mg_copy_rows(const __half* __restrict__ W, int l
 template <int DM, bool TMA = false>
 __device__ __forceinline__ void mg_ring_issue(const unsigned long long* lp, int w, int nw,
                                               __half* ring, unsigned long long* bars) {
+    int lo = 0, nrows = 0, K = DM;
+    const __half* W = nullptr;
+    __half* slot = ring + (size_t)(w % MEGA_RING) * mg_slot_elems<DM>();
+    if (w < nw) {
+        mg_share_of<DM>(w, lo, nrows, K);
+        W = reinterpret_cast<const __half*>(lp[(size_t)(w >> 2) * 8 + 4 + (w & 3)]);
+    }
 #if MEGA_HAS_TMA
     if constexpr (TMA) {
-        // the last warp issues (not warp 0, whose thread 0 releases at the grid barrier)
-        if (w >= nw || (threadIdx.x >> 5) != MEGA_WARPS - 1) return;
-        const int kind = w & 3, lane = threadIdx.x & 31;
-        const __half* W = reinterpret_cast<const __half*>(lp[(size_t)(w >> 2) * 8 + 4 + kind]);
-        __half* slot = ring + (size_t)(w % MEGA_RING) * mg_slot_elems<DM>();
+        if (w >= nw || threadIdx.x >= 32) return;
+        const int lane = threadIdx.x;
         unsigned long long* bar = bars + w % MEGA_RING;
-        if (kind == 0) {
-            const int lo = mg_share_lo(3 * DM / 2), nrows = 2 * (mg_share_hi(3 * DM / 2) - lo);
-            if (lane == 0) {
-                fence_proxy_async();
-                mbar_expect_tx(bar, (unsigned)nrows * DM * 2);
-            }
-            __syncwarp();
-            for (int lr = lane; lr < nrows; lr += 32) {
-                const int p = lo + (lr >> 1);
-                const int g = (p / (MEGA_HD / 2)) * MEGA_HD + p % (MEGA_HD / 2) +
-                              (lr & 1) * (MEGA_HD / 2);
-                bulk_load(slot + (size_t)lr * DM, W + (size_t)g * DM, DM * 2, bar);
-            }
-        } else if (lane == 0) {
-            const int n = kind == 1 || kind == 3 ? DM : 4 * DM, K = kind == 3 ? 4 * DM : DM;
-            const int lo = mg_share_lo(n);
-            const unsigned bytes = (unsigned)(mg_share_hi(n) - lo) * K * 2;
+        if (lane == 0) {
             fence_proxy_async();
-            mbar_expect_tx(bar, bytes);
-            if (bytes) bulk_load(slot, W + (size_t)lo * K, bytes, bar);
+            mbar_expect_tx(bar, (unsigned)nrows * K * 2);
+        }
+        if ((w & 3) == 0) {                              // QKV's pairs: a copy a row
+            __syncwarp();
+            for (int lr = lane; lr < nrows; lr += 32)
+                bulk_load(slot + (size_t)lr * DM, W + (size_t)mg_share_row(lo, lr, true) * DM,
+                          DM * 2, bar);
+        } else if (lane == 0 && nrows) {                 // contiguous rows: one copy
+            bulk_load(slot, W + (size_t)lo * K, (unsigned)nrows * K * 2, bar);
         }
         return;
     }
 #endif
     if (w < nw) {
-        const int kind = w & 3;
-        const __half* W = reinterpret_cast<const __half*>(lp[(size_t)(w >> 2) * 8 + 4 + kind]);
-        __half* slot = ring + (size_t)(w % MEGA_RING) * mg_slot_elems<DM>();
-        if (kind == 0) {
-            const int lo = mg_share_lo(3 * DM / 2);
-            mg_copy_rows<DM>(W, lo, 2 * (mg_share_hi(3 * DM / 2) - lo), true, slot);
-        } else if (kind == 3) {
-            const int lo = mg_share_lo(DM);
-            mg_copy_rows<4 * DM>(W, lo, mg_share_hi(DM) - lo, false, slot);
-        } else {
-            const int n = kind == 1 ? DM : 4 * DM, lo = mg_share_lo(n);
-            mg_copy_rows<DM>(W, lo, mg_share_hi(n) - lo, false, slot);
-        }
+        if (K == DM) mg_copy_rows<DM>(W, lo, nrows, (w & 3) == 0, slot);
+        else mg_copy_rows<4 * DM>(W, lo, nrows, false, slot);
     }
     cp_async_commit();
 }

@@ -124,11 +124,9 @@ def check_model(cfg, batch: int, length: int) -> None:
         raise LaunchError(f"a cache of {length} positions: at least 2 are needed")
 
 
-_ONLINE = ("decode_mega_v3", "decode_mega_v4", "decode_mega_v5",
-           "decode_mega_v6", "decode_mega_v7")                               # v3's attention, its combine
-_BY_LENGTH = ("decode_mega_v4", "decode_mega_v5", "decode_mega_v6",
-              "decode_mega_v7")                            # S chosen on the GPU
-_RING = ("decode_mega_v6", "decode_mega_v7")              # weights in a shared-memory ring
+# v3's attention and its combine; the splits chosen on the GPU from the length
+_ONLINE = ("decode_mega_v3", "decode_mega_v4", "decode_mega_v5") + RING_VERSIONS
+_BY_LENGTH = ("decode_mega_v4", "decode_mega_v5") + RING_VERSIONS
 RING = 3                        # MEGA_RING's default: slots of the ring (weight phases in flight
                                 # while one is computed: RING - 1); -DMEGA_RING from ``ring``
 
@@ -176,7 +174,7 @@ def shared_bytes(cfg, batch: int, S: int, version: str, grid: int = 132,
         return fc2
     per_split = 2 if version in _BY_LENGTH else 1
     base = max(fc2, batch * cfg.d * 2 + 4 * batch * cfg.n_head * (per_split * S + 1))
-    if version in _RING:
+    if version in RING_VERSIONS:
         return (base + 15) // 16 * 16 + ring * slot_bytes(cfg, grid)
     return base
 
@@ -203,7 +201,7 @@ def config(cfg, batch: int, length: int, version: str = "decode_mega_v2", sms: i
     grid = sms * bps
     S = splits(cfg, batch, length, grid, version)
     options = (f"-DMEGA_B={batch}", f"-DMEGA_D={cfg.d}")
-    if version in _RING:
+    if version in RING_VERSIONS:
         options += (f"-DMEGA_RING={ring}",)
     return Launch((grid,), (THREADS,), shared=shared_bytes(cfg, batch, S, version, grid, ring),
                   kernel=version, splits=S, options=options)

@@ -104,6 +104,12 @@
 //                   faster than v4 on the H200: with the copies running, the barriers took
 //                   longer by what the GEMV phases saved (reports/gpu-lane-2026-11-29-tp-
 //                   graphs-mega-ring.md).
+//   decode_mega_v8  v4 with W4A16 weights (chapter 10's int4 format, kernels/qgemv.cu: two
+//                   weights a byte, two's complement, an fp16 scale per group of 128 along K)
+//                   for QKV, proj, fc, fc2 and the LM head: 4x fewer weight bytes. lp holds 12
+//                   pointers a layer (the packed weights where v4 has its fp16 ones, then their
+//                   scales) and the LM head's scales after the last layer; `head` is the head's
+//                   packed weight. Sums as mg_dot_w4 below; the rest is v4's.
 //
 // Rounding follows the book's separate kernels (KernelGPT.step): every GEMV output is rounded to
 // fp16 where that kernel stores fp16 (qkv, attention output, dx, the GELU input and output,
@@ -422,19 +428,96 @@ __device__ __forceinline__ void mg_dot(const __half* __restrict__ W, const int (
         for (int b = 0; b < B; ++b) s[r][b] = warp_sum(acc[r][b]);
 }
 
+// v8 (W4A16): the same sums over a weight in chapter 10's int4 format (kernels/qgemv.cu): Q
+// (N, K / 2) bytes, k = 2i in the low nibble of byte i and 2i + 1 in the high one, two's
+// complement (-8..7); S (N, K / G) fp16 scales, G = MEGA_W4_GROUP. A lane reads 16-byte pieces
+// c = lane + 32 i of a row (32 weights, k = 32 c .. 32 c + 31, inside one group), all of its
+// NR CPL pieces and their scales before the first product; each piece's 32 products are summed
+// in fp32 in k order, multiplied by the piece's scale once and added to the row's sum in piece
+// order; then the shuffle sum.
+#define MEGA_W4_GROUP 128
+
+__device__ __forceinline__ float mg_dot32_w4(uint4 w, const uint4 (&xx)[4]) {
+    const unsigned wd[4] = {w.x, w.y, w.z, w.w};
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {                  // word j: k = 8 j .. 8 j + 7, nibble e = k
+        const __half2* h = reinterpret_cast<const __half2*>(&xx[j]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 xf = __half22float2(h[e]);
+            const int lo = (int)((wd[j] >> (8 * e)) & 0xFu), hi = (int)((wd[j] >> (8 * e + 4)) & 0xFu);
+            acc = fmaf((float)((lo ^ 8) - 8), xf.x, acc);
+            acc = fmaf((float)((hi ^ 8) - 8), xf.y, acc);
+        }
+    }
+    return acc;
+}
+
+template <int B, int NR, int K>
+__device__ __forceinline__ void mg_dot_w4(const unsigned char* __restrict__ Q,
+                                          const __half* __restrict__ S, const int (&rows)[NR],
+                                          const __half* xs, float (&s)[NR][B]) {
+    static_assert(K % MEGA_W4_GROUP == 0 && MEGA_W4_GROUP % 32 == 0, "groups of whole pieces");
+    constexpr int NC = K / 32;                      // 16-byte pieces (32 weights) per row
+    constexpr int CPL = (NC + 31) / 32;             // pieces per lane
+    constexpr int NG = K / MEGA_W4_GROUP;           // scales per row
+    const int lane = threadIdx.x & 31;
+    const uint4* xv = reinterpret_cast<const uint4*>(xs);
+    uint4 w[NR][CPL];
+    float sc[NR][CPL];
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        const int c = lane + 32 * i;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            w[r][i] = c < NC ? ld_stream16(Q + (size_t)rows[r] * (K / 2) + 16 * c)
+                             : make_uint4(0u, 0u, 0u, 0u);
+            sc[r][i] = c < NC ? __half2float(__ldg(S + (size_t)rows[r] * NG +
+                                                   (32 * c) / MEGA_W4_GROUP))
+                              : 0.0f;
+        }
+    }
+    float acc[NR][B];
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int b = 0; b < B; ++b) acc[r][b] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        const int c = lane + 32 * i;
+        if (c < NC) {
+#pragma unroll
+            for (int b = 0; b < B; ++b) {
+                uint4 xx[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) xx[j] = xv[b * (K / 8) + 4 * c + j];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) acc[r][b] += sc[r][i] * mg_dot32_w4(w[r][i], xx);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int b = 0; b < B; ++b) s[r][b] = warp_sum(acc[r][b]);
+}
+
 // nv (1..NR) rows r0, r0 + TW, ... of W through mg_dot and the epilogue EPI:
 //   RESID  x[b, row] += half(s)               (N = the residual's width)
 //   GELU   out[b, row] = half(gelu(half(s)))
 //   HEAD   out[b, row] = half(s), and best[b] = the first largest logit so far (rows ascend)
 // SM (v6): W is this block's rows in shared memory, local row r being row r + roff of the
 // weight (roff = 0 when W is the global weight).
-template <int B, int NR, int K, int EPI, int MAXC = 6, bool SM = false>
+// WQ (v8): W is the int4 weight's bytes and S its scales (mg_dot_w4).
+template <int B, int NR, int K, int EPI, int MAXC = 6, bool SM = false, bool WQ = false>
 __device__ __forceinline__ void mg_rows(const __half* __restrict__ W, int r0, int TW, int nv,
                                         const __half* xs, int N, float* x, __half* out,
-                                        ArgMax (&best)[B], int roff = 0) {
+                                        ArgMax (&best)[B], int roff = 0,
+                                        const __half* S = nullptr) {
     if constexpr (NR > 1) {
         if (nv < NR) {
-            mg_rows<B, NR - 1, K, EPI, MAXC, SM>(W, r0, TW, nv, xs, N, x, out, best, roff);
+            mg_rows<B, NR - 1, K, EPI, MAXC, SM, WQ>(W, r0, TW, nv, xs, N, x, out, best, roff, S);
             return;
         }
     }
@@ -442,7 +525,10 @@ __device__ __forceinline__ void mg_rows(const __half* __restrict__ W, int r0, in
 #pragma unroll
     for (int r = 0; r < NR; ++r) rows[r] = r0 + r * TW;
     float s[NR][B];
-    mg_dot<B, NR, K, MAXC, SM>(W, rows, xs, s);
+    if constexpr (WQ)
+        mg_dot_w4<B, NR, K>(reinterpret_cast<const unsigned char*>(W), S, rows, xs, s);
+    else
+        mg_dot<B, NR, K, MAXC, SM>(W, rows, xs, s);
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < NR; ++r)
@@ -462,14 +548,16 @@ __device__ __forceinline__ void mg_rows(const __half* __restrict__ W, int r0, in
 }
 
 // all N rows of W, row r to global warp r mod TW, NR at a time
-template <int B, int NR, int K, int EPI, int MAXC = 6>
+template <int B, int NR, int K, int EPI, int MAXC = 6, bool WQ = false>
 __device__ __forceinline__ void mg_gemv(const __half* __restrict__ W, int N, const __half* xs,
-                                        float* x, __half* out, ArgMax (&best)[B]) {
+                                        float* x, __half* out, ArgMax (&best)[B],
+                                        const __half* S = nullptr) {
     const int TW = gridDim.x * MEGA_WARPS;
     const int gw = blockIdx.x * MEGA_WARPS + (threadIdx.x >> 5);
     for (int r = gw; r < N; r += NR * TW) {
         const int left = (N - 1 - r) / TW + 1;      // rows r, r + TW, ... below N
-        mg_rows<B, NR, K, EPI, MAXC>(W, r, TW, left < NR ? left : NR, xs, N, x, out, best);
+        mg_rows<B, NR, K, EPI, MAXC, false, WQ>(W, r, TW, left < NR ? left : NR, xs, N, x, out,
+                                                best, 0, S);
     }
 }
 
@@ -478,11 +566,12 @@ __device__ __forceinline__ void mg_gemv(const __half* __restrict__ W, int N, con
 // takes tasks gw and gw + TW together (both pairs' loads in flight).
 // SM (v6): W is the block's pairs in shared memory, pair p at local rows 2 (p - pbase) and
 // 2 (p - pbase) + 1 (mg_ring_issue's order).
-template <int B, int DM, bool SM = false>
+template <int B, int DM, bool SM = false, bool WQ = false>
 __device__ __forceinline__ void mg_qkv_task(const __half* __restrict__ W, int p0, int np,
                                             int TW, const __half* xs, int pos, int L,
                                             float log2_base, __half* q, __half* kc_l,
-                                            __half* vc_l, int pbase = 0) {
+                                            __half* vc_l, int pbase = 0,
+                                            const __half* S = nullptr) {
     constexpr int H = DM / MEGA_HD, D = MEGA_HD, HALF = D / 2;
     const int lane = threadIdx.x & 31;
     int rows[4];
@@ -493,12 +582,15 @@ __device__ __forceinline__ void mg_qkv_task(const __half* __restrict__ W, int p0
         rows[2 * t] = SM ? 2 * (p - pbase) : (p / HALF) * D + p % HALF;
         rows[2 * t + 1] = SM ? rows[2 * t] + 1 : rows[2 * t] + HALF;
     }
+    const unsigned char* Q = reinterpret_cast<const unsigned char*>(W);
     if (np == 2) {
-        mg_dot<B, 4, DM, 6, SM>(W, rows, xs, s);
+        if constexpr (WQ) mg_dot_w4<B, 4, DM>(Q, S, rows, xs, s);
+        else mg_dot<B, 4, DM, 6, SM>(W, rows, xs, s);
     } else {
         int r2[2] = {rows[0], rows[1]};
         float s2[2][B];
-        mg_dot<B, 2, DM, 6, SM>(W, r2, xs, s2);
+        if constexpr (WQ) mg_dot_w4<B, 2, DM>(Q, S, r2, xs, s2);
+        else mg_dot<B, 2, DM, 6, SM>(W, r2, xs, s2);
 #pragma unroll
         for (int b = 0; b < B; ++b) { s[0][b] = s2[0][b]; s[1][b] = s2[1][b]; }
     }
@@ -536,15 +628,16 @@ __device__ __forceinline__ void mg_qkv_task(const __half* __restrict__ W, int p0
     }
 }
 
-template <int B, int DM>
+template <int B, int DM, bool WQ = false>
 __device__ __forceinline__ void mg_qkv(const __half* __restrict__ W, const __half* xs, int pos,
                                        int L, float log2_base, __half* q, __half* kc_l,
-                                       __half* vc_l) {
+                                       __half* vc_l, const __half* S = nullptr) {
     constexpr int NP = 3 * DM / 2;                   // pairs: 3 H heads x D/2
     const int TW = gridDim.x * MEGA_WARPS;
     const int gw = blockIdx.x * MEGA_WARPS + (threadIdx.x >> 5);
     for (int p = gw; p < NP; p += 2 * TW)
-        mg_qkv_task<B, DM>(W, p, p + TW < NP ? 2 : 1, TW, xs, pos, L, log2_base, q, kc_l, vc_l);
+        mg_qkv_task<B, DM, false, WQ>(W, p, p + TW < NP ? 2 : 1, TW, xs, pos, L, log2_base, q,
+                                      kc_l, vc_l, 0, S);
 }
 
 // ----------------------------------------------------------------------------- v6: the ring
@@ -1193,8 +1286,12 @@ __device__ __forceinline__ void decode_mega_body(
     static_assert(DM % 128 == 0 && DM <= 1024, "d: a multiple of 128, at most 1024");
     constexpr int H = DM / MEGA_HD;
     constexpr int LADDER = STEP == true ? 3 : (int)STEP;
-    constexpr bool V3 = LADDER >= 3, V4 = LADDER >= 4, V5 = LADDER == 5, RING = LADDER >= 6;
-    constexpr bool TMA = LADDER >= 7;
+    constexpr bool V3 = LADDER >= 3, V4 = LADDER >= 4, V5 = LADDER == 5;
+    constexpr bool RING = LADDER == 6 || LADDER == 7;
+    constexpr bool TMA = LADDER == 7;
+    constexpr bool WQ = LADDER == 8;                   // v8: v4 with int4 weights
+    constexpr int LPS = WQ ? 12 : 8;                   // pointers a layer in lp
+    constexpr unsigned long long WDIV = WQ ? 4 : 1;    // fp16 bytes / weight bytes
     extern __shared__ uint4 mg_dyn[];
     __half* xs = reinterpret_cast<__half*>(mg_dyn);    // (B, <= 4d) fp16: the GEMV's input
     __shared__ float wbv[MEGA_WARPS][B];
@@ -1237,7 +1334,7 @@ __device__ __forceinline__ void decode_mega_body(
         for (int w = 0; w < MEGA_RING; ++w) mg_ring_issue<DM, TMA>(lp, w, nw, ring, bars);
 
     for (int layer = 0; layer < n_layer; ++layer) {
-        const unsigned long long* P = lp + (size_t)layer * 8;
+        const unsigned long long* P = lp + (size_t)layer * LPS;
         const float* g1 = reinterpret_cast<const float*>(P[0]);
         const float* b1 = reinterpret_cast<const float*>(P[1]);
         const float* g2 = reinterpret_cast<const float*>(P[2]);
@@ -1246,6 +1343,11 @@ __device__ __forceinline__ void decode_mega_body(
         const __half* Wproj = reinterpret_cast<const __half*>(P[5]);
         const __half* Wfc = reinterpret_cast<const __half*>(P[6]);
         const __half* Wfc2 = reinterpret_cast<const __half*>(P[7]);
+        // v8: the int4 weights' scales (P[4..7] are then the packed weights' bytes)
+        const __half* Sqkv = WQ ? reinterpret_cast<const __half*>(P[8]) : nullptr;
+        const __half* Sproj = WQ ? reinterpret_cast<const __half*>(P[9]) : nullptr;
+        const __half* Sfc = WQ ? reinterpret_cast<const __half*>(P[10]) : nullptr;
+        const __half* Sfc2 = WQ ? reinterpret_cast<const __half*>(P[11]) : nullptr;
         __half* kc_l = kc + layer * layer_cache;
         __half* vc_l = vc + layer * layer_cache;
 
@@ -1271,12 +1373,12 @@ __device__ __forceinline__ void decode_mega_body(
             else
                 mg_layernorm<B, DM>(x, nullptr, nullptr, g1, b1, eps, xs, nullptr);
             __syncthreads();
-            mg_qkv<B, DM>(Wqkv, xs, p, L, log2_base, q, kc_l, vc_l);
+            mg_qkv<B, DM, WQ>(Wqkv, xs, p, L, log2_base, q, kc_l, vc_l, Sqkv);
             if (V5) mg_heads_ready<B, DM>(cnt);
             if (V3 && !V4) mg_prefetch_kv<B, DM>(kc_l, vc_l, L, p);
             if (PF && !RING) {
-                mg_prefetch(Wproj, (unsigned long long)DM * DM * 2);
-                mg_prefetch(Wfc, (unsigned long long)4 * DM * DM * 2);
+                mg_prefetch(Wproj, (unsigned long long)DM * DM * 2 / WDIV);
+                mg_prefetch(Wfc, (unsigned long long)4 * DM * DM * 2 / WDIV);
             }
         }
         if (!V5)                                   // v5: a count per head instead
@@ -1288,7 +1390,7 @@ __device__ __forceinline__ void decode_mega_body(
             if (V3) mg_attention_v3<B, DM>(q, kc_l, vc_l, L, p + 1, Sa, scale_log2, part);
             else mg_attention<B, DM>(q, kc_l, vc_l, L, p + 1, S, scale_log2, part, cnt, a);
         }
-        if (PF && !RING) mg_prefetch(Wfc2, (unsigned long long)4 * DM * DM * 2);
+        if (PF && !RING) mg_prefetch(Wfc2, (unsigned long long)4 * DM * DM * 2 / WDIV);
         if (!mg_barrier<V3>(sync, G)) return mg_drain<RING, TMA>(bars, wdone, nw);
         // every wait on this layer's counts is over: zero them for the next layer's phase 1
         // (ordered before it by the next barrier, like any write)
@@ -1308,7 +1410,7 @@ __device__ __forceinline__ void decode_mega_body(
             else if (V3) mg_combine<B, DM>(part, S, xs, reinterpret_cast<float*>(xs + B * DM));
             else mg_stage<B, DM>(a, xs);
             __syncthreads();
-            mg_gemv<B, 2, DM, MEGA_EPI_RESID>(Wproj, DM, xs, x, nullptr, best);
+            mg_gemv<B, 2, DM, MEGA_EPI_RESID, 6, WQ>(Wproj, DM, xs, x, nullptr, best, Sproj);
         }
         if (!mg_barrier<V3>(sync, G)) return mg_drain<RING, TMA>(bars, wdone, nw);
         // 4. LN2 + fc + GELU
@@ -1329,13 +1431,13 @@ __device__ __forceinline__ void decode_mega_body(
         } else if (phases & MEGA_PH_FC) {
             mg_layernorm<B, DM>(x, nullptr, nullptr, g2, b2, eps, xs, nullptr);
             __syncthreads();
-            mg_gemv<B, 4, DM, MEGA_EPI_GELU>(Wfc, 4 * DM, xs, nullptr, f, best);
+            mg_gemv<B, 4, DM, MEGA_EPI_GELU, 6, WQ>(Wfc, 4 * DM, xs, nullptr, f, best, Sfc);
             if (PF) {
                 if (layer + 1 < n_layer)
-                    mg_prefetch(reinterpret_cast<const void*>(lp[(size_t)(layer + 1) * 8 + 4]),
-                                (unsigned long long)3 * DM * DM * 2);
+                    mg_prefetch(reinterpret_cast<const void*>(lp[(size_t)(layer + 1) * LPS + 4]),
+                                (unsigned long long)3 * DM * DM * 2 / WDIV);
                 else {
-                    const unsigned long long hb = (unsigned long long)vocab * DM * 2;
+                    const unsigned long long hb = (unsigned long long)vocab * DM * 2 / WDIV;
                     mg_prefetch(head, hb < pf_cap ? hb : pf_cap);
                 }
             }
@@ -1354,7 +1456,7 @@ __device__ __forceinline__ void decode_mega_body(
             mg_stage<B, 4 * DM>(f, xs);
             __syncthreads();
             if (V3)                                // d rows, about one a warp: 1 a pass, and
-                mg_gemv<B, 1, 4 * DM, MEGA_EPI_RESID, 12>(Wfc2, DM, xs, x, nullptr, best);
+                mg_gemv<B, 1, 4 * DM, MEGA_EPI_RESID, 12, WQ>(Wfc2, DM, xs, x, nullptr, best, Sfc2);
             else                                   // 12 loads a lane in flight (v2: 2, 6)
                 mg_gemv<B, 2, 4 * DM, MEGA_EPI_RESID>(Wfc2, DM, xs, x, nullptr, best);
         }
@@ -1366,7 +1468,8 @@ __device__ __forceinline__ void decode_mega_body(
     // final LN, LM head with a running argmax, the greedy token, pos + 1
     mg_layernorm<B, DM>(x, nullptr, nullptr, lnf_g, lnf_b, eps, xs, nullptr);
     __syncthreads();
-    mg_gemv<B, NRH, DM, MEGA_EPI_HEAD>(head, vocab, xs, nullptr, logits, best);
+    mg_gemv<B, NRH, DM, MEGA_EPI_HEAD, 6, WQ>(head, vocab, xs, nullptr, logits, best,
+        WQ ? reinterpret_cast<const __half*>(lp[(size_t)n_layer * LPS]) : nullptr);
     const int lane = t & 31, warp = t >> 5;
     if (lane == 0) {
 #pragma unroll
@@ -1454,6 +1557,11 @@ extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v6(MEG
 #if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v7)
 extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v7(MEGA_ARGS) {
     decode_mega_body<MEGA_B, MEGA_D, true, 4, 7>(MEGA_PASS);
+}
+#endif
+#if !defined(CB_ONLY) || defined(CB_ONLY_decode_mega_v8)
+extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1) decode_mega_v8(MEGA_ARGS) {
+    decode_mega_body<MEGA_B, MEGA_D, true, 4, 8>(MEGA_PASS);
 }
 #endif
 #undef MEGA_PASS

@@ -52,11 +52,11 @@ import numpy as np
 import cudabook as cb
 from cudabook.launch import Launch, LaunchError, ceil_div, version_name
 
-__all__ = ["VERSIONS", "RING_VERSIONS", "ALL_VERSIONS", "WHAT", "MIN_CC", "BATCHES", "THREADS",
+__all__ = ["VERSIONS", "RING_VERSIONS", "W4_VERSIONS", "W4_GROUP", "ALL_VERSIONS", "WHAT", "MIN_CC", "BATCHES", "THREADS",
            "HEAD_DIM", "MAX_D", "KSMAX",
            "ATT_PASS", "RING", "PHASES", "ALL_PHASES", "check_model", "splits", "active_splits",
            "shared_bytes", "slot_bytes", "config", "megakernel", "MegaStep", "reference_logits",
-           "compare", "greedy_agreement", "sanitize_targets"]
+           "compare", "greedy_agreement", "dequantized_model", "sanitize_targets"]
 
 VERSIONS = ("decode_mega_v1", "decode_mega_v2", "decode_mega_v3", "decode_mega_v4",
             "decode_mega_v5")          # the ladder lesson 12 walks
@@ -64,7 +64,12 @@ VERSIONS = ("decode_mega_v1", "decode_mega_v2", "decode_mega_v3", "decode_mega_v
 # gpu-lane-2026-11-29-tp-graphs-mega-ring.md); not in the lesson's ladder yet. Its slots need
 # more shared memory than GPUs with few or small SMs give (then megakernel() refuses it).
 RING_VERSIONS = ("decode_mega_v6", "decode_mega_v7")
-ALL_VERSIONS = VERSIONS + RING_VERSIONS
+# v8: v4 with W4A16 weights (chapter 10's int4 format, group 128), quantized by the launcher from
+# the KernelGPT's fp16 weights (qgemv_launch.prepare); its reference is the dequantized model
+# (dequantized_model), not the fp16 one.
+W4_VERSIONS = ("decode_mega_v8",)
+W4_GROUP = 128                  # MEGA_W4_GROUP
+ALL_VERSIONS = VERSIONS + RING_VERSIONS + W4_VERSIONS
 WHAT = {"decode_mega_v1": "one persistent kernel, grid barriers between the phases",
         "decode_mega_v2": "v1 + L2 prefetch of the next phases' weights across barriers, "
                           "4 LM-head rows per warp",
@@ -79,7 +84,9 @@ WHAT = {"decode_mega_v1": "one persistent kernel, grid barriers between the phas
         "decode_mega_v6": "v4 with each block's share of the weights copied into a ring of "
                           "shared memory (cp.async) two GEMV phases ahead, across the barriers",
         "decode_mega_v7": "v6 with the ring filled by the copy engine (bulk copies completing on "
-                          "an mbarrier per slot; below sm_90, where there are none, it is v6)"}
+                          "an mbarrier per slot; below sm_90, where there are none, it is v6)",
+        "decode_mega_v8": "v4 with W4A16 weights: QKV, proj, fc, fc2 and the LM head in chapter "
+                          "10's int4 format (an fp16 scale per 128 weights), 4x fewer bytes"}
 MIN_CC = (8, 0)
 BATCHES = (1, 2, 4, 8)          # compiled per batch (-DMEGA_B)
 THREADS = 256                   # MEGA_THREADS
@@ -125,8 +132,8 @@ def check_model(cfg, batch: int, length: int) -> None:
 
 
 # v3's attention and its combine; the splits chosen on the GPU from the length
-_ONLINE = ("decode_mega_v3", "decode_mega_v4", "decode_mega_v5") + RING_VERSIONS
-_BY_LENGTH = ("decode_mega_v4", "decode_mega_v5") + RING_VERSIONS
+_ONLINE = ("decode_mega_v3", "decode_mega_v4", "decode_mega_v5") + RING_VERSIONS + W4_VERSIONS
+_BY_LENGTH = ("decode_mega_v4", "decode_mega_v5") + RING_VERSIONS + W4_VERSIONS
 RING = 3                        # MEGA_RING's default: slots of the ring (weight phases in flight
                                 # while one is computed: RING - 1); -DMEGA_RING from ``ring``
 
@@ -278,10 +285,22 @@ class MegaStep:
         self.amax_v = cp.zeros((grid, B), f32)
         self.amax_i = cp.zeros((grid, B), cp.int32)
         self.sync = cp.zeros(4, u32)
-        ptrs = []
-        for W in run.layers:
-            ptrs += [W["ln1"][0], W["ln1"][1], W["ln2"][0], W["ln2"][1], W["qkv"], W["proj"],
-                     W["fc"], W["fc2"]]
+        ptrs, self.wq = [], None
+        if self.version in W4_VERSIONS:       # int4 copies of the weights, built once
+            qg = cb.load_launch("qgemv")
+            self.wq = [{k: qg.prepare(W[k], bits=4, group=W4_GROUP)
+                        for k in ("qkv", "proj", "fc", "fc2")} for W in run.layers]
+            self.wq_head = qg.prepare(run.head, bits=4, group=W4_GROUP)
+        for i, W in enumerate(run.layers):
+            ptrs += [W["ln1"][0], W["ln1"][1], W["ln2"][0], W["ln2"][1]]
+            if self.wq is None:
+                ptrs += [W["qkv"], W["proj"], W["fc"], W["fc2"]]
+            else:
+                q = self.wq[i]
+                ptrs += [q[k].q for k in ("qkv", "proj", "fc", "fc2")]
+                ptrs += [q[k].scales for k in ("qkv", "proj", "fc", "fc2")]
+        if self.wq is not None:
+            ptrs.append(self.wq_head.scales)
         self.lp = cp.asarray(np.array([cb.describe(p).ptr for p in ptrs], dtype=np.uint64))
         l2 = int(cp.cuda.Device().attributes.get("L2CacheSize", 0))
         self.pf_cap = max(l2 // 4, 1 << 20)
@@ -317,7 +336,8 @@ class MegaStep:
     def args(self, phases: int = ALL_PHASES) -> tuple:
         run, cfg = self.run, self.cfg
         i32, f32 = np.int32, np.float32
-        return (self.lp, run.wte, run.head, run.lnf[0], run.lnf[1], run.kc, run.vc, self.x,
+        head = run.head if self.wq is None else self.wq_head.q
+        return (self.lp, run.wte, head, run.lnf[0], run.lnf[1], run.kc, run.vc, self.x,
                 self.q, self.a, self.f, self.part, self.cnt, self.amax_v, self.amax_i, self.sync,
                 run.logits, run.tok, run.pos, run.history, i32(run.history.shape[1]),
                 i32(cfg.n_layer), i32(run.L), i32(cfg.vocab), i32(self.launch.splits),
@@ -530,6 +550,28 @@ def compare(mk: MegaStep, book, model64, prompt=None, steps: int = 3, start: int
             "tokens_equal_ref": bool((got.argmax(-1) == ref.argmax(-1)).all())}
 
 
+def dequantized_model(model, mk: MegaStep, dtype=None):
+    """A copy of ``model`` (the GPT the KernelGPT of ``mk`` was built from) whose QKV, proj, fc,
+    fc2 and LM head weights are v8's int4 weights dequantized (q x scale, exact in float32 and
+    float64), in ``dtype`` (default float64): the reference of decode_mega_v8's step."""
+    import copy
+
+    import torch
+
+    if mk.wq is None:
+        raise ValueError(f"dequantized_model: {mk.version} keeps fp16 weights (only "
+                         f"{', '.join(W4_VERSIONS)} quantizes them)")
+    m = copy.deepcopy(model).to(dtype or torch.float64)
+    with torch.no_grad():
+        for blk, q in zip(m.blocks, mk.wq):
+            for k in ("qkv", "proj", "fc", "fc2"):
+                w = getattr(blk, k).weight
+                w.copy_(torch.from_dlpack(q[k].dequantized()).to(w.dtype).view_as(w))
+        m.head.weight.copy_(torch.from_dlpack(mk.wq_head.dequantized()).to(m.head.weight.dtype)
+                            .view_as(m.head.weight))
+    return m
+
+
 def greedy_agreement(mk: MegaStep, book, prompt, n: int = 32) -> dict:
     """Greedy continuations of ``prompt`` by ``n`` tokens from the megakernel (its graph) and
     from the book's engine (its graph). Where they part, the book's top-2 logit gap at that
@@ -550,14 +592,15 @@ def greedy_agreement(mk: MegaStep, book, prompt, n: int = 32) -> dict:
 def sanitize_targets():
     """Two steps of the tiny GPT's shapes at batch 2 (every phase, the tickets, the barriers)
     after a 5-token prefill, in v2, v5 (v3's attention, v4's splits and combine, v5's counts)
-    v6 (the weight ring's cp.async copies into shared memory) and v7 (on sm_90 the ring's bulk
-    copies and mbarriers)."""
+    v6 (the weight ring's cp.async copies into shared memory), v7 (on sm_90 the ring's bulk
+    copies and mbarriers) and v8 (int4 weights and their scales)."""
     import torch
 
     from cudabook import gpt
 
     model = gpt.build(gpt.TINY, 0, "cuda", torch.float16)
-    for version in ("decode_mega_v2", "decode_mega_v5", "decode_mega_v6", "decode_mega_v7"):
+    for version in ("decode_mega_v2", "decode_mega_v5", "decode_mega_v6", "decode_mega_v7",
+                    "decode_mega_v8"):
         mk = megakernel(model, batch=2, length=64, version=version)
         mk.run.prefill(np.arange(10, dtype=np.int64).reshape(2, 5))
 

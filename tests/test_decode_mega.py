@@ -184,7 +184,7 @@ def _assert_close(e, what):
 
 
 @gpu
-@pytest.mark.parametrize("version", dm.ALL_VERSIONS)
+@pytest.mark.parametrize("version", dm.VERSIONS + dm.RING_VERSIONS)
 def test_logits_from_position_0_and_after_511_and_ragged_prompts(small, version):
     model, model64 = small
     mk, book = _pair(model, 1, version)
@@ -208,7 +208,7 @@ def test_batch_8_rows_each_match(small, version):
 
 
 @gpu
-@pytest.mark.parametrize("version", dm.ALL_VERSIONS)
+@pytest.mark.parametrize("version", dm.VERSIONS + dm.RING_VERSIONS)
 def test_graph_replays_are_the_launches_bit_for_bit(small, version):
     import cupy as cp
 
@@ -339,6 +339,49 @@ def test_v5_is_v4_bit_for_bit_and_v4_is_v3_where_their_splits_agree(small, batch
             f"{float(np.abs(l4 - l3).max()):.3g}"
 
 
+def test_v8_is_v4s_launch_with_int4_weights():
+    c4 = dm.config(gpt.GPT2_SMALL, 1, 1024, "v4", sms=132)
+    c8 = dm.config(gpt.GPT2_SMALL, 1, 1024, "v8", sms=132)
+    assert c8.kernel == "decode_mega_v8" and (c8.shared, c8.splits) == (c4.shared, c4.splits)
+    assert gpt.GPT2_SMALL.d % dm.W4_GROUP == 0 and "decode_mega_v8" in dm.WHAT
+
+
+@gpu
+@pytest.mark.parametrize("batch", [1, 8])
+def test_v8_logits_are_the_dequantized_models_to_fp16_rounding(small, batch):
+    """v8 multiplies by int4 weights times their fp16 scales, so its reference is the model with
+    those weights dequantized, in float64. From position 0 (every cached key is the megakernel's
+    own), 130 steps: from one split of the keys (128) to two. A nibble read in the wrong order,
+    a scale of the wrong group or a row's bytes off would be far outside fp16 rounding."""
+    import cupy as cp
+
+    model, _ = small
+    mk = dm.megakernel(model, batch=batch, length=256, version="v8")
+    ref_model = dm.dequantized_model(model, mk)
+    run = mk.run
+    run.tok[...] = cp.asarray(np.random.default_rng(8).integers(0, model.cfg.vocab, batch),
+                              dtype=cp.int32)
+    run.pos[...] = 0
+    run.host_pos = 0
+    feed, got = [], []
+    for _ in range(130):
+        feed.append(cp.asnumpy(run.tok))
+        mk.step()
+        got.append(cp.asnumpy(run.logits).astype(np.float64))
+        run.host_pos += 1
+    mk.check()
+    ref = dm.reference_logits(ref_model, None, np.stack(feed, 1), run.L)
+    got = np.stack(got)
+    u = 2.0 ** -11
+    tol = 4 * (model.cfg.n_layer + 1) * u * np.sqrt((ref ** 2).mean(-1, keepdims=True)) + \
+        u * np.abs(ref)
+    worst = float((np.abs(got - ref) / tol).max())
+    assert worst <= 1, f"v8's logits are {worst:.2f} of fp16 rounding's tolerance from the " \
+        "dequantized model's: a nibble, a scale or a row read wrong?"
+    with pytest.raises(ValueError, match="keeps fp16 weights"):
+        dm.dequantized_model(model, _pair(model, 1, "v4")[0])
+
+
 @gpu
 @pytest.mark.parametrize("version", ["v6", "v7"])
 @pytest.mark.parametrize("batch", [1, 8])
@@ -357,7 +400,7 @@ def test_v6_v7_are_v4_bit_for_bit(small, batch, version):
 
 
 @gpu
-@pytest.mark.parametrize("version", dm.ALL_VERSIONS)
+@pytest.mark.parametrize("version", dm.VERSIONS + dm.RING_VERSIONS)
 def test_capture_right_after_launches_does_not_race_them(small, version):
     """graphs.capture warms up on a new non-blocking stream; MegaStep.capture synchronises first,
     so the warm-up step never runs beside the launches queued before it (two grids on one

@@ -17,7 +17,9 @@ from the core:
   capability, SM count, opt-in shared memory); ``need_cc`` and ``need_shared``, which refuse with
   ``LaunchError`` before anything is launched (never silently wrong, never a fault that kills
   the CUDA context); ``version_name``, one naming rule for versions; ``run``, which launches a
-  kernel with a record (opting into more than 48 KiB of shared memory when it needs to).
+  kernel with a record (opting into more than 48 KiB of shared memory when it needs to, and
+  launching in thread-block clusters when the record has a ``cluster`` size: CuPy has no cluster
+  launch, so that one goes through ``cuLaunchKernelEx`` of ``libcuda`` by ``ctypes``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 
 __all__ = ["LaunchError", "ceil_div", "round_up", "grid_1d", "grid_2d", "row_block", "need_cc",
            "smem_optin", "need_shared", "Launch", "DeviceFacts", "device", "version_name", "run",
-           "returns_launch"]
+           "returns_launch", "cluster_launch", "kernel_params", "row_split", "split_max_n",
+           "SPLIT_CLUSTERS", "SPLIT_SLICE"]
 
 
 class LaunchError(ValueError):
@@ -258,12 +261,168 @@ def version_name(versions, version: str, prefix: str) -> str:
 def run(kernel, cfg: Launch, args: tuple, stream=None) -> None:
     """Launch the CuPy ``RawKernel`` ``kernel`` with the record ``cfg`` (its grid, block and
     dynamic shared memory; above 48 KiB the kernel opts in first) on ``stream`` (default: the
-    current CuPy stream)."""
+    current CuPy stream). A record with ``cluster=C`` (C > 1) launches clusters of C blocks
+    along x (``cluster_launch``)."""
     shared = int(cfg.get("shared", 0) if isinstance(cfg, Launch) else 0)
     if shared > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared:
         kernel.max_dynamic_shared_size_bytes = shared
+    cluster = int(cfg.get("cluster", 0) or 0) if isinstance(cfg, Launch) else 0
+    if cluster > 1:
+        cluster_launch(kernel, cfg, args, cluster, stream)
+        return
     if stream is None:
         kernel(cfg[0], cfg[1], args, shared_mem=shared)
     else:
         with stream:
             kernel(cfg[0], cfg[1], args, shared_mem=shared)
+
+
+# ----------------------------------------------------------------------------- cluster launches
+#: cuda.h's CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION and
+#: CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+_ATTR_CLUSTER_DIMENSION, _FUNC_NON_PORTABLE_CLUSTER = 4, 14
+#: the largest portable cluster; up to 16 on an H100 / H200 with the non-portable attribute
+PORTABLE_CLUSTER = 8
+_CLUSTERS_FIT: dict = {}
+
+
+def _launch_structs():
+    import ctypes
+
+    class LaunchAttribute(ctypes.Structure):      # CUlaunchAttribute: id, pad, 64-byte union
+        _fields_ = [("id", ctypes.c_uint32), ("pad", ctypes.c_char * 4),
+                    ("value", ctypes.c_uint32 * 16)]
+
+    class LaunchConfig(ctypes.Structure):         # CUlaunchConfig
+        _fields_ = [("gridDimX", ctypes.c_uint32), ("gridDimY", ctypes.c_uint32),
+                    ("gridDimZ", ctypes.c_uint32), ("blockDimX", ctypes.c_uint32),
+                    ("blockDimY", ctypes.c_uint32), ("blockDimZ", ctypes.c_uint32),
+                    ("sharedMemBytes", ctypes.c_uint32), ("hStream", ctypes.c_void_p),
+                    ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint32)]
+
+    return LaunchAttribute, LaunchConfig
+
+
+def kernel_params(args: tuple):
+    """``void** kernelParams`` of a driver launch for ``args`` (CuPy arrays, passed as their
+    device pointer, and NumPy scalars, passed by value as their dtype says), and the NumPy
+    buffers that must stay alive until the launch is issued."""
+    import ctypes
+
+    import numpy as np
+
+    keep = []
+    for i, a in enumerate(args):
+        ptr = getattr(getattr(a, "data", None), "ptr", None)     # a CuPy ndarray
+        if ptr is not None and not isinstance(a, np.ndarray):
+            keep.append(np.array(int(ptr), dtype=np.uint64))
+        elif isinstance(a, np.generic):
+            keep.append(np.array(a))
+        else:
+            raise TypeError(f"argument {i} of a cluster launch must be a CuPy array or a NumPy "
+                            f"scalar (np.int32(...), np.float32(...)), got {type(a).__name__}")
+    return (ctypes.c_void_p * max(1, len(keep)))(*[k.ctypes.data for k in keep]), keep
+
+
+def cluster_launch(kernel, cfg: Launch, args: tuple, cluster: int, stream=None) -> None:
+    """Launch ``kernel`` (a CuPy ``RawKernel``) with ``cfg``'s grid, block and dynamic shared
+    memory in clusters of ``cluster`` blocks along x (sm_90; the kernel reads the size from
+    ``%cluster_nctarank``), through ``cuLaunchKernelEx``. Above 8 blocks the kernel is allowed
+    the non-portable size first. LaunchError, before launching, when the grid is not a multiple
+    of the cluster or when no such cluster fits this GPU (``cuOccupancyMaxActiveClusters`` = 0:
+    too much shared memory or too many threads for ``cluster`` SMs of one GPC)."""
+    import ctypes
+
+    import cupy
+
+    from .tma import _libcuda
+
+    grid = tuple(cfg[0]) + (1,) * (3 - len(cfg[0]))
+    block = tuple(cfg[1]) + (1,) * (3 - len(cfg[1]))
+    shared = int(cfg.get("shared", 0))
+    if not 1 <= cluster <= 16 or grid[0] % cluster:
+        raise LaunchError(f"a cluster of {cluster} blocks needs 1 <= {cluster} <= 16 and a grid "
+                          f"whose x ({grid[0]}) is a multiple of it")
+    need_cc(9, 0, f"a launch in clusters of {cluster} blocks")
+    lib = _libcuda()
+    f = ctypes.c_void_p(kernel.kernel.ptr)
+    if cluster > PORTABLE_CLUSTER:
+        err = lib.cuFuncSetAttribute(f, _FUNC_NON_PORTABLE_CLUSTER, ctypes.c_int(1))
+        if err:
+            raise LaunchError(f"this GPU refuses clusters of {cluster} blocks (non-portable "
+                              f"sizes above {PORTABLE_CLUSTER}: CUresult {err})")
+    Attr, Config = _launch_structs()
+    attr = Attr()
+    attr.id = _ATTR_CLUSTER_DIMENSION
+    attr.value[0], attr.value[1], attr.value[2] = cluster, 1, 1
+    s = stream if stream is not None else cupy.cuda.get_current_stream()
+    conf = Config(*grid, *block, shared, ctypes.c_void_p(s.ptr), ctypes.pointer(attr), 1)
+    key = (kernel.kernel.ptr, cluster, block, shared)
+    if key not in _CLUSTERS_FIT:
+        n = ctypes.c_int(0)
+        err = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), f, ctypes.byref(conf))
+        _CLUSTERS_FIT[key] = n.value if err == 0 else -err
+    if _CLUSTERS_FIT[key] == 0 or _CLUSTERS_FIT[key] < 0:
+        raise LaunchError(f"no cluster of {cluster} blocks of {block[0]} threads with "
+                          f"{shared // 1024} KiB of shared memory each fits this GPU "
+                          f"(cuOccupancyMaxActiveClusters: {_CLUSTERS_FIT[key]}); take a "
+                          "smaller cluster or less shared memory")
+    params, keep = kernel_params(args)
+    err = lib.cuLaunchKernelEx(ctypes.byref(conf), f, params, None)
+    del keep
+    if err:
+        raise LaunchError(f"cuLaunchKernelEx refused a launch in clusters of {cluster} "
+                          f"(grid {grid}, block {block}, {shared} bytes shared): CUresult {err}")
+
+
+# ----------------------------------------------------------------------------- rows over clusters
+#: cluster sizes of a row split over a cluster (softmax_v6, layernorm_v6, rmsnorm_v3)
+SPLIT_CLUSTERS = (2, 4, 8, 16)
+#: floats of a row per block that the launcher aims at: 64 KiB of shared memory, so three blocks
+#: share an SM (N = 262144 in clusters of 16)
+SPLIT_SLICE = 16384
+#: shared memory a block of those kernels keeps beside its slice (barriers, inbox, reductions)
+SPLIT_RESERVE = 1024
+
+
+def _split_slice(N: int, C: int) -> int:
+    return round_up(ceil_div(N, C), 4)
+
+
+def split_max_n(optin: int, cluster: int = 16) -> int:
+    """The longest row a split over ``cluster`` blocks holds when a block may opt into
+    ``optin`` bytes of shared memory."""
+    return cluster * ((optin - SPLIT_RESERVE) // 16 * 4)
+
+
+def row_split(M: int, N: int, kernel: str, cluster: int | None = None,
+              optin: int | None = None, threads: int | None = None) -> Launch:
+    """The launch record of a kernel that splits each of M rows of N floats over a cluster of C
+    blocks (kernels/mma.cuh's cluster_row): grid C M, block T, dynamic shared memory 4 L bytes
+    for L = round_up(ceil(N / C), 4) floats, ``cluster=C``, ``slice=L``. C: ``cluster``, or the
+    smallest of SPLIT_CLUSTERS whose slice is at most SPLIT_SLICE floats (16 past 262144
+    columns); T: ``threads``, or about 32 floats per thread, 128 to 512. ``optin``: the shared
+    memory a block may opt into (default: this GPU's; 227 KiB without one). LaunchError naming
+    the N this kernel takes when a slice does not fit."""
+    M, N = _int(M, "M", 1), _int(N, "N", 1)
+    if optin is None:
+        optin = smem_optin() or 227 * 1024
+    if cluster is None:
+        cluster = next((c for c in SPLIT_CLUSTERS if ceil_div(N, c) <= SPLIT_SLICE),
+                       SPLIT_CLUSTERS[-1])
+    elif cluster not in SPLIT_CLUSTERS:
+        raise LaunchError(f"{kernel}: cluster must be one of {SPLIT_CLUSTERS}, got {cluster!r}")
+    L = _split_slice(N, cluster)
+    if 4 * L > optin - SPLIT_RESERVE:
+        raise LaunchError(f"{kernel} takes 1 <= N <= {split_max_n(optin, cluster)} in clusters "
+                          f"of {cluster} (N <= {split_max_n(optin)} in clusters of 16) with "
+                          f"{optin // 1024} KiB of shared memory per block; N = {N} needs "
+                          f"{4 * L // 1024} KiB per block")
+    if M * cluster >= 2**31:
+        raise LaunchError(f"{kernel}: {M} rows in clusters of {cluster} is more blocks than one "
+                          "grid dimension holds")
+    T = threads if threads is not None else max(128, min(512, round_up(ceil_div(L, 32), 32)))
+    if T % 32 or not cluster <= T <= 512:
+        raise LaunchError(f"{kernel}: threads must be a multiple of 32 from {cluster} to 512, "
+                          f"got {T}")
+    return Launch((cluster * M,), (T,), shared=4 * L, kernel=kernel, cluster=cluster, slice=L)

@@ -22,8 +22,8 @@
 //   cp_async_commit(), cp_async_wait<N>()   close a group; wait until <= N groups are in flight
 //   (the cp.async wrappers of the book: hgemm, igemm, attention, matmul_v9-v11)
 //   pack_half2(lo, hi), pack_bf162(lo, hi)  two floats -> one 32-bit register of two 16-bit values
-//   sm_90 only: mbar_* (mbarriers), tma_load_2d, and the thread-block cluster primitives
-//   cluster_rank(), cluster_sync(), cluster_map(p, rank), st_async16(raddr, v, rbar)
+//   sm_90 only: mbar_* (mbarriers), tma_load_2d, bulk copies, and the thread-block cluster
+//   primitives (cluster_rank, cluster_sync, cluster_map, st_async16, ...: the Hopper list below)
 //
 // cp.async exists from sm_80. Below that the cp_async_* functions are plain synchronous 16-byte
 // copies (and wait/commit do nothing), so code that uses them still compiles and stays correct
@@ -276,6 +276,14 @@ __device__ __forceinline__ unsigned pack_bf162(float lo, float hi) {
 //   tma_store_2d(&desc, src, x, y)      shared src to the box at column x, row y (bulk group)
 //   bulk_reduce_add_f32(dst, src, bytes), bulk_commit(), bulk_wait_read<N>(), bulk_wait<N>()
 //                                       global dst += shared src (floats) by the copy engine
+//   cluster_rank(), cluster_size()      this block's rank in its cluster, the cluster's blocks
+//   cluster_sync() = cluster_arrive() + cluster_wait()   the barrier of all the cluster's threads
+//   cluster_map(p, rank), st_async16(raddr, v, rbar)     another block's shared memory; a 16-byte
+//                                       store into it that completes on its mbarrier
+//   cluster_allgather16(mine, inbox, bar, parity)   every block's 16 bytes in every block
+//   slice_load(buf, src, n, vec, pad, bar)          n floats of global memory into shared buf
+//   cluster_row(N), cluster_row_start(src, n, C, vec, pad, slice, bars)   a row split over a
+//                                       cluster: this block's columns; its barriers and load
 //   (sm_90a only, the "a" features: compile with -arch=sm_90a / compute_90a)
 //   wgmma_desc_sw128(p)                 descriptor of a K-major tile at p (1024-byte aligned):
 //                                       rows of 64 16-bit values (128 bytes), 128-byte swizzle
@@ -379,12 +387,30 @@ __device__ __forceinline__ unsigned cluster_rank() {
     asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
     return r;
 }
+// The number of blocks in this block's cluster (1 for a launch without clusters). A kernel
+// launched with a cluster dimension at run time (cuLaunchKernelEx: cudabook.launch.run with a
+// record's `cluster`) reads its cluster's size here instead of from __cluster_dims__.
+__device__ __forceinline__ unsigned cluster_size() {
+    unsigned r;
+    asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+    return r;
+}
 // Every thread of every block of the cluster arrives, then waits for all (release / acquire:
 // memory written before it is seen by every block after it). The release also waits for this
 // thread's own loads still in flight, so a loop that prefetches must not call it per iteration.
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n"
                  "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// cluster_sync in two halves, so that work goes between them: what a thread wrote before its
+// cluster_arrive() is seen by every thread of the cluster after its cluster_wait(), which
+// returns once every thread of the cluster has arrived. Every thread calls both, in this order
+// (aligned: all threads of a warp together), once per phase.
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 // The address, in block `rank`'s shared memory, of the variable that p points at in this block's.
 __device__ __forceinline__ unsigned cluster_map(const void* p, unsigned rank) {
@@ -400,6 +426,76 @@ __device__ __forceinline__ void st_async16(unsigned raddr, float4 v, unsigned rb
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], "
                  "{%1, %2, %3, %4}, [%5];\n"
                  :: "r"(raddr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rbar) : "memory");
+}
+// All-gather of 16 bytes over the cluster: afterwards inbox[r] holds `mine` of block r, for
+// every rank r but this block's own (the caller keeps its `mine`). inbox: cluster_size() float4
+// of shared memory at the same offset in every block; bar: this block's mbarrier, initialised
+// with one arrival and armed by one thread with mbar_expect_tx(bar, 16 (cluster_size() - 1))
+// for this phase (`parity`), and known to exist in every block before any block calls this (a
+// cluster barrier after fence_barrier_init). Threads 0..C-1 of a 1-D block send (thread r to
+// block r), then every thread waits on bar: no thread reads another block's memory.
+__device__ __forceinline__ void cluster_allgather16(float4 mine, float4* inbox,
+                                                    unsigned long long* bar, unsigned parity) {
+    const unsigned rank = cluster_rank(), C = cluster_size(), t = threadIdx.x;
+    if (t < C && t != rank) st_async16(cluster_map(&inbox[rank], t), mine, cluster_map(bar, t));
+    mbar_wait(bar, parity);
+}
+// The n floats at global src into shared buf[0..n), and `pad` into buf[n..round_up(n, 4)),
+// returning once they are there (every thread calls it). vec (src 16-byte aligned, n % 4 == 0,
+// buf 16-byte aligned): thread 0 arms bar (one arrival, this phase `parity`) and asks the copy
+// engine for one bulk copy, which no register holds; otherwise the block's threads load scalars
+// (coalesced: rows that are not 16-byte aligned cannot be bulk-copied) and meet at a barrier.
+__device__ __forceinline__ void slice_load(float* buf, const float* src, int n, bool vec,
+                                           float pad, unsigned long long* bar, unsigned parity) {
+    if (vec) {
+        if (threadIdx.x == 0) {
+            mbar_expect_tx(bar, 4u * n);
+            if (n > 0) bulk_load(buf, src, 4u * n, bar);
+        }
+        mbar_wait(bar, parity);
+    } else {
+        const int n4 = (n + 3) & ~3;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) buf[i] = i < n ? __ldg(src + i) : pad;
+        __syncthreads();
+    }
+}
+// A row of N floats split over a cluster (softmax_v6, layernorm_v6, rmsnorm_v3): block `rank`
+// of cluster `row` (blocks numbered along x, C = cluster_size() per cluster) holds columns
+// [lo, lo + n) in L = round_up(ceil(N / C), 4) floats of dynamic shared memory (n4 float4,
+// the last padded); n is 0 for the last ranks of a tiny N. fits: the launch gave it those L
+// floats (uniform over the cluster: a kernel writes nothing when it did not).
+struct ClusterRow { int C, rank, row, lo, n, n4; bool fits; };
+__device__ __forceinline__ ClusterRow cluster_row(int N) {
+    ClusterRow cr;
+    cr.C = (int)cluster_size();
+    cr.rank = (int)cluster_rank();
+    cr.row = blockIdx.x / cr.C;
+    const int L = ((N + cr.C - 1) / cr.C + 3) & ~3;
+    cr.lo = min(N, cr.rank * L);
+    cr.n = min(N, cr.lo + L) - cr.lo;
+    cr.n4 = (cr.n + 3) / 4;
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    cr.fits = cr.C <= 16 && (unsigned)L * 4u <= dyn;
+    return cr;
+}
+// The start of a split row: bars[0] (the slice's load) and bars[1] (the inbox of the other
+// C - 1 blocks' 16 bytes, armed) made; the cluster barrier's first half (cluster_arrive) done,
+// so call cluster_wait() before cluster_allgather16(.., &bars[1], 0); the n floats at src in
+// slice (padded with pad), by one bulk copy when vec (see slice_load).
+__device__ __forceinline__ void cluster_row_start(const float* src, int n, int C, bool vec,
+                                                  float pad, float* slice,
+                                                  unsigned long long* bars) {
+    if (threadIdx.x == 0) {
+        mbar_init(&bars[0], 1);
+        mbar_init(&bars[1], 1);
+        fence_barrier_init();
+    }
+    __syncthreads();                       // the barriers exist for this block's threads
+    if (threadIdx.x == 0) mbar_expect_tx(&bars[1], 16u * (C - 1));
+    cluster_arrive();                      // ... and, after cluster_wait, for the cluster's
+    slice_load(slice, src, n, vec, pad, &bars[0], 0);
 }
 #endif  // sm_90
 

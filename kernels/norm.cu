@@ -33,18 +33,34 @@
 //                 (v2's body per block). Below sm_90 it compiles to an empty body that writes
 //                 nothing: launch it through norm_launch.layernorm, which refuses below compute
 //                 capability 9.0
+//   layernorm_v6  (sm_90) a row split over a cluster of C blocks (C = 2, 4, 8, 16, chosen by
+//                 the launcher from N, given at launch time): each block copies its slice of the
+//                 row (N / C floats) into shared memory with one bulk copy, so x is read once
+//                 whatever N (up to 262144 columns in 64 KiB per block; v5 holds 32k). Each
+//                 block's (count, mean, M2) comes from its slice in two passes over shared
+//                 memory, goes to every other block through distributed shared memory
+//                 (cluster_allgather16: st.async on the receivers' mbarriers) and the C parts are
+//                 merged at once in rank order (Chan's formula: mean from the parts' sums, M2 =
+//                 sum of M2_r + n_r (mean_r - mean)^2), so all blocks write with the same mean
+//                 and rstd. One row per cluster, not persistent. Rows that are not float4 rows
+//                 are right but loaded and stored as scalars. Empty below sm_90 as v5; no Numba
+//                 twin (the simulator has no clusters)
 //   rmsnorm_v1    RMSNorm, one block per row, any N (one statistic: no mean to subtract)
 //   rmsnorm_v2    RMSNorm with the row in registers, as layernorm_v3 (longer rows: v1's body)
+//   rmsnorm_v3    (sm_90) RMSNorm with the row split over a cluster as layernorm_v6: each block's
+//                 sum of squares of its slice, exchanged and added in rank order. Empty below
+//                 sm_90; no Numba twin
 //
 // Sums over the block are common.cuh's block_sum; layernorm_v2 merges Welford triples
-// (count, mean, M2) instead (common.cuh's block_reduce with WelfordOp), and layernorm_v5 merges
-// its two halves with welford_merge.
+// (count, mean, M2) instead (common.cuh's block_reduce with WelfordOp), layernorm_v5 merges its
+// two halves with welford_merge, and layernorm_v6 its C parts with Chan's formula at once.
 //
-// traffic: 4 MN read + 4 MN written (+ 8 N for gamma, beta) at best (v3, rmsnorm_v2).
+// traffic: 4 MN read + 4 MN written (+ 8 N for gamma, beta) at best (v3, rmsnorm_v2; v6 and
+// rmsnorm_v3 read gamma and beta again for every row, from L2).
 // Accuracy: var = E[x^2] - E[x]^2 in one pass cancels catastrophically when |mean| >> std;
 // Welford and the two-pass form do not.
 #include "common.cuh"
-// mma.cuh: the mbarriers and cluster primitives of layernorm_v5 (sm_90)
+// mma.cuh: the mbarriers, bulk copy and cluster primitives of layernorm_v5, v6, rmsnorm_v3 (sm_90)
 #include "mma.cuh"
 
 // launch: grid = ceil_div(M, 128), block = 128, no shared memory
@@ -383,6 +399,91 @@ extern "C" __global__ void CLUSTER_OF_TWO __launch_bounds__(1024, 1) layernorm_v
 #endif
 }
 
+// launch (sm_90): grid = C M blocks in clusters of C along x (a launch-time cluster dimension,
+// C = 2, 4, 8 or 16; 16 is a non-portable size), block T (a multiple of 32, C <= T <= 512),
+// dynamic shared memory 4 L bytes with L = round_up(ceil(N / C), 4): block r of cluster m holds
+// columns [r L, min(N, (r + 1) L)) of row m. A launch with less dynamic shared memory than that
+// writes nothing.
+extern "C" __global__ void __launch_bounds__(512) layernorm_v6(
+        const float* x, const float* gamma, const float* beta, float* y, int M, int N,
+        float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ float4 slice4[];     // [L / 4]: this block's columns of the row
+    __shared__ float sbuf[BLOCK_REDUCE_SMEM];
+    __shared__ float4 inbox[16];           // block r's (count, mean, M2, sum) at [r]
+    __shared__ __align__(8) unsigned long long bars[2];
+    float* slice = reinterpret_cast<float*>(slice4);
+    const bool vec = (N & 3) == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) &&
+                     aligned16(beta);                              // uniform over the grid
+    const ClusterRow cr = cluster_row(N);
+    if (!cr.fits || cr.row >= M) return;                         // uniform over the cluster
+    cluster_row_start(x + (size_t)cr.row * N + cr.lo, cr.n, cr.C, vec, 0.0f, slice, bars);
+    const int T = blockDim.x, t = threadIdx.x, n = cr.n, n4 = cr.n4;
+    float s = 0.0f;                        // the slice's tail is padded with 0: no mask
+#pragma unroll 4
+    for (int j = t; j < n4; j += T) {
+        float4 v = slice4[j];
+        s += (v.x + v.y) + (v.z + v.w);
+    }
+    const float cnt = (float)n;
+    s = block_sum(s, sbuf);
+    const float mh = n > 0 ? s / cnt : 0.0f;        // the slice's mean
+    float q = 0.0f;                        // second pass, over shared memory: sum (x - mh)^2
+#pragma unroll 4
+    for (int j = t; j < n4; j += T) {
+        float4 v = slice4[j];
+        float a = v.x - mh, b = 4 * j + 1 < n ? v.y - mh : 0.0f;
+        float c = 4 * j + 2 < n ? v.z - mh : 0.0f, d = 4 * j + 3 < n ? v.w - mh : 0.0f;
+        q += (a * a + b * b) + (c * c + d * d);
+    }
+    q = block_sum(q, sbuf);
+    cluster_wait();                        // every block's inbox barrier exists
+    const float4 mine = make_float4(cnt, mh, q, s);
+    cluster_allgather16(mine, inbox, &bars[1], 0);
+    // the row's mean and M2 from the C parts (count n_r, mean m_r, M2_r, sum s_r), in rank order
+    // in every block: mean = sum s_r / N, M2 = sum M2_r + n_r (m_r - mean)^2 (Chan's merge of C
+    // parts at once: one division instead of one per merge)
+    float tot = 0.0f;
+    for (int r = 0; r < cr.C; r++) tot += r == cr.rank ? s : inbox[r].w;
+    const float mean = tot / N;
+    float m2 = 0.0f;
+    for (int r = 0; r < cr.C; r++) {
+        float4 p = inbox[r];
+        if (r == cr.rank) p = mine;        // its own part (inbox[rank] stays unwritten)
+        const float dm = p.y - mean;
+        m2 += p.z + p.x * dm * dm;
+    }
+    cluster_arrive();                      // the exit barrier's first half: no st.async in flight
+    const float rstd = rsqrtf(m2 / N + eps);
+    const size_t at = (size_t)cr.row * N + cr.lo;
+    if (vec) {
+        float4* y4 = reinterpret_cast<float4*>(y + at);
+        const float4* g4 = reinterpret_cast<const float4*>(gamma + cr.lo);
+        const float4* b4 = reinterpret_cast<const float4*>(beta + cr.lo);
+#pragma unroll 4
+        for (int j = t; j < n4; j += T) {
+            float4 v = slice4[j], g = __ldg(g4 + j), bb = __ldg(b4 + j);
+            v.x = (v.x - mean) * rstd * g.x + bb.x;
+            v.y = (v.y - mean) * rstd * g.y + bb.y;
+            v.z = (v.z - mean) * rstd * g.z + bb.z;
+            v.w = (v.w - mean) * rstd * g.w + bb.w;
+            y4[j] = v;
+        }
+    } else {
+        for (int j = t; j < n4; j += T) {
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int i = 4 * j + c;
+                if (i < n)
+                    y[at + i] = (slice[i] - mean) * rstd * __ldg(gamma + cr.lo + i) +
+                                __ldg(beta + cr.lo + i);
+            }
+        }
+    }
+    cluster_wait();                        // no block leaves while a partner may still send
+#endif
+}
+
 // One row of RMSNorm by the whole block, streamed: sum of squares, then the scaled write.
 // sbuf: 33 floats
 __device__ __forceinline__ void rmsnorm_row(const float* xr, const float* gamma, float* yr,
@@ -450,4 +551,56 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_v2(
             if (j < N) yr[j] = r[k] * rrms * gamma[j];
         }
     }
+}
+
+// launch (sm_90): as layernorm_v6 (clusters of C along x, block T, dynamic shared memory 4 L
+// bytes); a launch with less dynamic shared memory writes nothing
+extern "C" __global__ void __launch_bounds__(512) rmsnorm_v3(
+        const float* x, const float* gamma, float* y, int M, int N, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ float4 slice4[];     // [L / 4]: this block's columns of the row
+    __shared__ float sbuf[BLOCK_REDUCE_SMEM];
+    __shared__ float4 inbox[16];           // block r's sum of squares at [r].x
+    __shared__ __align__(8) unsigned long long bars[2];
+    float* slice = reinterpret_cast<float*>(slice4);
+    const bool vec = (N & 3) == 0 && aligned16(x) && aligned16(y) && aligned16(gamma);
+    const ClusterRow cr = cluster_row(N);
+    if (!cr.fits || cr.row >= M) return;                         // uniform over the cluster
+    cluster_row_start(x + (size_t)cr.row * N + cr.lo, cr.n, cr.C, vec, 0.0f, slice, bars);
+    const int T = blockDim.x, t = threadIdx.x, n = cr.n, n4 = cr.n4;
+    float q = 0.0f;                        // the slice's tail is padded with 0: no mask
+#pragma unroll 4
+    for (int j = t; j < n4; j += T) {
+        float4 v = slice4[j];
+        q += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+    }
+    q = block_sum(q, sbuf);
+    cluster_wait();                        // every block's inbox barrier exists
+    const float4 mine = make_float4(q, 0.0f, 0.0f, 0.0f);
+    cluster_allgather16(mine, inbox, &bars[1], 0);
+    float ss = 0.0f;                       // the row's, added in rank order in every block
+    for (int r = 0; r < cr.C; r++) ss += r == cr.rank ? q : inbox[r].x;
+    cluster_arrive();                      // the exit barrier's first half: no st.async in flight
+    const float rrms = rsqrtf(ss / N + eps);
+    const size_t at = (size_t)cr.row * N + cr.lo;
+    if (vec) {
+        float4* y4 = reinterpret_cast<float4*>(y + at);
+        const float4* g4 = reinterpret_cast<const float4*>(gamma + cr.lo);
+#pragma unroll 4
+        for (int j = t; j < n4; j += T) {
+            float4 v = slice4[j], g = __ldg(g4 + j);
+            y4[j] = make_float4(v.x * rrms * g.x, v.y * rrms * g.y, v.z * rrms * g.z,
+                                v.w * rrms * g.w);
+        }
+    } else {
+        for (int j = t; j < n4; j += T) {
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int i = 4 * j + c;
+                if (i < n) y[at + i] = slice[i] * rrms * __ldg(gamma + cr.lo + i);
+            }
+        }
+    }
+    cluster_wait();                        // no block leaves while a partner may still send
+#endif
 }

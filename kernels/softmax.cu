@@ -21,13 +21,29 @@
 //                N % 4 == 0 and x, y are 16-byte aligned (up to 32 floats per thread), scalar
 //                loads otherwise (up to 16); a longer row does not fit and is streamed twice
 //                instead (softmax_row_online, v4's body), so any N is right
+//   softmax_v6   (sm_90) a row split over a thread-block cluster of C blocks (C = 2, 4, 8, 16,
+//                chosen by the launcher from N, given at launch time): each block copies its
+//                slice of the row (N / C floats) into shared memory with one bulk copy, so x is
+//                read once whatever N (up to 262144 columns in 64 KiB per block). Each block's
+//                (max, sum) of its slice, computed online, goes to every other block of the
+//                cluster through distributed shared memory (st.async on the receivers'
+//                mbarriers); every block merges the C pairs in rank order, so all of them scale
+//                with the same max and sum. exp is taken once per element: the slice's
+//                exp(x - the thread's max) stays in shared memory and is rescaled on the way
+//                out. Rows that are not float4 rows are right but loaded and stored as scalars.
+//                Below sm_90 it compiles to an empty body: launch it through
+//                softmax_launch.softmax, which refuses below compute capability 9.0. No Numba
+//                twin (the simulator has no clusters)
 //
 // The block reductions are common.cuh's block_max / block_sum; block_online merges (max, sum)
 // pairs (common.cuh's block_reduce with SumMaxOp), which only the online softmax needs.
 //
-// traffic: at best 4 MN bytes read + 4 MN written = 8 MN (v5). v2/v3 read x three times and v4
-// twice; the re-reads hit L1/L2 when the rows in flight fit there, and DRAM when they do not.
+// traffic: at best 4 MN bytes read + 4 MN written = 8 MN (v5 up to 32k columns, v6). v2/v3 read
+// x three times and v4 twice; the re-reads hit L1/L2 when the rows in flight fit there, and DRAM
+// when they do not.
 #include "common.cuh"
+// mma.cuh: the mbarriers, bulk copy and cluster primitives of softmax_v6 (sm_90)
+#include "mma.cuh"
 
 // launch: grid = ceil_div(M, 128), block = 128, no shared memory
 extern "C" __global__ void softmax_v1(const float* x, float* y, int M, int N) {
@@ -204,4 +220,72 @@ extern "C" __global__ void __launch_bounds__(1024) softmax_v5(const float* x, fl
             if (j < N) yr[j] = r[k] * inv;
         }
     }
+}
+
+// launch (sm_90): grid = C M blocks in clusters of C along x (a launch-time cluster dimension,
+// C = 2, 4, 8 or 16; 16 is a non-portable size), block T (a multiple of 32, C <= T <= 512),
+// dynamic shared memory 4 L bytes with L = round_up(ceil(N / C), 4): block r of cluster m holds
+// columns [r L, min(N, (r + 1) L)) of row m (none for a tiny N's last ranks). A launch with less
+// dynamic shared memory than that writes nothing.
+extern "C" __global__ void __launch_bounds__(512) softmax_v6(const float* x, float* y, int M,
+                                                                int N) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ float4 slice4[];     // [L / 4]: this block's columns of the row
+    __shared__ float sbuf[66];
+    __shared__ float4 inbox[16];           // block r's (max, sum) at [r]
+    __shared__ __align__(8) unsigned long long bars[2];    // [0]: the slice's load, [1]: inbox
+    const ClusterRow cr = cluster_row(N);
+    if (!cr.fits || cr.row >= M) return;                         // uniform over the cluster
+    const int T = blockDim.x, t = threadIdx.x, row = cr.row, n = cr.n, n4 = cr.n4;
+    const bool vec = (N & 3) == 0 && aligned16(x) && aligned16(y);   // uniform over the grid
+    float* slice = reinterpret_cast<float*>(slice4);
+    cluster_row_start(x + (size_t)row * N + cr.lo, n, cr.C, vec, -INFINITY, slice, bars);
+    float m = -INFINITY;                   // this thread's max, then its sum of exp(x - m)
+#pragma unroll 4
+    for (int j = t; j < n4; j += T) {
+        float4 v = slice4[j];
+        m = fmaxf(m, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
+    }
+    const float mt = safe_max(m);          // -inf (no element, or all -inf): exp gives 0
+    float d = 0.0f;
+#pragma unroll 4
+    for (int j = t; j < n4; j += T) {      // exp once per element, kept for the write
+        float4 v = slice4[j];
+        v.x = __expf(v.x - mt); v.y = __expf(v.y - mt);
+        v.z = __expf(v.z - mt); v.w = __expf(v.w - mt);
+        d += (v.x + v.y) + (v.z + v.w);
+        slice4[j] = v;
+    }
+    float mb = m, db = d;                  // (-inf, 0) is the identity of the merge
+    block_online(mb, db, sbuf);            // this block's slice
+    cluster_wait();                        // every block's inbox barrier exists
+    const float4 mine = make_float4(mb, db, 0.0f, 0.0f);
+    cluster_allgather16(mine, inbox, &bars[1], 0);
+    float rm = -INFINITY, rd = 0.0f;       // the row's, merged in rank order in every block
+    for (int r = 0; r < cr.C; r++) {
+        float4 p = inbox[r];
+        if (r == cr.rank) p = mine;        // its own part (inbox[rank] stays unwritten)
+        online_merge(rm, rd, p.x, p.y);
+    }
+    cluster_arrive();                      // the exit barrier's first half: no st.async in flight
+    rm = safe_max(rm);
+    const float inv = rd > 0.0f ? 1.0f / rd : 0.0f;
+    const float scale = m == -INFINITY ? 0.0f : __expf(m - rm) * inv;   // m <= rm: no overflow
+    if (vec) {
+        float4* y4 = reinterpret_cast<float4*>(y + (size_t)row * N + cr.lo);
+#pragma unroll 4
+        for (int j = t; j < n4; j += T) {
+            float4 v = slice4[j];
+            y4[j] = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+        }
+    } else {
+        float* yr = y + (size_t)row * N + cr.lo;
+        for (int j = t; j < n4; j += T) {
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                if (4 * j + c < n) yr[4 * j + c] = slice[4 * j + c] * scale;
+        }
+    }
+    cluster_wait();                        // no block leaves while a partner may still send
+#endif
 }

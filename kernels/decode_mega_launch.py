@@ -216,13 +216,18 @@ def config(cfg, batch: int, length: int, version: str = "decode_mega_v2", sms: i
 
 def megakernel(source, batch: int | None = None, length: int | None = None,
                version: str = "decode_mega_v2", blocks_per_sm: int = 1,
-               ring: int = RING) -> "MegaStep":
+               ring: int = RING, sms: int | None = None) -> "MegaStep":
     """The megakernel step on a ``decoder.KernelGPT`` (``source``), or on a new one built from a
     ``gpt.GPT`` model (``source``) with ``batch`` (default 1) and ``length`` (default the model's
-    context); ``ring``: v6, v7's slots of weights. Shapes are checked before anything touches
-    CUDA."""
+    context); ``ring``: v6, v7's slots of weights; ``sms``: the SMs its grid covers (default
+    all of them; fewer leave SMs free for another kernel). Shapes are checked before anything
+    touches CUDA."""
     version = version_name(ALL_VERSIONS, version, "decode_mega")
     _check_ring(ring)
+    if sms is not None:
+        sms = _int(sms, "sms")
+        if sms < 1:
+            raise LaunchError(f"sms = {sms}: the grid needs at least one SM")
     is_run = hasattr(source, "kc") and hasattr(source, "layers")
     cfg = getattr(source, "cfg", None)
     if cfg is None:
@@ -241,13 +246,14 @@ def megakernel(source, batch: int | None = None, length: int | None = None,
         from cudabook import decoder
 
         source = decoder.KernelGPT(source, batch=batch, length=length)
-    return MegaStep(source, version, blocks_per_sm, ring)
+    return MegaStep(source, version, blocks_per_sm, ring, sms)
 
 
 class MegaStep:
     """The megakernel on a KernelGPT's buffers (see the module docstring)."""
 
-    def __init__(self, run, version: str, blocks_per_sm: int = 1, ring: int = RING):
+    def __init__(self, run, version: str, blocks_per_sm: int = 1, ring: int = RING,
+                 sms: int | None = None):
         import cupy as cp
 
         self.run, self.version = run, version_name(ALL_VERSIONS, version, "decode_mega")
@@ -257,8 +263,11 @@ class MegaStep:
             raise LaunchError("decode_mega is greedy (the argmax is fused into the LM head): "
                               "sampling with temperature > 0 is not supported")
         self._check_weights()
-        dev = cb.launch.device()
-        self.launch = config(cfg, B, L, self.version, dev.sms, blocks_per_sm, ring)
+        have = cb.launch.device().sms
+        if sms is not None and not 1 <= sms <= have:
+            raise LaunchError(f"sms = {sms}: this GPU has {have} SMs")
+        self.launch = config(cfg, B, L, self.version, have if sms is None else sms,
+                             blocks_per_sm, ring)
         mod = cb.module("decode_mega", self.launch.options, only=self.version)
         self.kernel = mod.get(self.version)
         shared = self.launch.shared

@@ -118,6 +118,11 @@ def test_v6_puts_a_ring_of_weight_slots_behind_v4s_shared_memory():
             dm.config(gpt.GPT2_SMALL, 1, 1024, "v7", sms=132, ring=bad)
     with pytest.raises(TypeError, match="ring must be an int"):
         dm.megakernel(gpt.build(gpt.TINY), version="v7", ring=2.5)
+    # a grid on fewer SMs is refused before anything touches CUDA when it is not a count
+    with pytest.raises(cb.LaunchError, match="at least one SM"):
+        dm.megakernel(gpt.build(gpt.TINY), version="v4", sms=0)
+    with pytest.raises(TypeError, match="sms must be an int"):
+        dm.megakernel(gpt.build(gpt.TINY), version="v4", sms=99.5)
 
 
 def test_v4_splits_are_one_pass_each_within_the_most():

@@ -12,10 +12,11 @@
 //   rowmax_bug   rowmax_fix   initcheck  out[row] = max over the row, taken with fmaxf(out[row],
 //                                        ...) on an out that nobody initialised; the fix keeps
 //                                        the running max in a register, from -inf
-//   smooth_bug   smooth_fix   synccheck  3-point moving average through a shared tile; the bug
-//                                        puts the whole body, __syncthreads() included, under
-//                                        if (i < n), so the last block's threads past n skip
-//                                        the barrier the others wait at
+//   smooth_bug   smooth_fix   synccheck  3-point moving average through a shared tile, tile by
+//                                        tile; the bug puts the loads and the first
+//                                        __syncthreads() under if (i < n), so in the last tile
+//                                        the threads past n wait at the loop's second barrier
+//                                        while the others wait at the first
 //
 // Every bug is a plausible one-line slip, and on a GPU three of them usually give the right
 // numbers anyway (the lesson shows it): that is why the book runs the sanitizer on every kernel.
@@ -87,26 +88,34 @@ extern "C" __global__ void rowmax_fix(const float* x, float* out, int M, int N) 
 // [0, n). Block b stages x[256 b - 1 .. 256 b + 256] (its 256 elements and one halo element on
 // each side) in a shared tile of 258 floats.
 
-// launch: grid = ceil_div(n, 256), block = 256, static shared memory 258 floats
+// launch: grid = ceil_div(n, 256) or fewer, block = 256, static shared memory 258 floats
 extern "C" __global__ void smooth_bug(const float* x, float* y, int n) {
     __shared__ float tile[258];
-    int t = threadIdx.x, i = blockIdx.x * 256 + t;
-    if (i < n) {                           // BUG: the barrier below is inside this branch
-        tile[t + 1] = x[i];
-        if (t == 0) tile[0] = (i > 0) ? x[i - 1] : 0.0f;
-        if (t == 255 || i == n - 1) tile[t + 2] = (i + 1 < n) ? x[i + 1] : 0.0f;
-        __syncthreads();                   // threads with i >= n never arrive here
-        y[i] = (tile[t] + tile[t + 1] + tile[t + 2]) * (1.0f / 3.0f);
+    int t = threadIdx.x;
+    for (int base = blockIdx.x * 256; base < n; base += gridDim.x * 256) {   // tile by tile
+        int i = base + t;
+        if (i < n) {                       // BUG: the first barrier below is inside this branch
+            tile[t + 1] = x[i];
+            if (t == 0) tile[0] = (i > 0) ? x[i - 1] : 0.0f;
+            if (t == 255 || i == n - 1) tile[t + 2] = (i + 1 < n) ? x[i + 1] : 0.0f;
+            __syncthreads();               // threads with i >= n never arrive here ...
+            y[i] = (tile[t] + tile[t + 1] + tile[t + 2]) * (1.0f / 3.0f);
+        }
+        __syncthreads();                   // ... they wait here, at another barrier
     }
 }
 
-// launch: grid = ceil_div(n, 256), block = 256, static shared memory 258 floats
+// launch: grid = ceil_div(n, 256) or fewer, block = 256, static shared memory 258 floats
 extern "C" __global__ void smooth_fix(const float* x, float* y, int n) {
     __shared__ float tile[258];
-    int t = threadIdx.x, i = blockIdx.x * 256 + t;
-    tile[t + 1] = (i < n) ? x[i] : 0.0f;   // every thread loads (0 past the end) ...
-    if (t == 0) tile[0] = (i > 0 && i - 1 < n) ? x[i - 1] : 0.0f;
-    if (t == 255) tile[257] = (i + 1 < n) ? x[i + 1] : 0.0f;
-    __syncthreads();                       // ... and every thread reaches the barrier
-    if (i < n) y[i] = (tile[t] + tile[t + 1] + tile[t + 2]) * (1.0f / 3.0f);   // the guard
+    int t = threadIdx.x;
+    for (int base = blockIdx.x * 256; base < n; base += gridDim.x * 256) {
+        int i = base + t;
+        tile[t + 1] = (i < n) ? x[i] : 0.0f;   // every thread loads (0 past the end) ...
+        if (t == 0) tile[0] = (i > 0 && i - 1 < n) ? x[i - 1] : 0.0f;
+        if (t == 255) tile[257] = (i + 1 < n) ? x[i + 1] : 0.0f;
+        __syncthreads();                       // ... and every thread reaches both barriers
+        if (i < n) y[i] = (tile[t] + tile[t + 1] + tile[t + 2]) * (1.0f / 3.0f);   // the guard
+        __syncthreads();                       // the tile is written again in the next round
+    }
 }

@@ -101,8 +101,9 @@ def probe(N: int, floats: int, clusters: bool, compile_too: bool) -> list[dict]:
                      size=[M, N])
         for r in t.rows:
             frac = r.value / gbs
+            vs = "(baseline)" if r.ratio is None else f"{r.ratio:5.2f}x torch best"
             print(f"N={N:7d} M={M:6d}  {r.name:34s} {r.value / 1000:6.2f} TB/s  "
-                  f"{frac:5.2f} of copy ({gbs / 1000:.2f} TB/s)  " + (f"{r.ratio:5.2f}x torch best" if r.ratio is not None else "(baseline)"))
+                  f"{frac:5.2f} of copy ({gbs / 1000:.2f} TB/s)  {vs}")
             results.append({"N": N, "M": M, "op": op, "name": r.name, "gbs": r.value,
                             "copy_gbs": gbs, "fraction_of_copy": frac, "ratio": r.ratio})
     out.clear()

@@ -1,8 +1,9 @@
 """Chapter 11, sharded data parallelism (cudabook.sharded): ZeRO-1, ZeRO-2 and ZeRO-3 against the
-all-reduce baseline, PyTorch's DDP and FSDP2 on gloo CPU processes at N = 2, 3 and 4 (each world
-size spawned once, for every check), the memory ledger against the paper model and its bound, the
-bytes per step against the formula and against the ring's own messages, one rank in process,
-and bad input: a wrong world size, a different model on one rank, a dead or stuck peer."""
+all-reduce baseline, PyTorch's DDP and FSDP2 and one process on all the batches, on gloo CPU
+processes at N = 2, 3 and 4 (each world size spawned once, for every check), the memory ledger
+against the paper model and its bound, the bytes per step against the formula and against the
+ring's own messages, one rank in process, and bad input: a wrong world size, a different model
+on one rank, a dead or stuck peer."""
 
 from __future__ import annotations
 
@@ -49,6 +50,34 @@ def test_every_stage_follows_ddp(world):
                                        err_msg=f"{name} rank {r}: losses differ from ddp's")
             np.testing.assert_allclose(got["params"], ref["params"], rtol=1e-5, atol=1e-6,
                                        err_msg=f"{name} rank {r}: parameters differ from ddp's")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_run_has_the_loss_of_one_process(world):
+    """One process that trains on every rank's batch at once (the mean of the ranks' losses, so
+    its gradient is their average, as the all-reduce makes it) gives each rank's loss at every
+    step and the final parameters: every run, the ring's included, to float32 rounding."""
+    cfg = CASES[world]
+    model = sharded.make_model(7, 5, bias=cfg["bias"], dtype=torch.float32)
+    opt = sharded._optimizer(list(model.parameters()), cfg["optimizer"], 1e-2)
+    xs = [sharded._batch(r, 8, 7) for r in range(world)]
+    want = []
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        per = [sharded._loss(model(x)) for x in xs]
+        torch.stack(per).mean().backward()
+        opt.step()
+        want.append([float(v.detach()) for v in per])
+    want = np.array(want)
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    for name, per in result(world)["runs"].items():
+        for r, got in enumerate(per):
+            np.testing.assert_allclose(got["losses"], want[:, r], rtol=2e-6, atol=1e-9,
+                                       err_msg=f"{name} rank {r}: losses differ from one "
+                                               "process's")
+            np.testing.assert_allclose(got["params"], params, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{name} rank {r}: parameters differ from one "
+                                               "process's")
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -53,6 +53,7 @@ __all__ = ["env", "SIM", "HAS_GPU", "cc", "pick", "report", "require_gpu", "requ
 # importing cudabook in chapter 1 neither pays for them nor runs what they set up.
 _LAZY = {"tma",                                          # TMA descriptors (Hopper chapters)
          "graphs", "ncu", "occupancy", "torchtrace",   # Chapter 5: profiling
+         "quant_study",                                # Chapter 10: the accuracy study (torch)
          "collectives", "dist", "sharded", "tensor_parallel"}   # Chapter 11: multi-GPU
 
 

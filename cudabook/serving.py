@@ -9,8 +9,10 @@
     run.tokens[req_id], run.summary()                            # what each request got, timings
 
 A decode step here is chapter 7's step (``cudabook.decoder.KernelGPT``: the same weights, the
-same embedding, LayerNorm, GEMV, GELU and sampling kernels) with two changes that let the rows of
-a batch be different requests at different positions:
+same embedding, LayerNorm, GELU and sampling kernels) with two changes that let the rows of a
+batch be different requests at different positions, and a GEMV on the tensor cores
+(``gemv_v6`` of kernels/gemv.cu, ``gemv=`` picks another: "gemv_v4" is chapter 10's, which
+reads the weights once per 8 rows on CUDA cores):
 
 * the QKV projection is rotated at each row's own position and appended into that row's blocks
   of a shared pool (``paged_rope_append_v1``), and attention reads each row's keys through its
@@ -54,6 +56,7 @@ import numpy as np
 from . import env
 from .batching import ContinuousBatcher, Request
 from .compile import load_launch
+from .launch import version_name
 from .paging import BlockAllocator, PagedTable
 
 __all__ = ["PagedGPT", "ServeResult", "workload", "BUCKETS"]
@@ -189,7 +192,7 @@ class PagedGPT:
 
     def __init__(self, model: Any, slots: int = 32, max_len: int | None = None,
                  block_size: int = 16, num_blocks: int | None = None,
-                 splits: int | None = None, fused: bool = False):
+                 splits: int | None = None, fused: bool = False, gemv: str = "gemv_v6"):
         if not env.HAS_GPU:
             raise RuntimeError("PagedGPT runs CUDA C++ kernels: it needs a CUDA GPU")
         import cupy as cp
@@ -224,6 +227,10 @@ class PagedGPT:
         self.buckets = {B: _Bucket(B, self) for B in BUCKETS if B < self.slots} | \
             {self.slots: _Bucket(self.slots, self)}
         self.prefills: dict[int, _Prefill] = {}          # padded prompt length -> its graph
+        # one GEMV version for every bucket, so a row is summed the same way at any batch size:
+        # gemv_v6 (tensor cores, K split by K alone) by default; "auto" is Chapter 10's choice
+        self.gemv_version = gemv if gemv == "auto" else \
+            version_name(self.dense.gemv.VERSIONS, gemv, "gemv")
         self.fused = bool(fused)
         if self.fused:                   # decode_gemv.cu: LayerNorm, GELU, residual, RoPE fused
             self.dg = load_launch("decode_gemv")
@@ -232,8 +239,9 @@ class PagedGPT:
 
     # ------------------------------------------------------------------ the step
     def _mm(self, a, W, out) -> None:
-        """out = a @ W^T for a decode step's rows: chapter 10's GEMV (1 to 32 rows)."""
-        self.dense.gemv.gemv(a, W, out=out)
+        """out = a @ W^T for a decode step's rows: chapter 10's GEMV (1 to 32 rows), the same
+        version at every batch size (``gemv``)."""
+        self.dense.gemv.gemv(a, W, out=out, version=self.gemv_version)
 
     def _step(self, bk: _Bucket) -> None:
         """One decode step of bucket ``bk`` on the GPU: tokens in ``tok`` at lengths ``lens``

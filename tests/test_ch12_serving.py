@@ -126,9 +126,10 @@ def test_paged_step_gives_chapter7s_logits():
 
 
 @gpu
-def test_every_request_gets_its_solo_tokens_under_both_policies():
+@pytest.mark.parametrize("gemv", ["gemv_v6", "gemv_v4"])
+def test_every_request_gets_its_solo_tokens_under_both_policies(gemv):
     model = _tiny(2)
-    eng = serving.PagedGPT(model, slots=4, max_len=96, block_size=8)
+    eng = serving.PagedGPT(model, slots=4, max_len=96, block_size=8, gemv=gemv)
     reqs = serving.workload(11, vocab=256, prompt=(1, 40), new=(1, 30), seed=3)
     cont = eng.serve(reqs)
     stat = eng.serve(reqs, policy="static")
@@ -154,6 +155,8 @@ def test_engine_refuses_what_it_cannot_serve():
         serving.PagedGPT(model, slots=33)
     with pytest.raises(ValueError, match="max_len"):
         serving.PagedGPT(model, slots=2, max_len=10_000)
+    with pytest.raises(ValueError, match="unknown version"):
+        serving.PagedGPT(model, slots=2, max_len=32, gemv="gemv_v9")
     eng = serving.PagedGPT(model, slots=2, max_len=32)
     with pytest.raises(ValueError, match="need 40 positions"):
         eng.serve([Request("a", [1] * 20, 21)])

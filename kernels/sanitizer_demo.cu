@@ -12,14 +12,14 @@
 //   rowmax_bug   rowmax_fix   initcheck  out[row] = max over the row, taken with fmaxf(out[row],
 //                                        ...) on an out that nobody initialised; the fix keeps
 //                                        the running max in a register, from -inf
-//   smooth_bug   smooth_fix   synccheck  3-point moving average through a shared tile, tile by
-//                                        tile; the bug puts the loads and the first
-//                                        __syncthreads() under if (i < n), so in the last tile
-//                                        the threads past n wait at the loop's second barrier
-//                                        while the others wait at the first
+//   blocksum_bug blocksum_fix synccheck  each block sums its 256 elements by Chapter 3's tree in
+//                                        shared memory; the bug puts the step's __syncthreads()
+//                                        inside if (t < s), so the threads t >= s skip it:
+//                                        undefined behaviour, which synccheck reports as "Barrier
+//                                        error detected. Divergent thread(s) in warp"
 //
-// Every bug is a plausible one-line slip, and on a GPU three of them usually give the right
-// numbers anyway (the lesson shows it): that is why the book runs the sanitizer on every kernel.
+// Every bug is a plausible one-line slip that can still give the right numbers on some GPU or in
+// some run (the lesson shows which): that is why the book runs the sanitizer on every kernel.
 #include "common.cuh"
 
 // ---------------------------------------------------------------------------- memcheck
@@ -84,38 +84,43 @@ extern "C" __global__ void rowmax_fix(const float* x, float* out, int M, int N) 
 }
 
 // ---------------------------------------------------------------------------- synccheck
-// x, y: float32, n elements. y[i] = (x[i - 1] + x[i] + x[i + 1]) / 3, x read as 0 outside
-// [0, n). Block b stages x[256 b - 1 .. 256 b + 256] (its 256 elements and one halo element on
-// each side) in a shared tile of 258 floats.
+// x: float32, n elements; y: float32, ceil_div(n, 256) elements. y[b] = x[256 b] + ... +
+// x[256 b + 255], x read as 0 past n: Chapter 3's tree sum (reduce_v2) in a shared buffer, 128
+// sums, then 64, ..., then 1, with a barrier between the steps.
+//
+// A __syncthreads() must be reached by every thread of the block (the CUDA C++ Programming Guide
+// allows one in conditional code only where the condition is the same across the whole block).
+// The bug's barrier sits inside if (t < s): at each step the threads t >= s skip it, so the block
+// waits at a barrier that part of it never reaches. Nothing defines what the block does then: it
+// may hang, or go on with the barrier not doing its job; and since the threads that skip have no
+// work left, the sums can come out right on some GPUs. From s = 16 down the branch splits warp 0,
+// and compute-sanitizer --tool synccheck reports "Barrier error detected. Divergent thread(s) in
+// warp" at the barrier's line (seen on an H200).
 
-// launch: grid = ceil_div(n, 256) or fewer, block = 256, static shared memory 258 floats
-extern "C" __global__ void smooth_bug(const float* x, float* y, int n) {
-    __shared__ float tile[258];
-    int t = threadIdx.x;
-    for (int base = blockIdx.x * 256; base < n; base += gridDim.x * 256) {   // tile by tile
-        int i = base + t;
-        if (i < n) {                       // BUG: the first barrier below is inside this branch
-            tile[t + 1] = x[i];
-            if (t == 0) tile[0] = (i > 0) ? x[i - 1] : 0.0f;
-            if (t == 255 || i == n - 1) tile[t + 2] = (i + 1 < n) ? x[i + 1] : 0.0f;
-            __syncthreads();               // threads with i >= n never arrive here ...
-            y[i] = (tile[t] + tile[t + 1] + tile[t + 2]) * (1.0f / 3.0f);
+// launch: grid = ceil_div(n, 256), block = 256, static shared memory 1 KiB
+extern "C" __global__ void blocksum_bug(const float* x, float* y, int n) {
+    __shared__ float buf[256];
+    int t = threadIdx.x, i = blockIdx.x * 256 + t;
+    buf[t] = (i < n) ? x[i] : 0.0f;        // 0 past the end: the last block is partial
+    __syncthreads();
+    for (int s = 128; s > 0; s >>= 1) {
+        if (t < s) {
+            buf[t] += buf[t + s];
+            __syncthreads();               // BUG: the threads t >= s never reach this barrier
         }
-        __syncthreads();                   // ... they wait here, at another barrier
     }
+    if (t == 0) y[blockIdx.x] = buf[0];
 }
 
-// launch: grid = ceil_div(n, 256) or fewer, block = 256, static shared memory 258 floats
-extern "C" __global__ void smooth_fix(const float* x, float* y, int n) {
-    __shared__ float tile[258];
-    int t = threadIdx.x;
-    for (int base = blockIdx.x * 256; base < n; base += gridDim.x * 256) {
-        int i = base + t;
-        tile[t + 1] = (i < n) ? x[i] : 0.0f;   // every thread loads (0 past the end) ...
-        if (t == 0) tile[0] = (i > 0 && i - 1 < n) ? x[i - 1] : 0.0f;
-        if (t == 255) tile[257] = (i + 1 < n) ? x[i + 1] : 0.0f;
-        __syncthreads();                       // ... and every thread reaches both barriers
-        if (i < n) y[i] = (tile[t] + tile[t + 1] + tile[t + 2]) * (1.0f / 3.0f);   // the guard
-        __syncthreads();                       // the tile is written again in the next round
+// launch: grid = ceil_div(n, 256), block = 256, static shared memory 1 KiB
+extern "C" __global__ void blocksum_fix(const float* x, float* y, int n) {
+    __shared__ float buf[256];
+    int t = threadIdx.x, i = blockIdx.x * 256 + t;
+    buf[t] = (i < n) ? x[i] : 0.0f;
+    __syncthreads();
+    for (int s = 128; s > 0; s >>= 1) {
+        if (t < s) buf[t] += buf[t + s];   // only the add is guarded ...
+        __syncthreads();                   // ... every thread reaches the barrier, every step
     }
+    if (t == 0) y[blockIdx.x] = buf[0];
 }

@@ -13,12 +13,12 @@
     sanitize_targets()                         the *_fix kernels only
 
 The *_bug kernels are wrong on purpose: run them only under compute-sanitizer, in a process of
-their own (Chapter 5 does; smooth_bug's barrier in a branch is undefined behaviour and may hang).
+their own (Chapter 5 does; blocksum_bug's barrier in a branch is undefined behaviour and may hang).
 sanitize_targets() yields the fixed twins alone, so tools/sanitize.py keeps the lane clean.
 
 The checks, before anything is launched: a known case; x float32, C-contiguous, on the GPU, 1D
-(rowmax: 2D with at least one column), fewer than 2^31 elements; out float32 of the output's
-shape (x's; rowmax: (rows,)).
+(rowmax: 2D with at least one column), not empty, fewer than 2^31 elements; out float32 of the
+output's shape (x's; rowmax: (rows,); blocksum: (ceil(n / 256),), one sum per block).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = ["CASES", "TOOL", "WHAT", "config", "demo", "example", "reference",
 
 #: the tool that finds each case's bug
 TOOL = {"shift": "memcheck", "reverse": "racecheck", "rowmax": "initcheck",
-        "smooth": "synccheck"}
+        "blocksum": "synccheck"}
 CASES = tuple(TOOL)
 WHAT = {
     "shift": "y[i + 1] = x[i]; the bug guards i < n, so thread n - 1 writes y[n]",
@@ -41,10 +41,10 @@ WHAT = {
                "__syncthreads() between the writes and the reads",
     "rowmax": "out[row] = max of the row; the bug takes fmaxf(out[row], ...) on an out "
               "nobody initialised",
-    "smooth": "3-point moving average through a shared tile; the bug's __syncthreads() sits "
-              "inside if (i < n)",
+    "blocksum": "each block sums its 256 elements by a tree in shared memory; the bug's "
+                "__syncthreads() sits inside if (t < s), so the threads t >= s skip it",
 }
-_BLOCK = {"shift": 256, "reverse": 256, "rowmax": 128, "smooth": 256}   # the .cu file's launches
+_BLOCK = {"shift": 256, "reverse": 256, "rowmax": 128, "blocksum": 256}   # the .cu file's launches
 
 
 def _module():
@@ -59,12 +59,14 @@ def _case(case: str) -> str:
 
 def config(case: str, n: int) -> Launch:
     """Grid and block of ``case`` over n items (rowmax: n rows): one thread per item, 256 per
-    block (rowmax 128), the reverse and smooth tiles one block each."""
+    block (rowmax 128), the reverse tiles and the blocksum blocks of 256 items one block each."""
     block = _BLOCK[_case(case)]
     return Launch((max(1, ceil_div(n, block)),), (block,))
 
 
 def _out_shape(case: str, x) -> tuple[int, ...]:
+    if case == "blocksum":
+        return (ceil_div(int(x.shape[0]), _BLOCK[case]),)   # one sum per block
     return (int(x.shape[0]),) if case == "rowmax" else tuple(int(s) for s in x.shape)
 
 
@@ -79,12 +81,14 @@ def demo(case: str, x, out=None, fixed: bool = True):
     if case == "rowmax" and x.shape[1] == 0:
         raise LaunchError("sanitizer_demo: rowmax needs at least one column (the max of no "
                           "elements would be -inf)")
+    if x.shape[0] == 0:                    # a launch would still write y[0] (shift, blocksum)
+        raise LaunchError(f"sanitizer_demo: x is empty (shape {tuple(x.shape)})")
     shape = _out_shape(case, x)
     if out is None:
         out = cb.arrays.empty_like_lib(x, shape, "float32")
     cb.expect(out, "out", dtype=np.float32, shape=shape)
     kernel = _module().get(f"{case}_{'fix' if fixed else 'bug'}")
-    cfg = config(case, shape[0])
+    cfg = config(case, int(x.shape[0]))
     sizes = (np.int32(x.shape[0]), np.int32(x.shape[1])) if case == "rowmax" else \
         (np.int32(x.shape[0]),)
     cb.launch.run(kernel, cfg, (cb.as_cupy(x, "x"), cb.as_cupy(out, "out"), *sizes),
@@ -104,14 +108,16 @@ def reference(case: str, x) -> np.ndarray:
         return pad.reshape(-1, 256)[:, ::-1].reshape(-1)[:v.shape[0]]
     if case == "rowmax":
         return v.max(axis=1)
-    p = np.concatenate([[0.0], v, [0.0]])        # smooth: x read as 0 outside [0, n)
-    return (p[:-2] + p[1:-1] + p[2:]) / 3.0
+    pad = np.zeros(ceil_div(v.shape[0], 256) * 256)   # blocksum: x read as 0 past n
+    pad[:v.shape[0]] = v
+    return pad.reshape(-1, 256).sum(axis=1)
 
 
-#: the example sizes: ragged, so the last block is partial (smooth's bug needs it); shift's y
-#: is 4000 bytes, not a multiple of CuPy's allocation unit, so its stray write lands in the
-#: pool's rounding with the pool on, and past the end of a cudaMalloc of 4000 bytes without it
-_SIZES = {"shift": (1000,), "reverse": (1000,), "rowmax": (300, 37), "smooth": (1000,)}
+#: the example sizes: ragged, so the last block is partial (blocksum's last sum has 232 terms,
+#: then 24 zeros); shift's y is 4000 bytes, not a multiple of CuPy's allocation unit, so its
+#: stray write lands in the pool's rounding with the pool on, and past the end of a cudaMalloc
+#: of 4000 bytes without it
+_SIZES = {"shift": (1000,), "reverse": (1000,), "rowmax": (300, 37), "blocksum": (1000,)}
 
 
 def example(case: str, seed: int = 0):

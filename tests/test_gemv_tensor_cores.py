@@ -26,6 +26,17 @@ def test_v5_instantiation_and_launch():
         gv.kernel_name("gemv_v5", 1)
 
 
+def _case(rng, B: int, N: int, K: int):
+    """x (B, K), W (N, K), bias (N,) fp16 from ``rng``; x @ W.T in float64; the fp16 tolerance."""
+    import cupy as cp
+
+    x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
+    W = rng.standard_normal((N, K), dtype=cp.float32).astype(cp.float16)
+    b = rng.standard_normal(N, dtype=cp.float32).astype(cp.float16)
+    ref = cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(W).astype(np.float64).T
+    return x, W, b, ref, dict(atol=1e-2 + 1e-3 * np.sqrt(K), rtol=1e-2)
+
+
 @gpu
 @pytest.mark.parametrize("nt", [1, 2, 4])
 def test_v5_against_float64(nt):
@@ -35,11 +46,7 @@ def test_v5_against_float64(nt):
     rng = cp.random.default_rng(nt)
     for B, N, K in ((1, 37, 264), (7, 45, 776), (16, 64, 512), (17, 9, 40), (32, 100, 3072),
                     (32, 8, 8)):
-        x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
-        W = rng.standard_normal((N, K), dtype=cp.float32).astype(cp.float16)
-        b = rng.standard_normal(N, dtype=cp.float32).astype(cp.float16)
-        ref = cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(W).astype(np.float64).T
-        tol = dict(atol=1e-2 + 1e-3 * np.sqrt(K), rtol=1e-2)
+        x, W, b, ref, tol = _case(rng, B, N, K)
         cb.check(gv.gemv(x, W, version="gemv_v5", nt=nt), ref, **tol)
         y = cp.full((B, N), cp.nan, cp.float16)            # every element must be written
         gv.gemv(x, W, b, out=y, version="gemv_v5", nt=nt)
@@ -97,11 +104,7 @@ def test_v6_against_float64(nt, ks):
     rng = cp.random.default_rng(7)
     for B, N, K in ((1, 37, 264), (7, 45, 776), (16, 64, 512), (17, 9, 40), (32, 100, 3072),
                     (32, 8, 8), (3, 70, 4096)):
-        x = rng.standard_normal((B, K), dtype=cp.float32).astype(cp.float16)
-        W = rng.standard_normal((N, K), dtype=cp.float32).astype(cp.float16)
-        b = rng.standard_normal(N, dtype=cp.float32).astype(cp.float16)
-        ref = cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(W).astype(np.float64).T
-        tol = dict(atol=1e-2 + 1e-3 * np.sqrt(K), rtol=1e-2)
+        x, W, b, ref, tol = _case(rng, B, N, K)
         for _ in range(2):                  # the tickets are back at zero after each launch
             y = cp.full((B, N), cp.nan, cp.float16)
             gv.gemv(x, W, b, out=y, version="gemv_v6", nt=nt, ks=ks)
